@@ -1,0 +1,558 @@
+//! Cost of a ready admission through `RateLimitLayer`, side by side with
+//! governor (keyed `check_key`), tower_governor's layer and tower's own
+//! `RateLimit`, plus memory per idle key.
+//!
+//! Every service is driven synchronously: `poll_ready` and one poll of the
+//! response future with a no-op waker, no runtime per iteration. Every layered
+//! contender gets the same request (a clone of one prebuilt request, whose cost
+//! the `bare_inner` anchor measures) and the same ready inner service.
+//!
+//! The memory report runs first, each limiter in a child process of its own so
+//! that one limiter's freed memory cannot hide the next one's growth. Set
+//! `TT_SKIP_MEMORY=1` to skip it; it is skipped in `--test` / `--list` mode.
+//!
+//! ```text
+//! cargo bench --bench rate_limit -- --warm-up-time 1 --measurement-time 3
+//! ```
+
+use std::convert::Infallible;
+use std::future::{Future, Ready, ready};
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::Barrier;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use criterion::Criterion;
+use governor::clock::FakeRelativeClock;
+use governor::{Quota as GQuota, RateLimiter};
+use http::{HeaderName, HeaderValue, Request, Response};
+use tower::{Layer, Service};
+use tower_governor::GovernorError;
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_throttle::clock::ManualClock;
+use tower_throttle::error::MissingKey;
+use tower_throttle::key::{GlobalKey, HeaderKey, KeyBuilder, KeyExtractor};
+use tower_throttle::rate_limit::{Quota, RateLimitLayer};
+
+const API_KEY: &str = "sk-live-0123456789abcdef01234567";
+const HEADER: HeaderName = HeaderName::from_static("x-api-key");
+const PROBE_ENV: &str = "TT_MEMORY_PROBE";
+const MEMORY_KEYS: u64 = 1_000_000;
+
+// ---------------------------------------------------------------- helpers
+
+/// `poll_ready`, `call`, and one poll of the response future, with a no-op
+/// waker. Panics if anything is pending: every contender here is ready.
+#[inline(always)]
+fn drive<S: Service<R>, R>(svc: &mut S, req: R) -> Result<S::Response, S::Error> {
+    let mut cx = Context::from_waker(Waker::noop());
+    match svc.poll_ready(&mut cx) {
+        Poll::Ready(Ok(())) => {}
+        Poll::Ready(Err(e)) => return Err(e),
+        Poll::Pending => panic!("service not ready"),
+    }
+    let fut = svc.call(req);
+    let mut fut = std::pin::pin!(fut);
+    match fut.as_mut().poll(&mut cx) {
+        Poll::Ready(out) => out,
+        Poll::Pending => panic!("response future pending"),
+    }
+}
+
+type HttpResponse = Response<Body>;
+
+/// The inner service every HTTP contender wraps: a ready, empty response.
+/// (tower_governor needs `Response<B>: From<GovernorError>`, hence axum's
+/// body; `Body::empty()` boxes a zero-sized body, so it does not allocate.)
+fn http_inner() -> impl Service<
+    Request<()>,
+    Response = HttpResponse,
+    Error = Infallible,
+    Future = Ready<Result<HttpResponse, Infallible>>,
+> + Clone {
+    tower::service_fn(|_req: Request<()>| ready(Ok::<_, Infallible>(Response::new(Body::empty()))))
+}
+
+/// The inner service of the contenders whose request is a bare `u64` key.
+fn u64_inner()
+-> impl Service<u64, Response = (), Error = Infallible, Future = Ready<Result<(), Infallible>>> + Clone
+{
+    tower::service_fn(|_key: u64| ready(Ok::<_, Infallible>(())))
+}
+
+fn hot_request() -> Request<()> {
+    Request::builder()
+        .uri("/v1/chat")
+        .header(HEADER, API_KEY)
+        .body(())
+        .unwrap()
+}
+
+/// So large a key never runs out: 1 ns per unit, a burst of `u32::MAX`.
+fn ours_hot_quota() -> Quota {
+    Quota::per_second(u32::MAX).unwrap()
+}
+
+fn gov_hot_quota() -> GQuota {
+    GQuota::with_period(Duration::from_nanos(1))
+        .unwrap()
+        .allow_burst(NonZeroU32::MAX)
+}
+
+/// For many keys (each inserted once before its benchmark): a key stays live (not idle) for as long as the benchmark
+/// runs, so both stores hold every key, yet never runs out (1 per second,
+/// burst 30 million).
+fn ours_live_quota() -> Quota {
+    Quota::per_second(1)
+        .unwrap()
+        .with_burst(30_000_000)
+        .unwrap()
+}
+
+fn gov_live_quota() -> GQuota {
+    GQuota::per_second(NonZeroU32::new(1).unwrap())
+        .allow_burst(NonZeroU32::new(30_000_000).unwrap())
+}
+
+/// Keys the way an id column looks: distinct, ten decimal digits.
+fn distinct_keys(n: u64, base: u64) -> Vec<u64> {
+    (0..n).map(|i| base + i * 7).collect()
+}
+
+/// Our key from a `u64` request, as raw bytes (no decimal formatting), to
+/// show what the closure extractor's `Display` formatting costs.
+#[derive(Clone, Copy, Debug)]
+struct U64Bytes;
+
+impl KeyExtractor<u64> for U64Bytes {
+    #[inline]
+    fn extract(&self, req: &u64, key: &mut KeyBuilder<'_>) -> Result<(), MissingKey> {
+        key.push_bytes(&req.to_le_bytes());
+        Ok(())
+    }
+}
+
+/// tower_governor key: the `x-api-key` header value (a refcounted clone; no
+/// allocation, no header-name parsing).
+#[derive(Clone, Copy, Debug)]
+struct HeaderValueKey;
+
+impl tower_governor::key_extractor::KeyExtractor for HeaderValueKey {
+    type Key = HeaderValue;
+
+    fn extract<T>(&self, req: &Request<T>) -> Result<HeaderValue, GovernorError> {
+        req.headers()
+            .get(&HEADER)
+            .cloned()
+            .ok_or(GovernorError::UnableToExtractKey)
+    }
+}
+
+// ---------------------------------------------------------------- 1 + 2: hot key
+
+fn hot_key(c: &mut Criterion) {
+    let mut g = c.benchmark_group("hot_key");
+    let req = hot_request();
+
+    {
+        let mut svc = http_inner();
+        g.bench_function("bare_inner", |b| {
+            b.iter(|| black_box(drive(&mut svc, req.clone()).is_ok()))
+        });
+    }
+    {
+        let mut svc = RateLimitLayer::new(ours_hot_quota(), GlobalKey).layer(http_inner());
+        drive(&mut svc, req.clone()).expect("ours admits");
+        g.bench_function("ours_global", |b| {
+            b.iter(|| black_box(drive(&mut svc, req.clone()).is_ok()))
+        });
+    }
+    {
+        let layer = RateLimitLayer::new(ours_hot_quota(), HeaderKey::from_name(HEADER));
+        let mut svc = layer.layer(http_inner());
+        drive(&mut svc, req.clone()).expect("ours admits");
+        g.bench_function("ours_header", |b| {
+            b.iter(|| black_box(drive(&mut svc, req.clone()).is_ok()))
+        });
+        assert_eq!(layer.key_count(), 1);
+    }
+    {
+        let config = GovernorConfigBuilder::default()
+            .key_extractor(HeaderValueKey)
+            .per_nanosecond(1)
+            .burst_size(u32::MAX)
+            .finish()
+            .unwrap();
+        let mut svc = tower_governor::GovernorLayer::new(config).layer(http_inner());
+        let first = drive(&mut svc, req.clone()).unwrap();
+        assert_eq!(
+            first.status(),
+            http::StatusCode::OK,
+            "tower_governor admits"
+        );
+        g.bench_function("tower_governor_header", |b| {
+            b.iter(|| black_box(drive(&mut svc, req.clone()).is_ok()))
+        });
+        let last = drive(&mut svc, req.clone()).unwrap();
+        assert_eq!(
+            last.status(),
+            http::StatusCode::OK,
+            "tower_governor still admits"
+        );
+    }
+    {
+        // tower's RateLimit makes a tokio `Sleep` when built: it needs a
+        // runtime context (entered once, not per iteration).
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let _guard = rt.enter();
+        let mut svc =
+            tower::limit::RateLimitLayer::new(u64::MAX, Duration::from_secs(1)).layer(http_inner());
+        g.bench_function("tower_limit_rate", |b| {
+            b.iter(|| black_box(drive(&mut svc, req.clone()).is_ok()))
+        });
+    }
+    {
+        let limiter = RateLimiter::keyed(gov_hot_quota());
+        let key = API_KEY.to_string();
+        g.bench_function("governor_check_key_string", |b| {
+            b.iter(|| black_box(limiter.check_key(black_box(&key)).is_ok()))
+        });
+        assert!(limiter.check_key(&key).is_ok());
+    }
+    {
+        let limiter = RateLimiter::direct(gov_hot_quota());
+        g.bench_function("governor_direct_check", |b| {
+            b.iter(|| black_box(limiter.check().is_ok()))
+        });
+    }
+    g.finish();
+}
+
+// ---------------------------------------------------------------- 3: many keys
+
+fn many_keys(c: &mut Criterion) {
+    for n in [10_000u64, 1_000_000] {
+        let mut g = c.benchmark_group(format!("keys_{n}"));
+        let keys = distinct_keys(n, 1_000_000_000);
+
+        {
+            let layer = RateLimitLayer::new(ours_live_quota(), |k: &u64| Some(*k));
+            let mut svc = layer.layer(u64_inner());
+            for &k in &keys {
+                drive(&mut svc, k).expect("ours admits");
+            }
+            let mut i = 0;
+            g.bench_function("ours_u64_closure", |b| {
+                b.iter(|| {
+                    let k = keys[i];
+                    i += 1;
+                    if i == keys.len() {
+                        i = 0;
+                    }
+                    black_box(drive(&mut svc, k).is_ok())
+                })
+            });
+            assert_eq!(layer.key_count() as u64, n, "every key live");
+            drive(&mut svc, keys[0]).expect("ours still admits");
+        }
+        {
+            let layer = RateLimitLayer::new(ours_live_quota(), U64Bytes);
+            let mut svc = layer.layer(u64_inner());
+            for &k in &keys {
+                drive(&mut svc, k).expect("ours admits");
+            }
+            let mut i = 0;
+            g.bench_function("ours_u64_bytes", |b| {
+                b.iter(|| {
+                    let k = keys[i];
+                    i += 1;
+                    if i == keys.len() {
+                        i = 0;
+                    }
+                    black_box(drive(&mut svc, k).is_ok())
+                })
+            });
+            assert_eq!(layer.key_count() as u64, n, "every key live");
+        }
+        {
+            let limiter = RateLimiter::keyed(gov_live_quota());
+            for k in &keys {
+                limiter.check_key(k).expect("governor admits");
+            }
+            let mut i = 0;
+            g.bench_function("governor_check_key_u64", |b| {
+                b.iter(|| {
+                    let k = &keys[i];
+                    i += 1;
+                    if i == keys.len() {
+                        i = 0;
+                    }
+                    black_box(limiter.check_key(k).is_ok())
+                })
+            });
+            assert_eq!(limiter.len() as u64, n);
+            assert!(limiter.check_key(&keys[0]).is_ok());
+        }
+        if n == 10_000 {
+            // The same through an `http::Request` carrying the key as an
+            // extension: cloning the request (and its extension map) is the
+            // same for both, and `bare_http_ext` measures it.
+            let reqs: Vec<Request<()>> = keys
+                .iter()
+                .map(|&k| {
+                    let mut r = Request::new(());
+                    r.extensions_mut().insert(k);
+                    r
+                })
+                .collect();
+            {
+                let mut svc = http_inner();
+                let mut i = 0;
+                g.bench_function("bare_http_ext", |b| {
+                    b.iter(|| {
+                        let r = reqs[i].clone();
+                        i += 1;
+                        if i == reqs.len() {
+                            i = 0;
+                        }
+                        black_box(drive(&mut svc, r).is_ok())
+                    })
+                });
+            }
+            {
+                let layer = RateLimitLayer::new(ours_live_quota(), |r: &Request<()>| {
+                    r.extensions().get::<u64>().copied()
+                });
+                let mut svc = layer.layer(http_inner());
+                for r in &reqs {
+                    drive(&mut svc, r.clone()).expect("ours admits");
+                }
+                let mut i = 0;
+                g.bench_function("ours_http_ext", |b| {
+                    b.iter(|| {
+                        let r = reqs[i].clone();
+                        i += 1;
+                        if i == reqs.len() {
+                            i = 0;
+                        }
+                        black_box(drive(&mut svc, r).is_ok())
+                    })
+                });
+                assert_eq!(layer.key_count() as u64, n, "every key live");
+            }
+        }
+        g.finish();
+    }
+}
+
+// ---------------------------------------------------------------- 4: two threads
+
+/// Runs `threads` workers, each doing `iters` admissions after a common
+/// start; returns the slowest worker's time divided by `threads`, so that the
+/// reported time per iteration is wall time per admission across all threads.
+fn run_threads<W>(threads: usize, iters: u64, make_worker: impl Fn(usize) -> W + Sync) -> Duration
+where
+    W: FnMut(),
+{
+    let barrier = Barrier::new(threads);
+    let slowest = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let barrier = &barrier;
+                let make_worker = &make_worker;
+                s.spawn(move || {
+                    let mut work = make_worker(t);
+                    barrier.wait();
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        work();
+                    }
+                    start.elapsed()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .max()
+            .unwrap()
+    });
+    slowest / threads as u32
+}
+
+/// Per thread: one shared key, or 1,024 keys of its own (disjoint between
+/// threads, so that which shard a key lands in averages out).
+fn thread_keys(distinct: bool, thread: usize) -> Vec<u64> {
+    if distinct {
+        distinct_keys(1024, 1_000_000_000 + thread as u64 * 10_000_000)
+    } else {
+        vec![4242]
+    }
+}
+
+fn threads(c: &mut Criterion) {
+    let mut g = c.benchmark_group("threads");
+    for (shape, distinct) in [("one_key", false), ("distinct_keys", true)] {
+        for threads in [1usize, 2] {
+            let layer = RateLimitLayer::new(ours_hot_quota(), |k: &u64| Some(*k));
+            let svc = layer.layer(u64_inner());
+            g.bench_function(format!("ours_{shape}_{threads}t"), |b| {
+                b.iter_custom(|iters| {
+                    run_threads(threads, iters, |t| {
+                        let mut svc = svc.clone();
+                        let keys = thread_keys(distinct, t);
+                        let mut i = 0;
+                        move || {
+                            let k = keys[i];
+                            i += 1;
+                            if i == keys.len() {
+                                i = 0;
+                            }
+                            black_box(drive(&mut svc, k).is_ok());
+                        }
+                    })
+                })
+            });
+
+            let limiter = RateLimiter::keyed(gov_hot_quota());
+            g.bench_function(format!("governor_{shape}_{threads}t"), |b| {
+                b.iter_custom(|iters| {
+                    run_threads(threads, iters, |t| {
+                        let limiter = &limiter;
+                        let keys = thread_keys(distinct, t);
+                        let mut i = 0;
+                        move || {
+                            let k = &keys[i];
+                            i += 1;
+                            if i == keys.len() {
+                                i = 0;
+                            }
+                            black_box(limiter.check_key(k).is_ok());
+                        }
+                    })
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+// ---------------------------------------------------------------- 5: memory
+
+/// Resident set size in bytes, from `/proc/self/statm` (4 KiB pages).
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("read /proc/self/statm");
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|f| f.parse().ok())
+        .expect("statm resident field");
+    pages * 4096
+}
+
+/// In a child process: insert `MEMORY_KEYS` keys into one limiter, let them
+/// go idle, evict them, and print the RSS at each step.
+fn memory_probe(which: &str) {
+    let keys = distinct_keys(MEMORY_KEYS, 1_000_000_000);
+    let before;
+    let inserted;
+    let evicted;
+    let live;
+    let left;
+    match which {
+        "ours" => {
+            let clock = ManualClock::new();
+            let layer = RateLimitLayer::new(Quota::per_second(1).unwrap(), |k: &u64| Some(*k))
+                .with_clock(clock.clone());
+            let mut svc = layer.layer(u64_inner());
+            before = rss_bytes();
+            for &k in &keys {
+                drive(&mut svc, k).expect("ours admits a fresh key");
+            }
+            inserted = rss_bytes();
+            live = layer.key_count();
+            clock.advance(Duration::from_secs(2));
+            layer.evict_idle();
+            left = layer.key_count();
+            evicted = rss_bytes();
+        }
+        "governor" => {
+            let clock = FakeRelativeClock::default();
+            let limiter = RateLimiter::dashmap_with_clock(
+                GQuota::per_second(NonZeroU32::new(1).unwrap()),
+                clock.clone(),
+            );
+            before = rss_bytes();
+            for k in &keys {
+                limiter.check_key(k).expect("governor admits a fresh key");
+            }
+            inserted = rss_bytes();
+            live = limiter.len();
+            clock.advance(Duration::from_secs(2));
+            limiter.retain_recent();
+            limiter.shrink_to_fit();
+            left = limiter.len();
+            evicted = rss_bytes();
+        }
+        other => panic!("unknown probe {other}"),
+    }
+    println!("{which} {before} {inserted} {evicted} {live} {left}");
+}
+
+fn memory_report() {
+    let exe = std::env::current_exe().expect("current exe");
+    println!(
+        "memory per idle key ({MEMORY_KEYS} keys, RSS from /proc/self/statm, one child process each):"
+    );
+    for which in ["ours", "governor"] {
+        let out = std::process::Command::new(&exe)
+            .env(PROBE_ENV, which)
+            .output()
+            .expect("run memory probe");
+        assert!(out.status.success(), "memory probe {which} failed: {out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(which))
+            .expect("probe output");
+        let f: Vec<i64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|x| x.parse().unwrap())
+            .collect();
+        let (before, inserted, evicted, live, left) = (f[0], f[1], f[2], f[3], f[4]);
+        let per_key = |after: i64| (after - before) as f64 / MEMORY_KEYS as f64;
+        println!(
+            "memory/{which}: rss before {:.1} MiB, after insert {:.1} MiB ({live} keys, {:.1} B/key), \
+             after evict {:.1} MiB ({left} keys, {:.1} B/key still held)",
+            before as f64 / 1048576.0,
+            inserted as f64 / 1048576.0,
+            per_key(inserted),
+            evicted as f64 / 1048576.0,
+            per_key(evicted),
+        );
+    }
+}
+
+// ---------------------------------------------------------------- main
+
+fn main() {
+    if let Ok(which) = std::env::var(PROBE_ENV) {
+        memory_probe(&which);
+        return;
+    }
+    let quick = std::env::args().any(|a| a == "--test" || a == "--list");
+    if !quick && std::env::var_os("TT_SKIP_MEMORY").is_none() {
+        memory_report();
+    }
+    let mut c = Criterion::default().configure_from_args();
+    hot_key(&mut c);
+    many_keys(&mut c);
+    threads(&mut c);
+    c.final_summary();
+}

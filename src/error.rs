@@ -1,0 +1,244 @@
+//! Typed errors shared by every layer.
+//!
+//! The layers return [`BoxError`]; each failure is its own small type, found
+//! again by downcasting:
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_throttle::error::{BoxError, RateLimited};
+//!
+//! fn retry_hint(err: &BoxError) -> Option<Duration> {
+//!     err.downcast_ref::<RateLimited>().map(|e| e.retry_after)
+//! }
+//! # let _ = retry_hint;
+//! ```
+
+use std::error::Error;
+use std::fmt;
+use std::time::Duration;
+
+/// The error type of every service in this crate: tower's boxed error.
+pub type BoxError = Box<dyn Error + Send + Sync + 'static>;
+
+/// Seconds with millisecond precision: "1.250 s".
+struct Secs(Duration);
+
+impl fmt::Display for Secs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:.3} s", self.0.as_secs_f64())
+    }
+}
+
+/// The request's key is over its limit; nothing was sent to the inner service
+/// and nothing was consumed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RateLimited {
+    /// The key in its text form (parts joined by `/`).
+    pub key: String,
+    /// How long until this key would admit this request: the exact instant,
+    /// not the window length.
+    pub retry_after: Duration,
+}
+
+impl RateLimited {
+    pub(crate) fn new(key: String, retry_after: Duration) -> Self {
+        Self { key, retry_after }
+    }
+}
+
+impl fmt::Display for RateLimited {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rate limited on key `{}`; retry after {}",
+            self.key,
+            Secs(self.retry_after)
+        )
+    }
+}
+
+impl Error for RateLimited {}
+
+/// The request costs more than its key's capacity, so no wait would ever
+/// admit it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CostTooHigh {
+    /// The key in its text form.
+    pub key: String,
+    /// What the request would cost.
+    pub cost: u32,
+    /// The most one admission can cost (the burst, or the window's limit).
+    pub capacity: u32,
+}
+
+impl CostTooHigh {
+    pub(crate) fn new(key: String, cost: u32, capacity: u32) -> Self {
+        Self {
+            key,
+            cost,
+            capacity,
+        }
+    }
+}
+
+impl fmt::Display for CostTooHigh {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "request on key `{}` costs {} but at most {} can ever be admitted at once",
+            self.key, self.cost, self.capacity
+        )
+    }
+}
+
+impl Error for CostTooHigh {}
+
+/// No key could be extracted from the request and no fallback key is set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MissingKey {
+    /// What was looked for, e.g. "header `x-api-key`".
+    pub wanted: String,
+}
+
+impl MissingKey {
+    /// A missing key, saying what was looked for.
+    pub fn new(wanted: impl Into<String>) -> Self {
+        Self {
+            wanted: wanted.into(),
+        }
+    }
+}
+
+impl fmt::Display for MissingKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "request has no limit key ({} missing) and no fallback key is set",
+            self.wanted
+        )
+    }
+}
+
+impl Error for MissingKey {}
+
+/// The key's wait queue is full; the request was refused at once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueFull {
+    /// The key in its text form.
+    pub key: String,
+    /// The queue limit that was reached.
+    pub max_queue: usize,
+}
+
+impl QueueFull {
+    /// A full queue on `key`.
+    pub fn new(key: String, max_queue: usize) -> Self {
+        Self { key, max_queue }
+    }
+}
+
+impl fmt::Display for QueueFull {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "queue for key `{}` is full ({} waiting)",
+            self.key, self.max_queue
+        )
+    }
+}
+
+impl Error for QueueFull {}
+
+/// The request waited in the key's queue for as long as allowed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueTimeout {
+    /// The key in its text form.
+    pub key: String,
+    /// How long it waited.
+    pub waited: Duration,
+}
+
+impl QueueTimeout {
+    /// A queue timeout on `key` after `waited`.
+    pub fn new(key: String, waited: Duration) -> Self {
+        Self { key, waited }
+    }
+}
+
+impl fmt::Display for QueueTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "gave up waiting for key `{}` after {}",
+            self.key,
+            Secs(self.waited)
+        )
+    }
+}
+
+impl Error for QueueTimeout {}
+
+/// The upstream told us to back off on this key and the cooldown has not
+/// passed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CoolingDown {
+    /// The key in its text form.
+    pub key: String,
+    /// How long until the cooldown ends.
+    pub retry_after: Duration,
+}
+
+impl CoolingDown {
+    /// A cooldown on `key` with `retry_after` left.
+    pub fn new(key: String, retry_after: Duration) -> Self {
+        Self { key, retry_after }
+    }
+}
+
+impl fmt::Display for CoolingDown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "key `{}` is cooling down after an upstream refusal; retry after {}",
+            self.key,
+            Secs(self.retry_after)
+        )
+    }
+}
+
+impl Error for CoolingDown {}
+
+/// A limit or option was given a value it cannot hold. Returned when a layer
+/// or quota is built, never at request time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConfigError {
+    /// The field or argument at fault, e.g. `quota.limit`.
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl ConfigError {
+    /// An error on `field`.
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid `{}`: {}", self.field, self.message)
+    }
+}
+
+impl Error for ConfigError {}

@@ -1,0 +1,188 @@
+//! Keys: which bucket a request is counted in.
+//!
+//! A [`KeyExtractor`] reads a request and feeds the parts of its key to a
+//! [`KeyBuilder`]. The builder hashes the parts as they arrive (no allocation
+//! per request); the text form of a key (parts joined by `/`) is only built
+//! when something needs to show it, such as an error.
+//!
+//! Extractors compose: a tuple of extractors is one extractor whose key has
+//! every part in order, so `(HeaderKey, JsonFieldKey)` is a `(provider, model)`
+//! route and `(sender, receiver)` a directed pair: A→B, A→C and B→A are three
+//! keys. Each part is hashed with its length, so `("ab", "c")` and `("a", "bc")`
+//! never meet. A closure `Fn(&Request) -> Option<impl KeyPart>` is an extractor
+//! too.
+//!
+//! ```
+//! use tower_throttle::key::{HeaderKey, KeyExtractor, PathPrefixKey, key_text};
+//!
+//! let route = (PathPrefixKey::segments(1).unwrap(), HeaderKey::new("x-model").unwrap());
+//! let req = http::Request::builder()
+//!     .uri("/openai/v1/chat/completions")
+//!     .header("x-model", "gpt-4o")
+//!     .body(())
+//!     .unwrap();
+//! assert_eq!(key_text(&route, &req).unwrap(), "/openai/gpt-4o");
+//! ```
+
+mod extract;
+mod part;
+
+use std::fmt;
+use std::hash::{BuildHasher, Hasher};
+
+use foldhash::fast::{FoldHasher, RandomState};
+
+use crate::error::MissingKey;
+
+pub use extract::{ExtensionKey, GlobalKey, HeaderKey, HostKey, JsonFieldKey, PathPrefixKey};
+pub use part::KeyPart;
+
+/// Reads a request's limit key.
+///
+/// Implemented by the extractors in this module, by tuples of extractors, and
+/// by closures `Fn(&R) -> Option<T>` where `T:` [`KeyPart`].
+pub trait KeyExtractor<R>: Send + Sync + 'static {
+    /// Push the parts of `req`'s key into `key`, or say what is missing.
+    fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), MissingKey>;
+}
+
+/// Collects the parts of one key: hashes them, and writes their text when
+/// asked to.
+pub struct KeyBuilder<'a> {
+    hasher: FoldHasher<'static>,
+    text: Option<&'a mut String>,
+    parts: u32,
+}
+
+impl fmt::Debug for KeyBuilder<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyBuilder")
+            .field("parts", &self.parts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> KeyBuilder<'a> {
+    fn new(seed: &KeySeed, text: Option<&'a mut String>) -> Self {
+        Self {
+            hasher: seed.0.build_hasher(),
+            text,
+            parts: 0,
+        }
+    }
+
+    /// Add one part, as raw bytes.
+    pub fn push_bytes(&mut self, bytes: &[u8]) {
+        // The length goes in first so that parts cannot run into each other.
+        self.hasher.write_usize(bytes.len());
+        self.hasher.write(bytes);
+        if let Some(text) = self.text.as_deref_mut() {
+            if self.parts > 0 {
+                text.push('/');
+            }
+            text.push_str(&String::from_utf8_lossy(bytes));
+        }
+        self.parts += 1;
+    }
+
+    /// Add one part, as text.
+    pub fn push_str(&mut self, part: &str) {
+        self.push_bytes(part.as_bytes());
+    }
+
+    /// Add one part of any [`KeyPart`] type.
+    pub fn push<P: KeyPart + ?Sized>(&mut self, part: &P) {
+        part.push_to(self);
+    }
+
+    fn finish(&self) -> KeyHash {
+        KeyHash(self.hasher.finish())
+    }
+}
+
+/// The randomly seeded hash function of one limiter.
+///
+/// Keys are client IPs, API keys and model names chosen by whoever sends the
+/// requests, so the hash is seeded at random per limiter (foldhash: fast on
+/// short keys, and not predictable from outside, unlike an unseeded FxHash).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct KeySeed(RandomState);
+
+/// A key's 64-bit hash under one limiter's seed: what the state store is
+/// indexed by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct KeyHash(pub(crate) u64);
+
+impl KeySeed {
+    /// The hash of `req`'s key.
+    #[inline]
+    pub(crate) fn hash<R, X: KeyExtractor<R> + ?Sized>(
+        &self,
+        extractor: &X,
+        req: &R,
+    ) -> Result<KeyHash, MissingKey> {
+        let mut builder = KeyBuilder::new(self, None);
+        extractor.extract(req, &mut builder)?;
+        Ok(builder.finish())
+    }
+
+    /// The hash of a fixed one-part key (a fallback key).
+    pub(crate) fn hash_text(&self, key: &str) -> KeyHash {
+        let mut builder = KeyBuilder::new(self, None);
+        builder.push_str(key);
+        builder.finish()
+    }
+}
+
+/// The text form of `req`'s key under `extractor`: parts joined by `/`, and
+/// `(global)` for a key with no parts.
+pub fn key_text<R, X: KeyExtractor<R> + ?Sized>(
+    extractor: &X,
+    req: &R,
+) -> Result<String, MissingKey> {
+    let seed = KeySeed::default();
+    let mut text = String::new();
+    let mut builder = KeyBuilder::new(&seed, Some(&mut text));
+    extractor.extract(req, &mut builder)?;
+    let parts = builder.parts;
+    if parts == 0 {
+        text.push_str("(global)");
+    }
+    Ok(text)
+}
+
+impl<R, F, T> KeyExtractor<R> for F
+where
+    F: Fn(&R) -> Option<T> + Send + Sync + 'static,
+    T: KeyPart,
+{
+    fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), MissingKey> {
+        match self(req) {
+            Some(part) => {
+                key.push(&part);
+                Ok(())
+            }
+            None => Err(MissingKey::new("the closure's key")),
+        }
+    }
+}
+
+macro_rules! tuple_extractor {
+    ($($name:ident),+) => {
+        impl<R, $($name),+> KeyExtractor<R> for ($($name,)+)
+        where
+            $($name: KeyExtractor<R>,)+
+        {
+            #[allow(non_snake_case)]
+            fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), MissingKey> {
+                let ($($name,)+) = self;
+                $($name.extract(req, key)?;)+
+                Ok(())
+            }
+        }
+    };
+}
+
+tuple_extractor!(A, B);
+tuple_extractor!(A, B, C);
+tuple_extractor!(A, B, C, D);

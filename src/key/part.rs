@@ -1,0 +1,100 @@
+//! Values that can be one part of a key.
+
+use std::borrow::Cow;
+use std::fmt::{self, Write as _};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::HeaderValue;
+
+use super::KeyBuilder;
+
+/// A value that can be one part of a key.
+///
+/// Numbers and addresses are keyed by their text form, so `42u64` and `"42"`
+/// are the same part.
+pub trait KeyPart {
+    /// Push this value into `key` as one part.
+    fn push_to(&self, key: &mut KeyBuilder<'_>);
+}
+
+impl<T: KeyPart + ?Sized> KeyPart for &T {
+    fn push_to(&self, key: &mut KeyBuilder<'_>) {
+        (**self).push_to(key);
+    }
+}
+
+macro_rules! bytes_part {
+    ($($ty:ty),+) => {$(
+        impl KeyPart for $ty {
+            fn push_to(&self, key: &mut KeyBuilder<'_>) {
+                key.push_bytes(AsRef::<[u8]>::as_ref(self));
+            }
+        }
+    )+};
+}
+
+bytes_part!([u8], Vec<u8>, Bytes);
+
+macro_rules! str_part {
+    ($($ty:ty),+) => {$(
+        impl KeyPart for $ty {
+            fn push_to(&self, key: &mut KeyBuilder<'_>) {
+                key.push_str(self);
+            }
+        }
+    )+};
+}
+
+str_part!(str, String, Arc<str>, Box<str>, Cow<'_, str>);
+
+impl KeyPart for HeaderValue {
+    fn push_to(&self, key: &mut KeyBuilder<'_>) {
+        key.push_bytes(self.as_bytes());
+    }
+}
+
+/// Formats into a stack buffer, so that numbers and addresses need no
+/// allocation per request.
+struct StackText {
+    buf: [u8; 64],
+    len: usize,
+}
+
+impl fmt::Write for StackText {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let end = self.len + s.len();
+        let slot = self.buf.get_mut(self.len..end).ok_or(fmt::Error)?;
+        slot.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}
+
+fn push_display(value: &dyn fmt::Display, key: &mut KeyBuilder<'_>) {
+    let mut text = StackText {
+        buf: [0; 64],
+        len: 0,
+    };
+    if write!(text, "{value}").is_ok() {
+        key.push_bytes(&text.buf[..text.len]);
+    } else {
+        // Longer than any number or address; never expected, still correct.
+        key.push_str(&value.to_string());
+    }
+}
+
+macro_rules! display_part {
+    ($($ty:ty),+) => {$(
+        impl KeyPart for $ty {
+            fn push_to(&self, key: &mut KeyBuilder<'_>) {
+                push_display(self, key);
+            }
+        }
+    )+};
+}
+
+display_part!(
+    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, char, bool, IpAddr, SocketAddr
+);

@@ -1,0 +1,41 @@
+//! Composable [tower] layers that keep a program inside the limits of the
+//! APIs it calls and the clients it serves.
+//!
+//! - [`RateLimitLayer`](rate_limit::RateLimitLayer): keyed admission by token
+//!   bucket, sliding window or fixed window; refuse at once, or wait in strict
+//!   FIFO order.
+//!
+//! Every layer works on `http::Request<B>` and, with the `reqwest` feature, on
+//! `reqwest::Request`, through the traits in [`parts`]. Cloned services share
+//! one state, so a limit holds across every clone and task. Errors are typed
+//! and found again by downcasting [`BoxError`](error::BoxError).
+//!
+//! ```
+//! use tower_throttle::key::GlobalKey;
+//! use tower_throttle::rate_limit::{Quota, RateLimitLayer};
+//!
+//! let layer = RateLimitLayer::new(Quota::per_second(10)?, GlobalKey);
+//! # let _ = layer;
+//! # Ok::<(), tower_throttle::error::ConfigError>(())
+//! ```
+//!
+//! [tower]: https://docs.rs/tower
+
+#![forbid(unsafe_code)]
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    unreachable_pub,
+    rust_2018_idioms
+)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod clock;
+pub mod error;
+pub mod key;
+pub mod parts;
+pub mod rate_limit;
+mod store;
+
+pub use error::BoxError;
+pub use rate_limit::{Quota, RateLimitLayer};

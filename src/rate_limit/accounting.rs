@@ -1,0 +1,96 @@
+//! What a request costs, and whether its outcome counts.
+
+use http::StatusCode;
+
+use crate::parts::ResponseParts;
+
+/// What one request costs against its key's quota.
+///
+/// Implemented for closures `Fn(&R) -> u32`, e.g. the estimated tokens of an
+/// LLM request for a tokens-per-minute limit. A cost of 0 is counted as 1, so
+/// that nothing slips past a key that is full; a cost above the key's burst is
+/// refused with [`CostTooHigh`](crate::error::CostTooHigh).
+pub trait Cost<R>: Send + Sync + 'static {
+    /// The cost of `req`.
+    fn cost(&self, req: &R) -> u32;
+}
+
+/// Every request costs one unit (the default).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OneUnit;
+
+impl<R> Cost<R> for OneUnit {
+    #[inline]
+    fn cost(&self, _req: &R) -> u32 {
+        1
+    }
+}
+
+impl<R, F> Cost<R> for F
+where
+    F: Fn(&R) -> u32 + Send + Sync + 'static,
+{
+    fn cost(&self, req: &R) -> u32 {
+        self(req)
+    }
+}
+
+/// Whether an admitted request's outcome counts against the quota.
+///
+/// Implemented for closures `Fn(&Result<Res, E>) -> bool`. When it answers
+/// `false` the request's capacity is given back, unless a later request is
+/// already queued behind it (giving back then would let a newcomer overtake
+/// the queue), in which case it stays spent.
+pub trait Counts<Res, E>: Clone + Send + Sync + 'static {
+    /// True when this outcome used up quota.
+    fn counts(&self, outcome: &Result<Res, E>) -> bool;
+
+    /// True when every outcome counts, so no refund needs tracking.
+    #[doc(hidden)]
+    fn always(&self) -> bool {
+        false
+    }
+}
+
+/// Every admitted request counts, even when the inner service fails: a failed
+/// provider call was still counted upstream (the default).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CountAll;
+
+impl<Res, E> Counts<Res, E> for CountAll {
+    #[inline]
+    fn counts(&self, _outcome: &Result<Res, E>) -> bool {
+        true
+    }
+
+    #[inline]
+    fn always(&self) -> bool {
+        true
+    }
+}
+
+/// Counts everything but a response that refuses the request so that the
+/// caller may retry it: `429 Too Many Requests` and `503 Service Unavailable`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CountUnlessRefused;
+
+impl<Res: ResponseParts, E> Counts<Res, E> for CountUnlessRefused {
+    fn counts(&self, outcome: &Result<Res, E>) -> bool {
+        !matches!(
+            outcome,
+            Ok(res) if matches!(
+                res.status(),
+                StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+            )
+        )
+    }
+}
+
+impl<Res, E, F> Counts<Res, E> for F
+where
+    F: Fn(&Result<Res, E>) -> bool + Clone + Send + Sync + 'static,
+{
+    fn counts(&self, outcome: &Result<Res, E>) -> bool {
+        self(outcome)
+    }
+}

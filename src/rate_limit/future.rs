@@ -1,0 +1,191 @@
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+use tower_service::Service;
+
+use super::accounting::Counts;
+use super::limiter::{Limiter, Ticket};
+use crate::error::BoxError;
+
+/// Capacity booked for a waiting request; dropped before the request reaches
+/// the inner service, it gives back what can be given back.
+pub(crate) struct Booking {
+    limiter: Arc<Limiter>,
+    ticket: Ticket,
+    armed: bool,
+}
+
+impl Booking {
+    pub(crate) fn new(limiter: Arc<Limiter>, ticket: Ticket) -> Self {
+        Self {
+            limiter,
+            ticket,
+            armed: true,
+        }
+    }
+
+    fn used(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Booking {
+    fn drop(&mut self) {
+        if self.armed {
+            self.limiter.cancel(&self.ticket);
+        }
+    }
+}
+
+/// What is needed to give capacity back when the outcome does not count.
+pub(crate) struct Refund<A> {
+    pub(crate) limiter: Arc<Limiter>,
+    pub(crate) ticket: Ticket,
+    pub(crate) counts: A,
+}
+
+/// A request waiting for its instant: the inner service that was ready for
+/// it, and the request itself.
+struct Waiter<S, R> {
+    inner: S,
+    req: Option<R>,
+    booking: Booking,
+}
+
+pin_project! {
+    /// The response future of [`RateLimit`](super::RateLimit).
+    pub struct ResponseFuture<Fut, S, R, A> {
+        #[pin]
+        state: State<Fut, S, R>,
+        refund: Option<Refund<A>>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<Fut, S, R> {
+        Waiting {
+            sleep: Pin<Box<Sleep>>,
+            waiter: Box<Waiter<S, R>>,
+        },
+        Called {
+            #[pin]
+            future: Fut,
+        },
+        Failed {
+            error: Option<BoxError>,
+        },
+    }
+}
+
+impl<Fut, S, R, A> ResponseFuture<Fut, S, R, A> {
+    pub(crate) fn called(future: Fut, refund: Option<Refund<A>>) -> Self {
+        Self {
+            state: State::Called { future },
+            refund,
+        }
+    }
+
+    pub(crate) fn waiting(
+        until: Instant,
+        inner: S,
+        req: R,
+        booking: Booking,
+        refund: Option<Refund<A>>,
+    ) -> Self {
+        Self {
+            state: State::Waiting {
+                sleep: Box::pin(tokio::time::sleep_until(until)),
+                waiter: Box::new(Waiter {
+                    inner,
+                    req: Some(req),
+                    booking,
+                }),
+            },
+            refund,
+        }
+    }
+
+    pub(crate) fn failed(error: BoxError) -> Self {
+        Self {
+            state: State::Failed { error: Some(error) },
+            refund: None,
+        }
+    }
+}
+
+impl<Fut, S, R, A> Future for ResponseFuture<Fut, S, R, A>
+where
+    S: Service<R, Future = Fut>,
+    Fut: Future<Output = Result<S::Response, S::Error>>,
+    S::Error: Into<BoxError>,
+    A: Counts<S::Response, S::Error>,
+{
+    type Output = Result<S::Response, BoxError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            let this = self.as_mut().project();
+            match this.state.project() {
+                StateProj::Called { future } => {
+                    let outcome = ready!(future.poll(cx));
+                    return Poll::Ready(settle(this.refund, outcome));
+                }
+                StateProj::Waiting { sleep, waiter } => {
+                    ready!(sleep.as_mut().poll(cx));
+                    if let Err(error) = ready!(waiter.inner.poll_ready(cx)) {
+                        return Poll::Ready(settle(this.refund, Err(error)));
+                    }
+                    let Some(req) = waiter.req.take() else {
+                        return Poll::Ready(
+                            Err("rate limit future polled after completion".into()),
+                        );
+                    };
+                    waiter.booking.used();
+                    let future = waiter.inner.call(req);
+                    self.as_mut().project().state.set(State::Called { future });
+                }
+                StateProj::Failed { error } => {
+                    return Poll::Ready(Err(error
+                        .take()
+                        .unwrap_or_else(|| "rate limit future polled after completion".into())));
+                }
+            }
+        }
+    }
+}
+
+/// Give the capacity back if the outcome does not count, and box the error.
+fn settle<Res, E, A>(
+    refund: &mut Option<Refund<A>>,
+    outcome: Result<Res, E>,
+) -> Result<Res, BoxError>
+where
+    E: Into<BoxError>,
+    A: Counts<Res, E>,
+{
+    if let Some(refund) = refund.take() {
+        if !refund.counts.counts(&outcome) {
+            refund.limiter.refund(&refund.ticket);
+        }
+    }
+    outcome.map_err(Into::into)
+}
+
+impl<Fut, S, R, A> fmt::Debug for ResponseFuture<Fut, S, R, A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Waiting { .. } => "waiting",
+            State::Called { .. } => "called",
+            State::Failed { .. } => "failed",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish_non_exhaustive()
+    }
+}

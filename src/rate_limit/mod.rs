@@ -1,0 +1,49 @@
+//! Keyed rate limiting: [`RateLimitLayer`].
+//!
+//! Each request is mapped to a key by a [key extractor](crate::key), and each
+//! key is held to a [`Quota`] under one of three [`Algorithm`]s: a token
+//! bucket (GCRA), an exact sliding window, or fixed windows. A request over
+//! its key's limit is refused before the inner service is called, with the
+//! exact time until the key would admit it
+//! ([`RateLimited::retry_after`](crate::error::RateLimited)); or, in wait
+//! mode, it waits for its turn in strict arrival order.
+//!
+//! ```
+//! use tower::{Service, ServiceExt};
+//! use tower_throttle::error::RateLimited;
+//! use tower_throttle::key::HeaderKey;
+//! use tower_throttle::rate_limit::{Quota, RateLimitLayer};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let layer = RateLimitLayer::new(Quota::per_minute(2)?, HeaderKey::new("x-api-key")?);
+//! let mut svc = tower::ServiceBuilder::new()
+//!     .layer(layer)
+//!     .service_fn(|_req: http::Request<()>| async {
+//!         Ok::<_, std::convert::Infallible>(http::Response::new(()))
+//!     });
+//!
+//! let request = || http::Request::builder().header("x-api-key", "alice").body(()).unwrap();
+//! svc.ready().await?.call(request()).await?;
+//! svc.ready().await?.call(request()).await?;
+//! let refused = svc.ready().await?.call(request()).await.unwrap_err();
+//! let refused = refused.downcast_ref::<RateLimited>().unwrap();
+//! assert_eq!(refused.key, "alice");
+//! assert!(refused.retry_after.as_secs() <= 30);
+//! # Ok(())
+//! # }
+//! ```
+
+mod accounting;
+mod algorithm;
+mod future;
+mod layer;
+mod limiter;
+mod quota;
+mod service;
+
+pub use accounting::{Cost, CountAll, CountUnlessRefused, Counts, OneUnit};
+pub use future::ResponseFuture;
+pub use layer::RateLimitLayer;
+pub use quota::{Algorithm, MAX_PERIOD, Quota};
+pub use service::RateLimit;

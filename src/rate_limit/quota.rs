@@ -1,0 +1,186 @@
+//! How much a key may do: a quota and the algorithm that enforces it.
+
+use std::time::Duration;
+
+use crate::error::ConfigError;
+
+/// The longest period a quota may have. Longer ones are almost surely a unit
+/// mistake, and would keep a key's state alive for that long.
+pub const MAX_PERIOD: Duration = Duration::from_secs(400 * 86_400);
+
+/// How a quota is enforced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// Token bucket, as GCRA: refills smoothly at `limit / period`, holds up
+    /// to `burst`; an idle key recovers its whole burst.
+    TokenBucket,
+    /// Exact sliding window: never more than `limit` admissions in any
+    /// rolling `period`. Keeps one entry per admission in the window, so its
+    /// state grows with `limit`.
+    SlidingWindow,
+    /// Fixed window: at most `limit` per window; windows are aligned to
+    /// wall-clock multiples of `period` (a per-minute window turns over at
+    /// each whole minute).
+    FixedWindow,
+}
+
+/// A limit: `limit` units per `period`, enforced by an [`Algorithm`].
+///
+/// The constructors read as they count: `Quota::per_minute(60)` admits 60 per
+/// minute (with a burst of 60 for the token bucket).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_throttle::rate_limit::{Algorithm, Quota};
+///
+/// let q = Quota::per_minute(60)?.with_burst(10)?;
+/// assert_eq!(q.limit(), 60);
+/// assert_eq!(q.burst(), 10);
+/// assert_eq!(q.period(), Duration::from_secs(60));
+///
+/// let rolling = Quota::per_minute(500)?.sliding_window();
+/// assert_eq!(rolling.algorithm(), Algorithm::SlidingWindow);
+///
+/// assert!(Quota::per_minute(0).is_err());
+/// # Ok::<(), tower_throttle::error::ConfigError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quota {
+    limit: u32,
+    period: Duration,
+    burst: u32,
+    algorithm: Algorithm,
+}
+
+impl Quota {
+    /// `limit` per `period`, as a token bucket with a burst of `limit`.
+    /// A zero limit, a zero period or a period over [`MAX_PERIOD`] is an
+    /// error.
+    pub fn new(limit: u32, period: Duration) -> Result<Self, ConfigError> {
+        if limit == 0 {
+            return Err(ConfigError::new(
+                "limit",
+                "must be at least 1 (leave the limit out to mean unlimited)",
+            ));
+        }
+        if period.is_zero() {
+            return Err(ConfigError::new("period", "must be longer than zero"));
+        }
+        if period > MAX_PERIOD {
+            return Err(ConfigError::new(
+                "period",
+                format!(
+                    "{period:?} is longer than the most allowed ({} days)",
+                    MAX_PERIOD.as_secs() / 86_400
+                ),
+            ));
+        }
+        Ok(Self {
+            limit,
+            period,
+            burst: limit,
+            algorithm: Algorithm::TokenBucket,
+        })
+    }
+
+    /// `limit` per second.
+    pub fn per_second(limit: u32) -> Result<Self, ConfigError> {
+        Self::new(limit, Duration::from_secs(1))
+    }
+
+    /// `limit` per minute.
+    pub fn per_minute(limit: u32) -> Result<Self, ConfigError> {
+        Self::new(limit, Duration::from_secs(60))
+    }
+
+    /// `limit` per hour.
+    pub fn per_hour(limit: u32) -> Result<Self, ConfigError> {
+        Self::new(limit, Duration::from_secs(3_600))
+    }
+
+    /// `limit` per day.
+    pub fn per_day(limit: u32) -> Result<Self, ConfigError> {
+        Self::new(limit, Duration::from_secs(86_400))
+    }
+
+    /// A token bucket holding up to `burst` (the refill rate stays
+    /// `limit / period`). Zero is an error, and so is a burst on a window
+    /// algorithm, where the window's limit is the burst.
+    pub fn with_burst(mut self, burst: u32) -> Result<Self, ConfigError> {
+        if burst == 0 {
+            return Err(ConfigError::new("burst", "must be at least 1"));
+        }
+        if self.algorithm != Algorithm::TokenBucket {
+            return Err(ConfigError::new(
+                "burst",
+                "only a token bucket has a burst; a window's limit is its burst",
+            ));
+        }
+        // A bucket that takes longer than the longest period to refill is a
+        // unit mistake, and would overflow the arithmetic.
+        let refill = u128::from(burst) * self.period.as_nanos() / u128::from(self.limit);
+        if refill > MAX_PERIOD.as_nanos() {
+            return Err(ConfigError::new(
+                "burst",
+                format!(
+                    "{burst} takes longer than {} days to refill at {} per {:?}",
+                    MAX_PERIOD.as_secs() / 86_400,
+                    self.limit,
+                    self.period
+                ),
+            ));
+        }
+        self.burst = burst;
+        Ok(self)
+    }
+
+    /// Enforce as a token bucket (the default).
+    pub fn token_bucket(mut self) -> Self {
+        self.algorithm = Algorithm::TokenBucket;
+        self
+    }
+
+    /// Enforce as an exact sliding window of `period`; the burst is the limit.
+    pub fn sliding_window(mut self) -> Self {
+        self.algorithm = Algorithm::SlidingWindow;
+        self.burst = self.limit;
+        self
+    }
+
+    /// Enforce as fixed windows of `period`; the burst is the limit.
+    pub fn fixed_window(mut self) -> Self {
+        self.algorithm = Algorithm::FixedWindow;
+        self.burst = self.limit;
+        self
+    }
+
+    /// Enforce with `algorithm`.
+    pub fn with_algorithm(self, algorithm: Algorithm) -> Self {
+        match algorithm {
+            Algorithm::TokenBucket => self.token_bucket(),
+            Algorithm::SlidingWindow => self.sliding_window(),
+            Algorithm::FixedWindow => self.fixed_window(),
+        }
+    }
+
+    /// Units per period.
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// The period (the window, for window algorithms).
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// The most that can be admitted at once.
+    pub fn burst(&self) -> u32 {
+        self.burst
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+}

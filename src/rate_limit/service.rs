@@ -1,0 +1,191 @@
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tower_service::Service;
+
+use super::accounting::{Cost, Counts};
+use super::future::{Booking, Refund, ResponseFuture};
+use super::limiter::{Decision, Limiter};
+use crate::error::{BoxError, CostTooHigh, MissingKey, RateLimited};
+use crate::key::{KeyExtractor, KeyHash, key_text};
+
+/// Everything a rate-limit service reads per request, shared by its clones.
+pub(crate) struct Shared<X, F, A> {
+    pub(crate) limiter: Arc<Limiter>,
+    pub(crate) extractor: Arc<X>,
+    pub(crate) cost: F,
+    pub(crate) counts: A,
+    pub(crate) max_wait: Duration,
+    pub(crate) fallback: Option<(KeyHash, Arc<str>)>,
+}
+
+impl<X, F: Clone, A: Clone> Clone for Shared<X, F, A> {
+    fn clone(&self) -> Self {
+        Self {
+            limiter: self.limiter.clone(),
+            extractor: self.extractor.clone(),
+            cost: self.cost.clone(),
+            counts: self.counts.clone(),
+            max_wait: self.max_wait,
+            fallback: self.fallback.clone(),
+        }
+    }
+}
+
+impl<X, F, A> fmt::Debug for Shared<X, F, A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("quota", self.limiter.quota())
+            .field("keys", &self.limiter.len())
+            .field("extractor", &std::any::type_name::<X>())
+            .field("cost", &std::any::type_name::<F>())
+            .field("counts", &std::any::type_name::<A>())
+            .field("max_wait", &self.max_wait)
+            .field("fallback", &self.fallback.as_ref().map(|(_, key)| key))
+            .finish()
+    }
+}
+
+impl<X, F, A> Shared<X, F, A> {
+    /// The text of `req`'s key, for errors and logs.
+    fn key_text<R>(&self, req: &R) -> String
+    where
+        X: KeyExtractor<R>,
+    {
+        match (key_text(&*self.extractor, req), &self.fallback) {
+            (Ok(text), _) => text,
+            (Err(_), Some((_, key))) => key.to_string(),
+            (Err(missing), None) => missing.wanted,
+        }
+    }
+}
+
+/// Applies a keyed rate limit to a service; made by
+/// [`RateLimitLayer`](super::RateLimitLayer).
+pub struct RateLimit<S, X, F, A> {
+    inner: S,
+    shared: Arc<Shared<X, F, A>>,
+}
+
+impl<S, X, F, A> RateLimit<S, X, F, A> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared<X, F, A>>) -> Self {
+        Self { inner, shared }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// How many keys hold state now.
+    pub fn key_count(&self) -> usize {
+        self.shared.limiter.len()
+    }
+
+    /// Drop the state of every idle key now; see
+    /// [`RateLimitLayer::evict_idle`](super::RateLimitLayer::evict_idle).
+    pub fn evict_idle(&self) -> usize {
+        self.shared.limiter.evict_idle()
+    }
+}
+
+impl<S: Clone, X, F, A> Clone for RateLimit<S, X, F, A> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, X, F, A> fmt::Debug for RateLimit<S, X, F, A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("shared", &self.shared)
+            .finish()
+    }
+}
+
+impl<S, R, X, F, A> Service<R> for RateLimit<S, X, F, A>
+where
+    S: Service<R> + Clone,
+    S::Error: Into<BoxError>,
+    X: KeyExtractor<R>,
+    F: Cost<R>,
+    A: Counts<S::Response, S::Error>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Future, S, R, A>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: R) -> Self::Future {
+        let shared = &*self.shared;
+        let key = match shared.limiter.seed().hash(&*shared.extractor, &req) {
+            Ok(key) => key,
+            Err(missing) => match &shared.fallback {
+                Some((key, _)) => *key,
+                None => return ResponseFuture::failed(missing_key(missing)),
+            },
+        };
+        let cost = shared.cost.cost(&req);
+        match shared.limiter.acquire(key, cost, shared.max_wait) {
+            Decision::Now(ticket) => {
+                let refund = (!shared.counts.always()).then(|| Refund {
+                    limiter: shared.limiter.clone(),
+                    ticket,
+                    counts: shared.counts.clone(),
+                });
+                ResponseFuture::called(self.inner.call(req), refund)
+            }
+            Decision::Later { until, ticket } => {
+                if tracing::enabled!(tracing::Level::DEBUG) {
+                    let wait = until.saturating_duration_since(tokio::time::Instant::now());
+                    tracing::debug!(key = %shared.key_text(&req), ?wait, "rate limit: waiting for turn");
+                }
+                let refund = (!shared.counts.always()).then(|| Refund {
+                    limiter: shared.limiter.clone(),
+                    ticket,
+                    counts: shared.counts.clone(),
+                });
+                // The ready inner service goes with the waiting request; this
+                // service keeps a fresh clone, to be polled ready again.
+                let clone = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, clone);
+                let booking = Booking::new(shared.limiter.clone(), ticket);
+                ResponseFuture::waiting(until, inner, req, booking, refund)
+            }
+            Decision::Denied { retry_after } => {
+                let key = shared.key_text(&req);
+                tracing::debug!(%key, ?retry_after, "rate limit: refused");
+                ResponseFuture::failed(Box::new(RateLimited::new(key, retry_after)))
+            }
+            Decision::TooCostly { capacity } => {
+                let key = shared.key_text(&req);
+                tracing::debug!(%key, cost, capacity, "rate limit: cost above capacity");
+                ResponseFuture::failed(Box::new(CostTooHigh::new(key, cost, capacity)))
+            }
+        }
+    }
+}
+
+fn missing_key(missing: MissingKey) -> BoxError {
+    tracing::debug!(wanted = %missing.wanted, "rate limit: request has no key");
+    Box::new(missing)
+}

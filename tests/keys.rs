@@ -1,0 +1,181 @@
+//! Key extraction: built-in extractors, tuples, closures, and key text.
+
+mod support;
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use support::Inner;
+use tower::{Layer, Service, ServiceExt};
+use tower_throttle::error::{BoxError, RateLimited};
+use tower_throttle::key::{
+    ExtensionKey, GlobalKey, HeaderKey, HostKey, JsonFieldKey, PathPrefixKey, key_text,
+};
+use tower_throttle::rate_limit::{Quota, RateLimitLayer};
+
+fn one_per_minute() -> Quota {
+    Quota::per_minute(1).unwrap()
+}
+
+fn pair(from: &str, to: &str) -> http::Request<()> {
+    http::Request::builder()
+        .header("x-from", from)
+        .header("x-to", to)
+        .body(())
+        .unwrap()
+}
+
+async fn admitted<S>(svc: &mut S, req: http::Request<()>) -> bool
+where
+    S: Service<http::Request<()>, Response = http::Response<()>, Error = BoxError>,
+{
+    match svc.ready().await.unwrap().call(req).await {
+        Ok(_) => true,
+        Err(err) if err.is::<RateLimited>() => false,
+        Err(err) => panic!("unexpected error: {err}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_to_b_is_independent_of_a_to_c_and_b_to_a() {
+    let key = (
+        HeaderKey::new("x-from").unwrap(),
+        HeaderKey::new("x-to").unwrap(),
+    );
+    let mut svc = RateLimitLayer::new(one_per_minute(), key).layer(Inner::new());
+    assert!(admitted(&mut svc, pair("A", "B")).await);
+    assert!(
+        !admitted(&mut svc, pair("A", "B")).await,
+        "A→B is throttled"
+    );
+    assert!(
+        admitted(&mut svc, pair("A", "C")).await,
+        "A→C is its own key"
+    );
+    assert!(
+        admitted(&mut svc, pair("B", "A")).await,
+        "B→A is its own key"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn tuple_parts_that_join_to_the_same_text_are_distinct_keys() {
+    let key = (
+        HeaderKey::new("x-from").unwrap(),
+        HeaderKey::new("x-to").unwrap(),
+    );
+    let mut svc = RateLimitLayer::new(one_per_minute(), key).layer(Inner::new());
+    assert!(admitted(&mut svc, pair("ab", "c")).await);
+    assert!(
+        admitted(&mut svc, pair("a", "bc")).await,
+        "ab+c and a+bc collided"
+    );
+    assert!(admitted(&mut svc, pair("a/b", "c")).await);
+    assert!(
+        admitted(&mut svc, pair("a", "b/c")).await,
+        "a/b+c and a+b/c collided"
+    );
+    assert!(!admitted(&mut svc, pair("ab", "c")).await);
+}
+
+#[test]
+fn key_text_joins_parts_and_names_the_global_key() {
+    let req = http::Request::builder()
+        .uri("https://API.Example.com/openai/v1/chat?q=1")
+        .header("x-model", "gpt-4o")
+        .body(())
+        .unwrap();
+    let route = (
+        HostKey,
+        PathPrefixKey::segments(1).unwrap(),
+        HeaderKey::new("x-model").unwrap(),
+    );
+    assert_eq!(
+        key_text(&route, &req).unwrap(),
+        "api.example.com//openai/gpt-4o"
+    );
+    assert_eq!(key_text(&GlobalKey, &req).unwrap(), "(global)");
+    assert_eq!(
+        key_text(&PathPrefixKey::segments(2).unwrap(), &req).unwrap(),
+        "/openai/v1"
+    );
+    assert_eq!(
+        key_text(&PathPrefixKey::segments(9).unwrap(), &req).unwrap(),
+        "/openai/v1/chat"
+    );
+    assert!(PathPrefixKey::segments(0).is_err());
+    assert!(HeaderKey::new("bad header").is_err());
+    let missing = key_text(&HeaderKey::new("x-absent").unwrap(), &req).unwrap_err();
+    assert!(missing.to_string().contains("x-absent"), "{missing}");
+}
+
+#[test]
+fn host_comes_from_the_host_header_when_the_uri_has_none() {
+    let req = http::Request::builder()
+        .uri("/v1/chat")
+        .header("host", "Gateway.local:8080")
+        .body(())
+        .unwrap();
+    assert_eq!(key_text(&HostKey, &req).unwrap(), "gateway.local");
+    let v6 = http::Request::builder()
+        .uri("/")
+        .header("host", "[::1]")
+        .body(())
+        .unwrap();
+    assert_eq!(key_text(&HostKey, &v6).unwrap(), "[::1]");
+}
+
+#[test]
+fn extension_and_closure_extractors() {
+    let mut req = http::Request::builder().body(()).unwrap();
+    req.extensions_mut()
+        .insert(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 7)));
+    assert_eq!(
+        key_text(&ExtensionKey::<IpAddr>::new(), &req).unwrap(),
+        "10.0.0.7"
+    );
+    assert!(key_text(&ExtensionKey::<u64>::new(), &req).is_err());
+
+    let by_method = |req: &http::Request<()>| Some(req.method().as_str().to_owned());
+    assert_eq!(key_text(&by_method, &req).unwrap(), "GET");
+    let nothing = |_req: &http::Request<()>| None::<u64>;
+    assert!(key_text(&nothing, &req).is_err());
+}
+
+#[test]
+fn json_field_reads_strings_numbers_and_booleans_only() {
+    let key = JsonFieldKey::new("model");
+    let text = |body: &'static str| key_text(&key, &http::Request::new(body));
+    assert_eq!(text(r#"{"model":"gpt-4o"}"#).unwrap(), "gpt-4o");
+    assert_eq!(text(r#"{"model":"g\"pt"}"#).unwrap(), "g\"pt");
+    assert_eq!(text(r#"{"model":7}"#).unwrap(), "7");
+    assert_eq!(text(r#"{"model":true}"#).unwrap(), "true");
+    assert_eq!(
+        text(r#"{"a":{"model":"inner"},"model":"outer"}"#).unwrap(),
+        "outer"
+    );
+    for bad in [
+        r#"{"model":{"x":1}}"#,
+        r#"{"model":[1]}"#,
+        r#"["model"]"#,
+        r#"{"model":"x""#,
+        "",
+    ] {
+        assert!(text(bad).is_err(), "{bad}");
+    }
+}
+
+/// Counts the requests that reach it; stands in for any service the layer
+/// may wrap, here one over plain numbers.
+fn numbers_service() -> impl Service<u64, Response = (), Error = std::convert::Infallible> + Clone {
+    tower::service_fn(|_n: u64| std::future::ready(Ok(())))
+}
+
+#[tokio::test(start_paused = true)]
+async fn any_request_type_works_with_a_closure_key() {
+    let key = |n: &u64| Some(*n % 2);
+    let mut svc = RateLimitLayer::new(one_per_minute(), key).layer(numbers_service());
+    svc.ready().await.unwrap().call(1).await.unwrap();
+    svc.ready().await.unwrap().call(2).await.unwrap();
+    let err = svc.ready().await.unwrap().call(3).await.unwrap_err();
+    assert_eq!(err.downcast_ref::<RateLimited>().unwrap().key, "1");
+}

@@ -1,0 +1,274 @@
+//! Wait mode: strict FIFO per key, each waiter sleeping until its own instant.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{ALGORITHMS, Inner, Lcg, quota, request};
+use tokio::time::{self, Instant};
+use tokio_test::{assert_pending, assert_ready, assert_ready_ok, task};
+use tower::{Layer, Service, ServiceExt};
+use tower_throttle::error::RateLimited;
+use tower_throttle::key::{GlobalKey, HeaderKey};
+use tower_throttle::rate_limit::{Algorithm, RateLimitLayer};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// The most admissions `instants` has inside any window of `window`.
+fn most_in_any_window(instants: &[Instant], window: Duration) -> usize {
+    let mut sorted = instants.to_vec();
+    sorted.sort();
+    (0..sorted.len())
+        .map(|i| {
+            sorted[i..]
+                .iter()
+                .take_while(|&&t| t - sorted[i] < window)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// The most a limit of `limit` per second may admit in a rolling second: a
+/// bucket may spend its burst on top of its rate, fixed windows may fill the
+/// end of one window and the start of the next, a sliding window never
+/// exceeds its limit.
+fn rolling_allowance(algorithm: Algorithm, limit: usize) -> usize {
+    match algorithm {
+        Algorithm::SlidingWindow => limit,
+        _ => 2 * limit,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn thousand_waiters_on_one_key_are_admitted_in_arrival_order() {
+    for algorithm in ALGORITHMS {
+        let inner = Inner::new();
+        let mut svc = RateLimitLayer::new(quota(algorithm, 10, SECOND), GlobalKey)
+            .with_max_wait(Duration::from_secs(200))
+            .layer(inner.clone());
+        let mut waiting = Vec::new();
+        for seq in 0..1_000 {
+            svc.ready().await.unwrap();
+            waiting.push(tokio::spawn(svc.call(request("k", seq))));
+        }
+        for task in waiting {
+            task.await.unwrap().expect("admitted within max_wait");
+        }
+        let order = inner.record.order();
+        assert_eq!(order, (0..1_000).collect::<Vec<_>>(), "{algorithm:?}");
+        // And never faster than the limit.
+        let most = most_in_any_window(&inner.record.instants(), SECOND);
+        let allowed = rolling_allowance(algorithm, 10);
+        assert!(most <= allowed, "{algorithm:?}: {most} in one second");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_sleeps_until_its_exact_instant() {
+    let inner = Inner::new();
+    let mut svc = RateLimitLayer::new(quota(Algorithm::TokenBucket, 1, SECOND), GlobalKey)
+        .with_max_wait(Duration::from_secs(5))
+        .layer(inner.clone());
+    svc.ready()
+        .await
+        .unwrap()
+        .call(request("k", 0))
+        .await
+        .unwrap();
+    svc.ready().await.unwrap();
+    let mut second = task::spawn(svc.call(request("k", 1)));
+    assert_pending!(second.poll());
+    time::advance(Duration::from_millis(999)).await;
+    assert_pending!(second.poll());
+    assert_eq!(inner.record.calls(), 1);
+    time::advance(Duration::from_millis(1)).await;
+    assert_ready_ok!(second.poll());
+    assert_eq!(inner.record.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_longer_than_max_wait_is_refused_at_arrival() {
+    for algorithm in ALGORITHMS {
+        let inner = Inner::new();
+        let layer = RateLimitLayer::new(
+            quota(algorithm, 1, Duration::from_secs(60)),
+            HeaderKey::new("x-key").unwrap(),
+        );
+        // A reject-mode service on the same limiter finds the next fixed-window
+        // boundary (windows turn over at wall-clock minutes), so the test can
+        // start on one and the next is a whole window away.
+        let mut probe = layer.clone().layer(inner.clone());
+        let mut svc = layer
+            .with_max_wait(Duration::from_secs(10))
+            .layer(inner.clone());
+        probe
+            .ready()
+            .await
+            .unwrap()
+            .call(request("probe", 0))
+            .await
+            .unwrap();
+        let err = probe
+            .ready()
+            .await
+            .unwrap()
+            .call(request("probe", 0))
+            .await
+            .unwrap_err();
+        time::advance(err.downcast_ref::<RateLimited>().unwrap().retry_after).await;
+
+        svc.ready()
+            .await
+            .unwrap()
+            .call(request("k", 1))
+            .await
+            .unwrap();
+        let before = Instant::now();
+        svc.ready().await.unwrap();
+        let mut refused = task::spawn(svc.call(request("k", 2)));
+        // Ready on the first poll: no request waits only to be refused.
+        let err = assert_ready!(refused.poll()).expect_err("needs more than max_wait");
+        assert_eq!(Instant::now(), before);
+        let limited = err.downcast_ref::<RateLimited>().expect("RateLimited");
+        assert_eq!(
+            limited.retry_after,
+            Duration::from_secs(60),
+            "{algorithm:?}"
+        );
+        assert_eq!(inner.record.calls(), 2);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_waiters_never_let_the_rest_through_faster_than_the_limit() {
+    for algorithm in ALGORITHMS {
+        let inner = Inner::new();
+        let limit = 5;
+        let mut svc = RateLimitLayer::new(quota(algorithm, limit, SECOND), GlobalKey)
+            .with_max_wait(Duration::from_secs(100))
+            .layer(inner.clone());
+        let mut rng = Lcg(42);
+        let mut tasks = Vec::new();
+        let mut kept = Vec::new();
+        for seq in 0..300 {
+            svc.ready().await.unwrap();
+            let fut = svc.call(request("k", seq));
+            if rng.next() % 2 == 0 {
+                kept.push(seq);
+                tasks.push(tokio::spawn(fut));
+            } else {
+                // Give up at a random point of its wait.
+                let patience = Duration::from_millis(rng.next() % 60_000);
+                tokio::spawn(async move {
+                    let _ = time::timeout(patience, fut).await;
+                });
+            }
+        }
+        for task in tasks {
+            task.await.unwrap().expect("kept waiters are all admitted");
+        }
+        // Let the impatient finish or give up, then look at everything.
+        time::sleep(Duration::from_secs(200)).await;
+        let order = inner.record.order();
+        let admitted_kept: Vec<_> = order.iter().copied().filter(|s| kept.contains(s)).collect();
+        assert_eq!(
+            admitted_kept, kept,
+            "{algorithm:?}: kept waiters out of order"
+        );
+        let mut sorted = order.clone();
+        sorted.sort();
+        assert_eq!(
+            sorted, order,
+            "{algorithm:?}: admitted out of arrival order"
+        );
+        let most = most_in_any_window(&inner.record.instants(), SECOND);
+        let allowed = rolling_allowance(algorithm, limit as usize);
+        assert!(most <= allowed, "{algorithm:?}: {most} in one second");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_the_last_waiter_gives_its_slot_back() {
+    for algorithm in ALGORITHMS {
+        let inner = Inner::new();
+        let mut svc = RateLimitLayer::new(quota(algorithm, 1, SECOND), GlobalKey)
+            .with_max_wait(Duration::from_secs(10))
+            .layer(inner.clone());
+        svc.ready()
+            .await
+            .unwrap()
+            .call(request("k", 0))
+            .await
+            .unwrap();
+        svc.ready().await.unwrap();
+        let mut second = task::spawn(svc.call(request("k", 1)));
+        assert_pending!(second.poll());
+        drop(second);
+        // The freed slot goes to the next arrival: it is admitted as soon as
+        // the first slot's time is up, not a whole slot later.
+        svc.ready().await.unwrap();
+        let start = Instant::now();
+        svc.call(request("k", 2)).await.unwrap();
+        assert!(Instant::now() - start <= SECOND, "{algorithm:?}");
+        assert_eq!(inner.record.order(), vec![0, 2]);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_inner_service_is_polled_ready_again_after_the_wait() {
+    let (mock, mut handle) = tower_test::mock::pair::<http::Request<()>, http::Response<()>>();
+    let mut svc = RateLimitLayer::new(quota(Algorithm::TokenBucket, 1, SECOND), GlobalKey)
+        .with_max_wait(Duration::from_secs(5))
+        .layer(mock);
+    handle.allow(1);
+    svc.ready().await.unwrap();
+    let first = tokio::spawn(svc.call(request("k", 0)));
+    let (_, reply) = handle.next_request().await.unwrap();
+    reply.send_response(http::Response::new(()));
+    first.await.unwrap().unwrap();
+
+    handle.allow(1);
+    svc.ready().await.unwrap();
+    let mut second = task::spawn(svc.call(request("k", 1)));
+    assert_pending!(second.poll());
+    time::advance(SECOND).await;
+    // Its turn has come, but the inner service has no capacity: it waits.
+    assert_pending!(second.poll());
+    handle.allow(1);
+    assert_pending!(second.poll());
+    let (req, reply) = handle.next_request().await.unwrap();
+    assert_eq!(req.headers()["x-seq"], "1");
+    reply.send_response(http::Response::new(()));
+    assert_ready_ok!(second.poll());
+}
+
+#[tokio::test(start_paused = true)]
+async fn keys_wait_independently() {
+    let inner = Inner::new();
+    let mut svc = RateLimitLayer::new(
+        quota(Algorithm::SlidingWindow, 1, SECOND),
+        HeaderKey::new("x-key").unwrap(),
+    )
+    .with_max_wait(Duration::from_secs(10))
+    .layer(inner.clone());
+    svc.ready()
+        .await
+        .unwrap()
+        .call(request("a", 0))
+        .await
+        .unwrap();
+    svc.ready().await.unwrap();
+    let mut a = task::spawn(svc.call(request("a", 1)));
+    assert_pending!(a.poll());
+    // Key b does not queue behind key a.
+    svc.ready()
+        .await
+        .unwrap()
+        .call(request("b", 2))
+        .await
+        .unwrap();
+    assert_eq!(inner.record.order(), vec![0, 2]);
+    time::advance(SECOND).await;
+    assert_ready_ok!(a.poll());
+}

@@ -1,0 +1,134 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code, unreachable_pub)]
+
+use std::convert::Infallible;
+use std::future::{Ready, ready};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+use tower::Service;
+use tower_throttle::rate_limit::{Algorithm, Quota};
+
+/// Every algorithm, for tests written once and run against each.
+pub const ALGORITHMS: [Algorithm; 3] = [
+    Algorithm::TokenBucket,
+    Algorithm::SlidingWindow,
+    Algorithm::FixedWindow,
+];
+
+/// `limit` per `period` under `algorithm`.
+pub fn quota(algorithm: Algorithm, limit: u32, period: Duration) -> Quota {
+    Quota::new(limit, period)
+        .expect("test quota is valid")
+        .with_algorithm(algorithm)
+}
+
+/// A request with header `x-key: key` and `x-seq: seq`.
+pub fn request(key: &str, seq: usize) -> http::Request<()> {
+    http::Request::builder()
+        .header("x-key", key)
+        .header("x-seq", seq.to_string())
+        .body(())
+        .expect("valid test request")
+}
+
+/// What the inner service saw: how many calls, and each call's `x-seq` and
+/// instant.
+#[derive(Clone, Debug, Default)]
+pub struct Record {
+    pub calls: Arc<AtomicUsize>,
+    pub seen: Arc<Mutex<Vec<(usize, Instant)>>>,
+}
+
+impl Record {
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    pub fn order(&self) -> Vec<usize> {
+        self.seen.lock().iter().map(|&(seq, _)| seq).collect()
+    }
+
+    pub fn instants(&self) -> Vec<Instant> {
+        self.seen.lock().iter().map(|&(_, at)| at).collect()
+    }
+}
+
+/// An inner service that answers at once and records each call; it fails
+/// every call when `fail` is set.
+#[derive(Clone, Debug, Default)]
+pub struct Inner {
+    pub record: Record,
+    pub fail: bool,
+}
+
+impl Inner {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn failing() -> Self {
+        Self {
+            fail: true,
+            ..Self::default()
+        }
+    }
+}
+
+/// The error the failing inner service returns.
+#[derive(Debug)]
+pub struct InnerFailed;
+
+impl std::fmt::Display for InnerFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("inner service failed")
+    }
+}
+
+impl std::error::Error for InnerFailed {}
+
+impl Service<http::Request<()>> for Inner {
+    type Response = http::Response<()>;
+    type Error = InnerFailed;
+    type Future = Ready<Result<http::Response<()>, InnerFailed>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<()>) -> Self::Future {
+        self.record.calls.fetch_add(1, Ordering::SeqCst);
+        let seq = req
+            .headers()
+            .get("x-seq")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(usize::MAX);
+        self.record.seen.lock().push((seq, Instant::now()));
+        if self.fail {
+            ready(Err(InnerFailed))
+        } else {
+            ready(Ok(http::Response::new(())))
+        }
+    }
+}
+
+/// A never-failing placeholder error type for closures.
+pub type NoError = Infallible;
+
+/// A small deterministic generator, so "random" tests replay exactly.
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        self.0 >> 33
+    }
+}
