@@ -38,4 +38,9 @@ pub mod rate_limit;
 mod store;
 
 pub use error::BoxError;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 pub use rate_limit::{Quota, RateLimitLayer};

@@ -132,3 +132,79 @@ impl Lcg {
         self.0 >> 33
     }
 }
+
+/// Checks that admissions at `instants` obey `limit` per `period` exactly as
+/// `algorithm` defines it; `boundary` is any fixed-window boundary instant.
+/// Returns the first violation found.
+pub fn check_conformance(
+    algorithm: Algorithm,
+    limit: u32,
+    period: Duration,
+    boundary: Instant,
+    instants: &[Instant],
+) -> Result<(), String> {
+    let mut sorted = instants.to_vec();
+    sorted.sort();
+    let limit = limit as usize;
+    match algorithm {
+        Algorithm::SlidingWindow => {
+            for i in 0..sorted.len() {
+                let n = sorted[i..]
+                    .iter()
+                    .take_while(|&&t| t - sorted[i] < period)
+                    .count();
+                if n > limit {
+                    let base = sorted[0];
+                    let around: Vec<_> = sorted[i..(i + n).min(sorted.len())]
+                        .iter()
+                        .map(|&t| (t - base).as_micros())
+                        .collect();
+                    return Err(format!(
+                        "{n} admissions in a rolling window from #{i}: {around:?} µs"
+                    ));
+                }
+            }
+        }
+        Algorithm::FixedWindow => {
+            let index = |t: Instant| -> i128 {
+                let ns = if t >= boundary {
+                    (t - boundary).as_nanos() as i128
+                } else {
+                    -((boundary - t).as_nanos() as i128)
+                };
+                ns.div_euclid(period.as_nanos() as i128)
+            };
+            let mut counts = std::collections::HashMap::new();
+            for &t in &sorted {
+                *counts.entry(index(t)).or_insert(0usize) += 1;
+            }
+            if let Some((w, n)) = counts.into_iter().find(|&(_, n)| n > limit) {
+                let rel: Vec<_> = sorted
+                    .iter()
+                    .filter(|&&t| index(t) == w)
+                    .map(|&t| (t - sorted[0]).as_micros())
+                    .collect();
+                return Err(format!(
+                    "{n} admissions in fixed window {w}: {rel:?} µs after the first, boundary at {:?}",
+                    boundary.checked_duration_since(sorted[0])
+                ));
+            }
+        }
+        _ => {
+            // Token bucket of capacity `limit` refilling one unit per
+            // period / limit: any run of admissions from i to j fits in the
+            // burst plus what refilled in between.
+            let emission = period.as_nanos() / limit as u128;
+            for i in 0..sorted.len() {
+                for j in i..sorted.len() {
+                    let refilled = (sorted[j] - sorted[i]).as_nanos() / emission;
+                    let n = (j - i + 1) as u128;
+                    if n > limit as u128 + refilled {
+                        return Err(format!("{n} admissions between #{i} and #{j}"));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
