@@ -233,6 +233,23 @@ fn hot_key(c: &mut Criterion) {
     g.finish();
 }
 
+/// What reading the time costs: ours reads tokio's `Instant::now` (with the
+/// `test-util` feature these dev-dependencies turn on, a thread-local check
+/// for a paused clock first), governor reads quanta's TSC clock.
+fn clocks(c: &mut Criterion) {
+    use governor::clock::Clock as _;
+    let mut g = c.benchmark_group("clock");
+    g.bench_function("tokio_instant_now", |b| {
+        b.iter(|| black_box(tokio::time::Instant::now()))
+    });
+    g.bench_function("std_instant_now", |b| b.iter(|| black_box(Instant::now())));
+    let quanta = governor::clock::DefaultClock::default();
+    g.bench_function("governor_default_clock_now", |b| {
+        b.iter(|| black_box(quanta.now()))
+    });
+    g.finish();
+}
+
 // ---------------------------------------------------------------- 3: many keys
 
 fn many_keys(c: &mut Criterion) {
@@ -385,27 +402,44 @@ where
     slowest / threads as u32
 }
 
-/// Per thread: one shared key, or 1,024 keys of its own (disjoint between
-/// threads, so that which shard a key lands in averages out).
-fn thread_keys(distinct: bool, thread: usize) -> Vec<u64> {
-    if distinct {
-        distinct_keys(1024, 1_000_000_000 + thread as u64 * 10_000_000)
-    } else {
-        vec![4242]
+/// What the threads admit on.
+#[derive(Clone, Copy, Debug)]
+enum Shape {
+    /// Every thread on the same key.
+    OneKey,
+    /// Each thread on one hot key of its own (the two keys may share a shard:
+    /// 1 in 64 for ours, 1 in 8 for governor's 2-core DashMap; the seed is
+    /// random per run).
+    OwnKey,
+    /// Each thread cycling over 1,024 keys of its own, disjoint between
+    /// threads, so both threads touch every shard.
+    DistinctKeys,
+}
+
+fn thread_keys(shape: Shape, thread: usize) -> Vec<u64> {
+    let base = 1_000_000_000 + thread as u64 * 10_000_000;
+    match shape {
+        Shape::OneKey => vec![4242],
+        Shape::OwnKey => vec![base],
+        Shape::DistinctKeys => distinct_keys(1024, base),
     }
 }
 
 fn threads(c: &mut Criterion) {
     let mut g = c.benchmark_group("threads");
-    for (shape, distinct) in [("one_key", false), ("distinct_keys", true)] {
+    for (name, shape) in [
+        ("one_key", Shape::OneKey),
+        ("own_key", Shape::OwnKey),
+        ("distinct_keys", Shape::DistinctKeys),
+    ] {
         for threads in [1usize, 2] {
             let layer = RateLimitLayer::new(ours_hot_quota(), |k: &u64| Some(*k));
             let svc = layer.layer(u64_inner());
-            g.bench_function(format!("ours_{shape}_{threads}t"), |b| {
+            g.bench_function(format!("ours_{name}_{threads}t"), |b| {
                 b.iter_custom(|iters| {
                     run_threads(threads, iters, |t| {
                         let mut svc = svc.clone();
-                        let keys = thread_keys(distinct, t);
+                        let keys = thread_keys(shape, t);
                         let mut i = 0;
                         move || {
                             let k = keys[i];
@@ -420,11 +454,11 @@ fn threads(c: &mut Criterion) {
             });
 
             let limiter = RateLimiter::keyed(gov_hot_quota());
-            g.bench_function(format!("governor_{shape}_{threads}t"), |b| {
+            g.bench_function(format!("governor_{name}_{threads}t"), |b| {
                 b.iter_custom(|iters| {
                     run_threads(threads, iters, |t| {
                         let limiter = &limiter;
-                        let keys = thread_keys(distinct, t);
+                        let keys = thread_keys(shape, t);
                         let mut i = 0;
                         move || {
                             let k = &keys[i];
@@ -552,6 +586,7 @@ fn main() {
     }
     let mut c = Criterion::default().configure_from_args();
     hot_key(&mut c);
+    clocks(&mut c);
     many_keys(&mut c);
     threads(&mut c);
     c.final_summary();

@@ -235,6 +235,21 @@ impl ConfigError {
     }
 }
 
+impl ConfigError {
+    /// The same error, with `prefix` put before its field path:
+    /// `burst` within `rules[2]` is `rules[2].burst`.
+    pub fn within(mut self, prefix: &str) -> Self {
+        self.field = if self.field.is_empty() {
+            prefix.to_owned()
+        } else if self.field.starts_with('[') {
+            format!("{prefix}{}", self.field)
+        } else {
+            format!("{prefix}.{}", self.field)
+        };
+        self
+    }
+}
+
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "invalid `{}`: {}", self.field, self.message)

@@ -4,6 +4,9 @@
 //! - [`RateLimitLayer`](rate_limit::RateLimitLayer): keyed admission by token
 //!   bucket, sliding window or fixed window; refuse at once, or wait in strict
 //!   FIFO order.
+//! - [`IdentityHeaderLayer`](identity::IdentityHeaderLayer): gives selected
+//!   outbound requests a chosen identity (`User-Agent`, ULID request and
+//!   session ids, static headers) by rules matched on the URL.
 //!
 //! Every layer works on `http::Request<B>` and, with the `reqwest` feature, on
 //! `reqwest::Request`, through the traits in [`parts`]. Cloned services share
@@ -32,9 +35,11 @@
 
 pub mod clock;
 pub mod error;
+pub mod identity;
 pub mod key;
 pub mod parts;
 pub mod rate_limit;
+pub mod stats;
 mod store;
 
 pub use error::BoxError;

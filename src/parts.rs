@@ -175,3 +175,35 @@ mod reqwest_impls {
         }
     }
 }
+
+/// Write access to a request's headers, for layers that set headers on the
+/// way out (such as [`IdentityHeaderLayer`](crate::identity::IdentityHeaderLayer)).
+///
+/// Implemented for `http::Request<B>` and, with the `reqwest` feature,
+/// `reqwest::Request`.
+///
+/// ```
+/// use tower_throttle::parts::RequestHeadersMut;
+///
+/// let mut req = http::Request::new(());
+/// RequestHeadersMut::headers_mut(&mut req)
+///     .insert("x-title", http::HeaderValue::from_static("demo"));
+/// assert_eq!(req.headers()["x-title"], "demo");
+/// ```
+pub trait RequestHeadersMut {
+    /// The request headers, mutably.
+    fn headers_mut(&mut self) -> &mut HeaderMap;
+}
+
+impl<B> RequestHeadersMut for http::Request<B> {
+    fn headers_mut(&mut self) -> &mut HeaderMap {
+        self.headers_mut()
+    }
+}
+
+#[cfg(feature = "reqwest")]
+impl RequestHeadersMut for reqwest::Request {
+    fn headers_mut(&mut self) -> &mut HeaderMap {
+        self.headers_mut()
+    }
+}

@@ -8,6 +8,10 @@
 //! million live keys), which a sender cannot aim for because the seed is
 //! random per limiter.
 //!
+//! Each shard also holds the parameters its states are kept under, so a
+//! retune converts a shard's states and swaps its parameters under one lock,
+//! and no request ever reads a state under the wrong parameters.
+//!
 //! A state that says nothing a fresh state would not (a full bucket, an empty
 //! window) is *idle*, and dropping it loses nothing. Idle states are swept
 //! without a background task: a shard is swept when it has doubled since its
@@ -16,10 +20,11 @@
 //! the keys go quiet.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::clock::Nanos;
 use crate::key::KeyHash;
@@ -57,8 +62,9 @@ impl Hasher for PassThrough {
 
 type Map<V> = HashMap<u64, V, BuildHasherDefault<PassThrough>>;
 
-struct ShardMap<V> {
+pub(crate) struct ShardMap<V, P> {
     map: Map<V>,
+    params: P,
     /// Sweep this shard once it holds this many states.
     sweep_at_len: usize,
 }
@@ -66,10 +72,10 @@ struct ShardMap<V> {
 /// One shard, on its own cache lines so that two cores working on two keys do
 /// not slow each other down.
 #[repr(align(128))]
-struct Shard<V>(Mutex<ShardMap<V>>);
+struct Shard<V, P>(Mutex<ShardMap<V, P>>);
 
-pub(crate) struct Store<V> {
-    shards: Box<[Shard<V>]>,
+pub(crate) struct Store<V, P> {
+    shards: Box<[Shard<V, P>]>,
     /// When the next sweeping round may start.
     round_due: AtomicU64,
     /// The next shard of the current round; `SHARDS` when no round is on.
@@ -77,12 +83,41 @@ pub(crate) struct Store<V> {
     sweep_every: Nanos,
 }
 
-impl<V: Idle> Store<V> {
-    pub(crate) fn new(sweep_every: Nanos) -> Self {
+/// One key's state, locked, with the parameters it is kept under.
+pub(crate) struct Locked<'a, V, P> {
+    shard: MutexGuard<'a, ShardMap<V, P>>,
+    key: u64,
+}
+
+impl<V: Idle, P> Locked<'_, V, P> {
+    /// The state (a fresh one if the key had none) and its parameters.
+    #[inline]
+    pub(crate) fn get(&mut self) -> (&P, &mut V) {
+        let ShardMap { map, params, .. } = &mut *self.shard;
+        (params, map.entry(self.key).or_default())
+    }
+
+    /// Put `state` in if the key has none.
+    pub(crate) fn insert_if_absent(&mut self, state: impl FnOnce(&P) -> V) {
+        let ShardMap { map, params, .. } = &mut *self.shard;
+        if let Entry::Vacant(slot) = map.entry(self.key) {
+            slot.insert(state(params));
+        }
+    }
+
+    /// Forget the key's state.
+    pub(crate) fn remove(&mut self) {
+        self.shard.map.remove(&self.key);
+    }
+}
+
+impl<V: Idle, P: Clone> Store<V, P> {
+    pub(crate) fn new(params: P, sweep_every: Nanos) -> Self {
         let shards = (0..SHARDS)
             .map(|_| {
                 Shard(Mutex::new(ShardMap {
                     map: Map::default(),
+                    params: params.clone(),
                     sweep_at_len: MIN_SWEEP_LEN,
                 }))
             })
@@ -96,29 +131,45 @@ impl<V: Idle> Store<V> {
     }
 
     #[inline]
-    fn shard(&self, key: KeyHash) -> &Shard<V> {
+    fn shard(&self, key: KeyHash) -> &Shard<V, P> {
         // The map itself uses the low bits (bucket) and the top 7 bits (tag):
         // take the shard from bits in between so neither loses entropy.
         &self.shards[(key.0 >> 32) as usize % SHARDS]
     }
 
-    /// Run `f` on `key`'s state, creating a fresh state if there is none.
+    /// Lock `key`'s shard. Callers that lock several stores at once lock them
+    /// in one fixed order.
     #[inline]
-    pub(crate) fn with<T>(&self, key: KeyHash, now: Nanos, f: impl FnOnce(&mut V) -> T) -> T {
+    pub(crate) fn lock(&self, key: KeyHash, now: Nanos) -> Locked<'_, V, P> {
         self.sweep_step(now);
         let mut shard = self.shard(key).0.lock();
-        let out = f(shard.map.entry(key.0).or_default());
         if shard.map.len() >= shard.sweep_at_len {
             sweep(&mut shard, now);
         }
-        out
+        Locked { shard, key: key.0 }
     }
 
     /// Run `f` on `key`'s state if it has one.
-    pub(crate) fn with_existing(&self, key: KeyHash, f: impl FnOnce(&mut V)) {
+    pub(crate) fn with_existing(&self, key: KeyHash, f: impl FnOnce(&P, &mut V)) {
         let mut shard = self.shard(key).0.lock();
-        if let Some(state) = shard.map.get_mut(&key.0) {
-            f(state);
+        let ShardMap { map, params, .. } = &mut *shard;
+        if let Some(state) = map.get_mut(&key.0) {
+            f(params, state);
+        }
+    }
+
+    /// Move every shard to `params`, converting each state under the shard's
+    /// lock with `convert(old, new, state)`.
+    pub(crate) fn retune(&self, params: &P, mut convert: impl FnMut(&P, &P, &mut V)) {
+        for shard in self.shards.iter() {
+            let mut shard = shard.0.lock();
+            let ShardMap {
+                map, params: old, ..
+            } = &mut *shard;
+            for state in map.values_mut() {
+                convert(old, params, state);
+            }
+            *old = params.clone();
         }
     }
 
@@ -163,7 +214,7 @@ impl<V: Idle> Store<V> {
 }
 
 /// Drop a shard's idle states and give memory back when most of it is unused.
-fn sweep<V: Idle>(shard: &mut ShardMap<V>, now: Nanos) -> usize {
+fn sweep<V: Idle, P>(shard: &mut ShardMap<V, P>, now: Nanos) -> usize {
     let before = shard.map.len();
     shard.map.retain(|_, state| !state.is_idle(now));
     let len = shard.map.len();

@@ -50,7 +50,7 @@ pub trait KeyExtractor<R>: Send + Sync + 'static {
 /// asked to.
 pub struct KeyBuilder<'a> {
     hasher: FoldHasher<'static>,
-    text: Option<&'a mut String>,
+    text: Option<&'a mut Vec<String>>,
     parts: u32,
 }
 
@@ -63,7 +63,7 @@ impl fmt::Debug for KeyBuilder<'_> {
 }
 
 impl<'a> KeyBuilder<'a> {
-    fn new(seed: &KeySeed, text: Option<&'a mut String>) -> Self {
+    fn new(seed: &KeySeed, text: Option<&'a mut Vec<String>>) -> Self {
         Self {
             hasher: seed.0.build_hasher(),
             text,
@@ -77,10 +77,7 @@ impl<'a> KeyBuilder<'a> {
         self.hasher.write_usize(bytes.len());
         self.hasher.write(bytes);
         if let Some(text) = self.text.as_deref_mut() {
-            if self.parts > 0 {
-                text.push('/');
-            }
-            text.push_str(&String::from_utf8_lossy(bytes));
+            text.push(String::from_utf8_lossy(bytes).into_owned());
         }
         self.parts += 1;
     }
@@ -126,12 +123,40 @@ impl KeySeed {
         Ok(builder.finish())
     }
 
-    /// The hash of a fixed one-part key (a fallback key).
-    pub(crate) fn hash_text(&self, key: &str) -> KeyHash {
+    /// The hash of a key given as its parts' texts (a fallback key, or a
+    /// key named through a handle).
+    pub(crate) fn hash_parts<S: AsRef<str>>(&self, parts: &[S]) -> KeyHash {
         let mut builder = KeyBuilder::new(self, None);
-        builder.push_str(key);
+        for part in parts {
+            builder.push_str(part.as_ref());
+        }
         builder.finish()
     }
+}
+
+/// The texts of `req`'s key parts under `extractor`.
+pub fn key_parts<R, X: KeyExtractor<R> + ?Sized>(
+    extractor: &X,
+    req: &R,
+) -> Result<Vec<String>, MissingKey> {
+    let seed = KeySeed::default();
+    let mut parts = Vec::new();
+    let mut builder = KeyBuilder::new(&seed, Some(&mut parts));
+    extractor.extract(req, &mut builder)?;
+    Ok(parts)
+}
+
+/// A key's text: its parts joined by `/`, and `(global)` for a key with no
+/// parts.
+pub(crate) fn join_parts<S: AsRef<str>>(parts: &[S]) -> String {
+    if parts.is_empty() {
+        return "(global)".to_owned();
+    }
+    parts
+        .iter()
+        .map(AsRef::as_ref)
+        .collect::<Vec<_>>()
+        .join("/")
 }
 
 /// The text form of `req`'s key under `extractor`: parts joined by `/`, and
@@ -140,15 +165,7 @@ pub fn key_text<R, X: KeyExtractor<R> + ?Sized>(
     extractor: &X,
     req: &R,
 ) -> Result<String, MissingKey> {
-    let seed = KeySeed::default();
-    let mut text = String::new();
-    let mut builder = KeyBuilder::new(&seed, Some(&mut text));
-    extractor.extract(req, &mut builder)?;
-    let parts = builder.parts;
-    if parts == 0 {
-        text.push_str("(global)");
-    }
-    Ok(text)
+    key_parts(extractor, req).map(|parts| join_parts(&parts))
 }
 
 impl<R, F, T> KeyExtractor<R> for F

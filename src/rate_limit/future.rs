@@ -11,33 +11,48 @@ use tower_service::Service;
 use super::accounting::Counts;
 use super::limiter::{Limiter, Ticket};
 use crate::error::BoxError;
+use crate::key::KeyHash;
+use crate::stats::Event;
 
-/// Capacity booked for a waiting request; dropped before the request reaches
-/// the inner service, it gives back what can be given back.
+/// Capacity booked for a waiting request. Dropped before the request reaches
+/// the inner service, it leaves the queue and gives back what can be given
+/// back.
 pub(crate) struct Booking {
     limiter: Arc<Limiter>,
     ticket: Ticket,
+    key: KeyHash,
+    arrived: Instant,
     armed: bool,
 }
 
 impl Booking {
-    pub(crate) fn new(limiter: Arc<Limiter>, ticket: Ticket) -> Self {
+    pub(crate) fn new(limiter: Arc<Limiter>, ticket: Ticket, key: KeyHash) -> Self {
         Self {
             limiter,
             ticket,
+            key,
+            arrived: Instant::now(),
             armed: true,
         }
     }
 
+    /// The request's turn came and it goes to the inner service.
     fn used(&mut self) {
         self.armed = false;
+        let waited = self.arrived.elapsed();
+        let stats = &self.limiter.stats;
+        stats.record(self.key, Event::Dequeued(Some(waited)), &String::new);
+        stats.record(self.key, Event::Admitted, &String::new);
     }
 }
 
 impl Drop for Booking {
     fn drop(&mut self) {
         if self.armed {
-            self.limiter.cancel(&self.ticket);
+            self.limiter
+                .stats
+                .record(self.key, Event::Dequeued(None), &String::new);
+            self.limiter.give_back(&self.ticket, true);
         }
     }
 }
@@ -142,22 +157,22 @@ where
                         return Poll::Ready(settle(this.refund, Err(error)));
                     }
                     let Some(req) = waiter.req.take() else {
-                        return Poll::Ready(
-                            Err("rate limit future polled after completion".into()),
-                        );
+                        return Poll::Ready(Err(polled_after_completion()));
                     };
                     waiter.booking.used();
                     let future = waiter.inner.call(req);
                     self.as_mut().project().state.set(State::Called { future });
                 }
                 StateProj::Failed { error } => {
-                    return Poll::Ready(Err(error
-                        .take()
-                        .unwrap_or_else(|| "rate limit future polled after completion".into())));
+                    return Poll::Ready(Err(error.take().unwrap_or_else(polled_after_completion)));
                 }
             }
         }
     }
+}
+
+fn polled_after_completion() -> BoxError {
+    "rate limit future polled after completion".into()
 }
 
 /// Give the capacity back if the outcome does not count, and box the error.
@@ -171,7 +186,7 @@ where
 {
     if let Some(refund) = refund.take() {
         if !refund.counts.counts(&outcome) {
-            refund.limiter.refund(&refund.ticket);
+            refund.limiter.give_back(&refund.ticket, false);
         }
     }
     outcome.map_err(Into::into)

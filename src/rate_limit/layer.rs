@@ -5,21 +5,40 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use super::accounting::{CountAll, OneUnit};
+use super::config::Limits;
+use super::handle::RateLimitHandle;
 use super::limiter::Limiter;
 use super::quota::Quota;
+use super::rule::{Rule, check_names};
 use super::service::{RateLimit, Shared};
 use crate::clock::{Clock, ClockSource};
+use crate::error::ConfigError;
+
+/// What the limiter is built from; kept so that a builder method can build
+/// it again.
+#[derive(Clone)]
+struct Setup {
+    default: Vec<Quota>,
+    rules: Vec<Rule>,
+    clock: ClockSource,
+    key_stats: usize,
+}
 
 /// Applies a keyed rate limit to every request of the wrapped service.
 ///
-/// Each request's key is read by the extractor `X`; each key gets the same
-/// [`Quota`]. Every service this layer makes, and every clone of them, share
-/// one limiter: the limit holds across clones and tasks.
+/// Each request's key is read by the extractor `X`; each key is held to the
+/// default quotas, or to those of the most specific [`Rule`] matching it. A
+/// request must fit every quota that applies. Every service this layer
+/// makes, and every clone of them, share one limiter: the limit holds across
+/// clones and tasks.
 ///
 /// By default a request over the limit is refused at once with
 /// [`RateLimited`](crate::error::RateLimited) (reject mode). With
-/// [`with_max_wait`](Self::with_max_wait) it waits its turn instead, in strict
+/// [`with_max_wait`](Self::with_max_wait) it waits its turn instead, in
 /// arrival order per key, when its turn comes within the wait allowed.
+///
+/// Builder methods that change quotas, rules, the clock or per-key counting
+/// build the limiter afresh: call them before the layer is used or cloned.
 ///
 /// ```
 /// use std::time::Duration;
@@ -28,6 +47,7 @@ use crate::clock::{Clock, ClockSource};
 /// use tower_throttle::rate_limit::{Quota, RateLimitLayer};
 ///
 /// let layer = RateLimitLayer::new(Quota::per_minute(60)?, HeaderKey::new("x-api-key")?)
+///     .with_quota(Quota::per_day(1_000)?)
 ///     .with_max_wait(Duration::from_secs(2))
 ///     .with_fallback_key("anonymous");
 /// let svc = ServiceBuilder::new()
@@ -40,26 +60,105 @@ use crate::clock::{Clock, ClockSource};
 /// ```
 pub struct RateLimitLayer<X, F = OneUnit, A = CountAll> {
     shared: Shared<X, F, A>,
+    setup: Setup,
 }
 
 impl<X> RateLimitLayer<X> {
     /// Limit each key read by `extractor` to `quota`, refusing requests over
     /// it.
     pub fn new(quota: Quota, extractor: X) -> Self {
+        Self::with_quotas(vec![quota], extractor)
+    }
+
+    /// Limit each key read by `extractor` to every quota in `quotas` (none:
+    /// unlimited unless a rule says otherwise).
+    pub fn with_quotas(quotas: Vec<Quota>, extractor: X) -> Self {
+        let setup = Setup {
+            default: quotas,
+            rules: Vec::new(),
+            clock: ClockSource::Tokio,
+            key_stats: 0,
+        };
         Self {
             shared: Shared {
-                limiter: Arc::new(Limiter::new(quota, ClockSource::Tokio)),
+                limiter: Arc::new(Limiter::new(
+                    setup.default.clone(),
+                    Vec::new(),
+                    setup.clock.clone(),
+                    setup.key_stats,
+                )),
                 extractor: Arc::new(extractor),
                 cost: OneUnit,
                 counts: CountAll,
                 max_wait: Duration::ZERO,
                 fallback: None,
             },
+            setup,
         }
     }
 }
 
+impl<X> RateLimitLayer<X> {
+    /// A layer as `limits` (from a [`RateLimitConfig`](super::RateLimitConfig))
+    /// say: default quotas, rules, mode and wait, dry run and switch.
+    pub fn from_limits(limits: &Limits, extractor: X) -> Self {
+        let mut layer = Self::with_quotas(limits.default.clone(), extractor);
+        layer.setup.rules = limits.rules.clone();
+        let layer = layer.rebuild().with_max_wait(limits.max_wait);
+        layer.shared.limiter.set_dry_run(limits.dry_run);
+        layer.shared.limiter.set_enabled(limits.enabled);
+        layer
+    }
+}
+
 impl<X, F, A> RateLimitLayer<X, F, A> {
+    /// Build the limiter again from the setup, whose rule names are
+    /// already checked.
+    fn rebuild(mut self) -> Self {
+        let setup = &self.setup;
+        let limiter = Limiter::new(
+            setup.default.clone(),
+            setup.rules.clone(),
+            setup.clock.clone(),
+            setup.key_stats,
+        );
+        if let Some((_, key)) = self.shared.fallback.take() {
+            self.shared.fallback = Some((limiter.seed().hash_parts(&[&*key]), key));
+        }
+        self.shared.limiter = Arc::new(limiter);
+        self
+    }
+
+    /// Also hold every key to `quota` (60 per minute *and* 1,000 per day).
+    /// A request is admitted only when every quota admits it; a refusal by
+    /// one consumes nothing from the others.
+    pub fn with_quota(mut self, quota: Quota) -> Self {
+        self.setup.default.push(quota);
+        self.rebuild()
+    }
+
+    /// Give the keys `rule` matches its quotas instead of the default ones.
+    /// A second rule with the same name is an error.
+    pub fn with_rule(mut self, rule: Rule) -> Result<Self, ConfigError> {
+        self.setup.rules.push(rule);
+        check_names(&self.setup.rules)?;
+        Ok(self.rebuild())
+    }
+
+    /// Count up to `max_keys` keys apart in the [stats](RateLimitHandle::stats)
+    /// (the aggregate is always counted). Keys beyond that are counted in
+    /// the aggregate only.
+    pub fn with_key_stats(mut self, max_keys: usize) -> Self {
+        self.setup.key_stats = max_keys;
+        self.rebuild()
+    }
+
+    /// Read the time from `clock` instead of tokio's clock.
+    pub fn with_clock(mut self, clock: impl Clock) -> Self {
+        self.setup.clock = ClockSource::Custom(Arc::new(clock));
+        self.rebuild()
+    }
+
     /// Wait mode: a request over the limit waits for its turn, in arrival
     /// order per key, if that turn comes within `max_wait`; otherwise it is
     /// refused at once (the wait is known on arrival). Zero means reject mode.
@@ -68,23 +167,19 @@ impl<X, F, A> RateLimitLayer<X, F, A> {
         self
     }
 
+    /// Decide without enforcing: admit every request and count (in the
+    /// stats and in `tracing`) each one that would have been refused, so a
+    /// limit can be rolled out safely. The handle can switch it later.
+    pub fn with_dry_run(self, dry_run: bool) -> Self {
+        self.shared.limiter.set_dry_run(dry_run);
+        self
+    }
+
     /// Count requests without a key under this one shared key, instead of
     /// refusing them with [`MissingKey`](crate::error::MissingKey).
     pub fn with_fallback_key(mut self, key: impl Into<String>) -> Self {
         let key: Arc<str> = Arc::from(key.into());
-        self.shared.fallback = Some((self.shared.limiter.seed().hash_text(&key), key));
-        self
-    }
-
-    /// Read the time from `clock` instead of tokio's clock. This starts the
-    /// limiter afresh: call it before the layer is used.
-    pub fn with_clock(mut self, clock: impl Clock) -> Self {
-        let quota = *self.shared.limiter.quota();
-        let limiter = Arc::new(Limiter::new(quota, ClockSource::Custom(Arc::new(clock))));
-        if let Some((_, key)) = self.shared.fallback.take() {
-            self.shared.fallback = Some((limiter.seed().hash_text(&key), key));
-        }
-        self.shared.limiter = limiter;
+        self.shared.fallback = Some((self.shared.limiter.seed().hash_parts(&[&*key]), key));
         self
     }
 
@@ -100,6 +195,7 @@ impl<X, F, A> RateLimitLayer<X, F, A> {
                 max_wait: s.max_wait,
                 fallback: s.fallback,
             },
+            setup: self.setup,
         }
     }
 
@@ -116,22 +212,23 @@ impl<X, F, A> RateLimitLayer<X, F, A> {
                 max_wait: s.max_wait,
                 fallback: s.fallback,
             },
+            setup: self.setup,
         }
     }
 
-    /// The quota every key gets.
-    pub fn quota(&self) -> Quota {
-        *self.shared.limiter.quota()
+    /// A handle for live control and stats of this layer's limiter.
+    pub fn handle(&self) -> RateLimitHandle {
+        RateLimitHandle::new(self.shared.limiter.clone())
     }
 
-    /// How many keys hold state now (idle keys not yet swept included).
+    /// How many (key, quota) states are held now; see
+    /// [`RateLimitHandle::key_count`].
     pub fn key_count(&self) -> usize {
         self.shared.limiter.len()
     }
 
-    /// Drop the state of every idle key now, returning how many were
-    /// dropped. Idle keys are also swept as requests arrive; this is for
-    /// callers who want the memory back at a moment of their choosing.
+    /// Drop the state of every idle key now; see
+    /// [`RateLimitHandle::evict_idle`].
     pub fn evict_idle(&self) -> usize {
         self.shared.limiter.evict_idle()
     }
@@ -149,6 +246,7 @@ impl<X, F: Clone, A: Clone> Clone for RateLimitLayer<X, F, A> {
     fn clone(&self) -> Self {
         Self {
             shared: self.shared.clone(),
+            setup: self.setup.clone(),
         }
     }
 }

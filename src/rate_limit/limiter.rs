@@ -1,30 +1,43 @@
-//! One quota's keyed state and clock: what every clone of a rate-limit
-//! service shares.
+//! The keyed limiter behind every clone of a rate-limit service: the policy
+//! in force, each quota's keyed state, the switches and the counters.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+use smallvec::SmallVec;
 use tokio::time::Instant;
 
-use super::algorithm::{Acquire, Algorithm, FixedWindow, Gcra, Grant, SlidingWindow};
+use super::algorithm::Grant;
+use super::policy::{Compiled, Policy};
 use super::quota::{Algorithm as Kind, Quota};
+use super::rule::{Rule, check_names};
+use super::table::{Held, Table};
 use crate::clock::{ClockSource, Nanos, Timeline, saturating_nanos};
+use crate::error::ConfigError;
 use crate::key::{KeyHash, KeySeed};
-use crate::store::Store;
+use crate::stats::{Event, Stats};
+use crate::store::{Idle, Store};
 
-/// A booking of capacity on one key: enough to give it back.
-#[derive(Clone, Copy, Debug)]
+/// Capacity booked on one key: enough to give it back.
+#[derive(Clone, Debug)]
 pub(crate) struct Ticket {
     key: KeyHash,
-    grant: Grant,
+    generation: u32,
+    rule: u32,
+    grants: SmallVec<[Grant; 2]>,
 }
 
 /// What the limiter decided for one request.
 #[derive(Debug)]
 pub(crate) enum Decision {
-    /// Go now.
-    Now(Ticket),
+    /// Go now. No ticket when nothing was booked (no quota, or a dry run
+    /// that would have refused).
+    Now(Option<Ticket>),
     /// Go at `until`; the capacity is booked.
     Later { until: Instant, ticket: Ticket },
     /// Refused; nothing consumed.
@@ -33,69 +46,75 @@ pub(crate) enum Decision {
     TooCostly { capacity: u32 },
 }
 
-enum Engine {
-    TokenBucket(Gcra, Store<<Gcra as Algorithm>::State>),
-    SlidingWindow(SlidingWindow, Store<<SlidingWindow as Algorithm>::State>),
-    FixedWindow(FixedWindow, Store<<FixedWindow as Algorithm>::State>),
+/// A key's rule, as last looked up.
+#[derive(Clone, Copy, Debug, Default)]
+struct RuleSlot {
+    generation: u32,
+    rule: u32,
+    /// Which rule by name, to tell a key that moved to another rule.
+    name: u64,
+    /// After this, the key's quota states are idle too.
+    idle_at: Nanos,
 }
 
-/// Dispatch once on the algorithm, then run monomorphic code.
-macro_rules! with_engine {
-    ($engine:expr, |$alg:ident, $store:ident| $body:expr) => {
-        match $engine {
-            Engine::TokenBucket($alg, $store) => $body,
-            Engine::SlidingWindow($alg, $store) => $body,
-            Engine::FixedWindow($alg, $store) => $body,
-        }
-    };
+impl Idle for RuleSlot {
+    fn is_idle(&self, now: Nanos) -> bool {
+        self.idle_at <= now
+    }
+}
+
+fn name_id(name: &str) -> u64 {
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(name)
 }
 
 pub(crate) struct Limiter {
     timeline: Timeline,
     seed: KeySeed,
-    engine: Engine,
-    quota: Quota,
+    policy: ArcSwap<Policy>,
+    /// Each key's rule, when there are rules.
+    rules: Store<RuleSlot, ()>,
     /// The longest wait ever allowed on this limiter, in nanoseconds: how far
     /// ahead a booking can legitimately be.
     horizon: AtomicU64,
+    enabled: AtomicBool,
+    dry_run: AtomicBool,
+    pub(crate) stats: Arc<Stats>,
+    /// Retunes one at a time.
+    retuning: Mutex<()>,
 }
 
 impl fmt::Debug for Limiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let policy = self.policy.load();
         f.debug_struct("Limiter")
-            .field("quota", &self.quota)
-            .field("keys", &self.len())
+            .field("default", &policy.compiled[0].quotas)
+            .field("rules", &policy.rules)
+            .field("enabled", &self.enabled.load(Ordering::Relaxed))
+            .field("dry_run", &self.dry_run.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
 }
 
 impl Limiter {
-    pub(crate) fn new(quota: Quota, clock: ClockSource) -> Self {
+    /// A limiter for `default` and `rules`, whose names the caller checked.
+    pub(crate) fn new(
+        default: Vec<Quota>,
+        rules: Vec<Rule>,
+        clock: ClockSource,
+        key_stats: usize,
+    ) -> Self {
         let timeline = Timeline::new(clock);
-        let period = saturating_nanos(quota.period());
-        // Idle keys are looked for about once a period, at least every
-        // second and at most every minute.
-        let sweep_every = period.clamp(1_000_000_000, 60_000_000_000);
-        let engine = match quota.algorithm() {
-            Kind::TokenBucket => {
-                let emission = period.div_ceil(u64::from(quota.limit()));
-                Engine::TokenBucket(Gcra::new(emission, quota.burst()), Store::new(sweep_every))
-            }
-            Kind::SlidingWindow => Engine::SlidingWindow(
-                SlidingWindow::new(quota.limit(), period),
-                Store::new(sweep_every),
-            ),
-            Kind::FixedWindow => Engine::FixedWindow(
-                FixedWindow::new(quota.limit(), period, timeline.epoch_offset()),
-                Store::new(sweep_every),
-            ),
-        };
+        let policy = Policy::build(1, &default, rules, None, timeline.epoch_offset(), 0);
         Self {
             timeline,
             seed: KeySeed::default(),
-            engine,
-            quota,
+            policy: ArcSwap::from_pointee(policy),
+            rules: Store::new((), 60_000_000_000),
             horizon: AtomicU64::new(0),
+            enabled: AtomicBool::new(true),
+            dry_run: AtomicBool::new(false),
+            stats: Arc::new(Stats::new(key_stats)),
+            retuning: Mutex::new(()),
         }
     }
 
@@ -103,73 +122,232 @@ impl Limiter {
         &self.seed
     }
 
-    pub(crate) fn quota(&self) -> &Quota {
-        &self.quota
-    }
-
-    /// Admit `cost` units on `key` now, or book them at most `max_wait` ahead.
+    /// Admit `cost` units on `key` now, or book them at most `max_wait`
+    /// ahead. `parts` renders the key's parts, for rule lookup and per-key
+    /// counters; it is only called when those need it.
     #[inline]
-    pub(crate) fn acquire(&self, key: KeyHash, cost: u32, max_wait: Duration) -> Decision {
-        if cost > self.quota.burst() {
-            return Decision::TooCostly {
-                capacity: self.quota.burst(),
-            };
-        }
+    pub(crate) fn acquire(
+        &self,
+        key: KeyHash,
+        cost: u32,
+        max_wait: Duration,
+        parts: &dyn Fn() -> Vec<String>,
+    ) -> Decision {
+        let text = || parts().join("/");
+        let policy = self.policy.load();
+        let now = self.timeline.now();
+        let index = if policy.has_rules() {
+            self.rule_of(&policy, key, now, parts)
+        } else {
+            0
+        };
+        let rule = &policy.compiled[index];
         // A zero cost would take nothing; count it as one so it cannot slip
         // past a key that is full.
         let cost = cost.max(1);
-        let now = self.timeline.now();
+        if cost > rule.capacity {
+            self.stats.record(key, Event::Rejected, &text);
+            return Decision::TooCostly {
+                capacity: rule.capacity,
+            };
+        }
         let max_wait = saturating_nanos(max_wait);
-        let mut horizon = self.horizon.load(Ordering::Relaxed);
+        let horizon = self.horizon_for(max_wait);
+        // Look at every quota, holding them all, then book at the latest
+        // instant any of them allows: all admit, or nothing is consumed.
+        let mut held: SmallVec<[Held<'_>; 2]> =
+            rule.tables.iter().map(|t| t.lock(key, now)).collect();
+        let at = held
+            .iter_mut()
+            .map(|h| h.earliest(now, cost, horizon))
+            .max()
+            .unwrap_or(now);
+        let wait = at - now;
+        let dry_run = rule.dry_run || self.dry_run.load(Ordering::Relaxed);
+        if wait > max_wait {
+            drop(held);
+            let retry_after = Duration::from_nanos(wait);
+            if dry_run {
+                self.stats.record(key, Event::WouldReject, &text);
+                self.stats.record(key, Event::Admitted, &text);
+                tracing::debug!(key = %text(), ?retry_after, "rate limit (dry run): would refuse");
+                return Decision::Now(None);
+            }
+            self.stats.record(key, Event::Rejected, &text);
+            return Decision::Denied { retry_after };
+        }
+        let grants = held.iter_mut().map(|h| h.book(now, at, cost)).collect();
+        drop(held);
+        let ticket = Ticket {
+            key,
+            generation: policy.generation,
+            rule: index as u32,
+            grants,
+        };
+        if wait == 0 || dry_run {
+            self.stats.record(key, Event::Admitted, &text);
+            return Decision::Now(Some(ticket));
+        }
+        self.stats.record(key, Event::Queued, &text);
+        Decision::Later {
+            until: self.timeline.instant(at),
+            ticket,
+        }
+    }
+
+    /// The longest wait this limiter has allowed, raised to `max_wait`.
+    #[inline]
+    fn horizon_for(&self, max_wait: Nanos) -> Nanos {
+        let horizon = self.horizon.load(Ordering::Relaxed);
         if max_wait > horizon {
-            horizon = max_wait;
             self.horizon.fetch_max(max_wait, Ordering::Relaxed);
+            return max_wait;
         }
-        let outcome = with_engine!(&self.engine, |alg, store| store.with(key, now, |state| alg
-            .acquire(state, now, cost, max_wait, horizon)));
-        match outcome {
-            Acquire::Now(grant) => Decision::Now(Ticket { key, grant }),
-            Acquire::Later(grant) => Decision::Later {
-                until: self.timeline.instant(grant.at),
-                ticket: Ticket { key, grant },
-            },
-            Acquire::Denied { retry_after } => Decision::Denied {
-                retry_after: Duration::from_nanos(retry_after),
-            },
+        horizon
+    }
+
+    /// The compiled index of `key`'s rule: cached per key, looked up once
+    /// per key and policy generation.
+    fn rule_of(
+        &self,
+        policy: &Policy,
+        key: KeyHash,
+        now: Nanos,
+        parts: &dyn Fn() -> Vec<String>,
+    ) -> usize {
+        let idle_at = now
+            .saturating_add(policy.longest_period)
+            .saturating_add(self.horizon.load(Ordering::Relaxed));
+        let mut locked = self.rules.lock(key, now);
+        let ((), slot) = locked.get();
+        if slot.generation == policy.generation {
+            slot.idle_at = idle_at;
+            return slot.rule as usize;
+        }
+        let index = policy.find(&parts());
+        let name = name_id(&policy.compiled[index].name);
+        let moved = if slot.generation == 0 {
+            // Not seen under any rule: it may have spent under the default
+            // before the rules came.
+            index != 0 && policy.compiled[0].tables.iter().any(|t| t.in_use(key, now))
+        } else {
+            slot.name != name && !slot.is_idle(now)
+        };
+        *slot = RuleSlot {
+            generation: policy.generation,
+            rule: index as u32,
+            name,
+            idle_at,
+        };
+        drop(locked);
+        if moved {
+            // The key spent under another rule; how much is not known here,
+            // so it starts its new rule with nothing, never a free burst.
+            for table in &policy.compiled[index].tables {
+                table.lock(key, now).start_spent(now);
+            }
+        }
+        index
+    }
+
+    /// Give a ticket's capacity back: the request did not count
+    /// (`cancel == false`) or left the queue before its turn.
+    pub(crate) fn give_back(&self, ticket: &Ticket, cancel: bool) {
+        let policy = self.policy.load();
+        // After a retune the ticket's tables may be gone or retuned; keeping
+        // the capacity spent is the safe side.
+        if policy.generation != ticket.generation {
+            return;
+        }
+        let Some(rule) = policy.compiled.get(ticket.rule as usize) else {
+            return;
+        };
+        let now = self.timeline.now();
+        for (table, grant) in rule.tables.iter().zip(&ticket.grants) {
+            if cancel {
+                table.cancel(ticket.key, now, grant);
+            } else {
+                table.refund(ticket.key, now, grant);
+            }
         }
     }
 
-    /// The admitted request did not count: give its capacity back.
-    pub(crate) fn refund(&self, ticket: &Ticket) {
-        let now = self.timeline.now();
-        with_engine!(&self.engine, |alg, store| store.with_existing(
-            ticket.key,
-            |state| alg.refund(state, now, &ticket.grant)
-        ));
+    /// Replace the default quotas and the rules. Keys keep what they have
+    /// spent: a quota that stays in place is retuned without minting
+    /// capacity, and a key whose rule changes starts the new one spent.
+    pub(crate) fn retune(&self, default: Vec<Quota>, rules: Vec<Rule>) -> Result<(), ConfigError> {
+        check_names(&rules)?;
+        let _one_at_a_time = self.retuning.lock();
+        let old = self.policy.load_full();
+        let policy = Policy::build(
+            old.generation.wrapping_add(1).max(1),
+            &default,
+            rules,
+            Some(&old),
+            self.timeline.epoch_offset(),
+            self.timeline.now(),
+        );
+        tracing::info!(
+            default = ?policy.compiled[0].quotas,
+            rules = policy.rules.len(),
+            "rate limit retuned"
+        );
+        self.policy.store(Arc::new(policy));
+        Ok(())
     }
 
-    /// A booked request left before its instant.
-    pub(crate) fn cancel(&self, ticket: &Ticket) {
+    /// Forget `key`'s state in every quota (`turns_only`: in turn budgets
+    /// only, which starts the key's new turn).
+    pub(crate) fn forget(&self, key: KeyHash, turns_only: bool) {
+        let policy = self.policy.load();
         let now = self.timeline.now();
-        with_engine!(&self.engine, |alg, store| store.with_existing(
-            ticket.key,
-            |state| alg.cancel(state, now, &ticket.grant)
-        ));
+        for rule in &policy.compiled {
+            for (quota, table) in rule.quotas.iter().zip(&rule.tables) {
+                if !turns_only || quota.algorithm() == Kind::TurnBudget {
+                    table.lock(key, now).forget();
+                }
+            }
+        }
     }
 
-    /// How many keys hold state.
+    pub(crate) fn set_enabled(&self, enabled: bool) {
+        self.enabled.store(enabled, Ordering::Relaxed);
+        tracing::info!(enabled, "rate limit switched");
+    }
+
+    pub(crate) fn is_enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_dry_run(&self, dry_run: bool) {
+        self.dry_run.store(dry_run, Ordering::Relaxed);
+        tracing::info!(dry_run, "rate limit dry run switched");
+    }
+
+    /// The default quotas and the rules in force.
+    pub(crate) fn config(&self) -> (Vec<Quota>, Vec<Rule>) {
+        let policy = self.policy.load();
+        (policy.compiled[0].quotas.clone(), policy.rules.clone())
+    }
+
+    /// How many keys hold state, counting each key once per quota.
     pub(crate) fn len(&self) -> usize {
-        with_engine!(&self.engine, |_alg, store| store.len())
+        self.tables().iter().map(|t| t.len()).sum()
     }
 
     /// Drop every idle key's state now.
     pub(crate) fn evict_idle(&self) -> usize {
         let now = self.timeline.now();
-        with_engine!(&self.engine, |_alg, store| store.evict_idle(now))
+        self.rules.evict_idle(now);
+        self.tables().iter().map(|t| t.evict_idle(now)).sum()
     }
 
-    #[allow(dead_code)]
-    pub(crate) fn now(&self) -> Nanos {
-        self.timeline.now()
+    fn tables(&self) -> Vec<Arc<Table>> {
+        let policy = self.policy.load();
+        policy
+            .compiled
+            .iter()
+            .flat_map(|c: &Compiled| c.tables.iter().cloned())
+            .collect()
     }
 }

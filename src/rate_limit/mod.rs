@@ -36,14 +36,22 @@
 
 mod accounting;
 mod algorithm;
+mod config;
 mod future;
+mod handle;
 mod layer;
 mod limiter;
+mod policy;
 mod quota;
+mod rule;
 mod service;
+mod table;
 
 pub use accounting::{Cost, CountAll, CountUnlessRefused, Counts, OneUnit};
+pub use config::{Ignored, Limits, QuotaConfig, RateLimitConfig, RuleConfig};
 pub use future::ResponseFuture;
+pub use handle::RateLimitHandle;
 pub use layer::RateLimitLayer;
-pub use quota::{Algorithm, MAX_PERIOD, Quota};
+pub use quota::{Algorithm, DEFAULT_STALE_TURN, MAX_PERIOD, Quota};
+pub use rule::{KeyPattern, Rule};
 pub use service::RateLimit;

@@ -8,6 +8,10 @@ use crate::error::ConfigError;
 /// mistake, and would keep a key's state alive for that long.
 pub const MAX_PERIOD: Duration = Duration::from_secs(400 * 86_400);
 
+/// How long a turn nobody ends lasts, unless set with
+/// [`Quota::with_stale_after`].
+pub const DEFAULT_STALE_TURN: Duration = Duration::from_secs(300);
+
 /// How a quota is enforced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -23,6 +27,24 @@ pub enum Algorithm {
     /// wall-clock multiples of `period` (a per-minute window turns over at
     /// each whole minute).
     FixedWindow,
+    /// Budget per turn: at most `limit` per turn of the key. A turn ends when
+    /// the [handle](super::RateLimitHandle::new_turn) says so for that key,
+    /// or by itself `period` after it started, so a caller that never
+    /// signals cannot silence a key for good.
+    TurnBudget,
+}
+
+impl Algorithm {
+    /// The name configuration files use: `token_bucket`, `sliding_window`,
+    /// `fixed_window`, `turn_budget`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::TokenBucket => "token_bucket",
+            Self::SlidingWindow => "sliding_window",
+            Self::FixedWindow => "fixed_window",
+            Self::TurnBudget => "turn_budget",
+        }
+    }
 }
 
 /// A limit: `limit` units per `period`, enforced by an [`Algorithm`].
@@ -104,6 +126,24 @@ impl Quota {
         Self::new(limit, Duration::from_secs(86_400))
     }
 
+    /// At most `limit` per turn of a key; a turn nobody ends goes stale after
+    /// five minutes (see [`Algorithm::TurnBudget`]).
+    pub fn per_turn(limit: u32) -> Result<Self, ConfigError> {
+        Ok(Self::new(limit, DEFAULT_STALE_TURN)?.with_algorithm(Algorithm::TurnBudget))
+    }
+
+    /// A turn budget's stale period: how long after it started a turn that
+    /// nobody ended ends by itself.
+    pub fn with_stale_after(self, stale_after: Duration) -> Result<Self, ConfigError> {
+        if self.algorithm != Algorithm::TurnBudget {
+            return Err(ConfigError::new(
+                "stale_after",
+                "only a turn budget has a stale period",
+            ));
+        }
+        Ok(Self::new(self.limit, stale_after)?.with_algorithm(Algorithm::TurnBudget))
+    }
+
     /// A token bucket holding up to `burst` (the refill rate stays
     /// `limit / period`). Zero is an error, and so is a burst on a window
     /// algorithm, where the window's limit is the burst.
@@ -136,31 +176,50 @@ impl Quota {
     }
 
     /// Enforce as a token bucket (the default).
-    pub fn token_bucket(mut self) -> Self {
-        self.algorithm = Algorithm::TokenBucket;
-        self
+    pub fn token_bucket(self) -> Self {
+        self.with_algorithm(Algorithm::TokenBucket)
     }
 
     /// Enforce as an exact sliding window of `period`; the burst is the limit.
-    pub fn sliding_window(mut self) -> Self {
-        self.algorithm = Algorithm::SlidingWindow;
-        self.burst = self.limit;
-        self
+    pub fn sliding_window(self) -> Self {
+        self.with_algorithm(Algorithm::SlidingWindow)
     }
 
     /// Enforce as fixed windows of `period`; the burst is the limit.
-    pub fn fixed_window(mut self) -> Self {
-        self.algorithm = Algorithm::FixedWindow;
-        self.burst = self.limit;
+    pub fn fixed_window(self) -> Self {
+        self.with_algorithm(Algorithm::FixedWindow)
+    }
+
+    /// Enforce with `algorithm`. A window or turn algorithm's burst is its
+    /// limit.
+    pub fn with_algorithm(mut self, algorithm: Algorithm) -> Self {
+        if algorithm != Algorithm::TokenBucket {
+            self.burst = self.limit;
+        }
+        self.algorithm = algorithm;
         self
     }
 
-    /// Enforce with `algorithm`.
-    pub fn with_algorithm(self, algorithm: Algorithm) -> Self {
-        match algorithm {
-            Algorithm::TokenBucket => self.token_bucket(),
-            Algorithm::SlidingWindow => self.sliding_window(),
-            Algorithm::FixedWindow => self.fixed_window(),
+    /// The tighter of two quotas of the same algorithm and period: the
+    /// smaller limit and the smaller burst.
+    pub(crate) fn tightened(&self, other: &Quota) -> Quota {
+        let limit = self.limit.min(other.limit);
+        // Keep the burst refillable within the longest period at the lower
+        // rate, as `with_burst` demands.
+        let most = MAX_PERIOD.as_nanos() * u128::from(limit) / self.period.as_nanos().max(1);
+        let burst = self
+            .burst
+            .min(other.burst)
+            .min(u32::try_from(most).unwrap_or(u32::MAX))
+            .max(1);
+        Quota {
+            limit,
+            burst: if self.algorithm == Algorithm::TokenBucket {
+                burst
+            } else {
+                limit
+            },
+            ..*self
         }
     }
 

@@ -7,9 +7,10 @@ use tower_service::Service;
 
 use super::accounting::{Cost, Counts};
 use super::future::{Booking, Refund, ResponseFuture};
+use super::handle::RateLimitHandle;
 use super::limiter::{Decision, Limiter};
 use crate::error::{BoxError, CostTooHigh, MissingKey, RateLimited};
-use crate::key::{KeyExtractor, KeyHash, key_text};
+use crate::key::{KeyExtractor, KeyHash, join_parts, key_parts};
 
 /// Everything a rate-limit service reads per request, shared by its clones.
 pub(crate) struct Shared<X, F, A> {
@@ -37,8 +38,7 @@ impl<X, F: Clone, A: Clone> Clone for Shared<X, F, A> {
 impl<X, F, A> fmt::Debug for Shared<X, F, A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
-            .field("quota", self.limiter.quota())
-            .field("keys", &self.limiter.len())
+            .field("limiter", &self.limiter)
             .field("extractor", &std::any::type_name::<X>())
             .field("cost", &std::any::type_name::<F>())
             .field("counts", &std::any::type_name::<A>())
@@ -49,15 +49,15 @@ impl<X, F, A> fmt::Debug for Shared<X, F, A> {
 }
 
 impl<X, F, A> Shared<X, F, A> {
-    /// The text of `req`'s key, for errors and logs.
-    fn key_text<R>(&self, req: &R) -> String
+    /// The texts of `req`'s key parts, for rule lookup, errors and logs.
+    fn key_parts<R>(&self, req: &R) -> Vec<String>
     where
         X: KeyExtractor<R>,
     {
-        match (key_text(&*self.extractor, req), &self.fallback) {
-            (Ok(text), _) => text,
-            (Err(_), Some((_, key))) => key.to_string(),
-            (Err(missing), None) => missing.wanted,
+        match (key_parts(&*self.extractor, req), &self.fallback) {
+            (Ok(parts), _) => parts,
+            (Err(_), Some((_, key))) => vec![key.to_string()],
+            (Err(missing), None) => vec![missing.wanted],
         }
     }
 }
@@ -89,15 +89,9 @@ impl<S, X, F, A> RateLimit<S, X, F, A> {
         self.inner
     }
 
-    /// How many keys hold state now.
-    pub fn key_count(&self) -> usize {
-        self.shared.limiter.len()
-    }
-
-    /// Drop the state of every idle key now; see
-    /// [`RateLimitLayer::evict_idle`](super::RateLimitLayer::evict_idle).
-    pub fn evict_idle(&self) -> usize {
-        self.shared.limiter.evict_idle()
+    /// A handle on the limiter this service shares with its clones.
+    pub fn handle(&self) -> RateLimitHandle {
+        RateLimitHandle::new(self.shared.limiter.clone())
     }
 }
 
@@ -137,6 +131,10 @@ where
 
     fn call(&mut self, req: R) -> Self::Future {
         let shared = &*self.shared;
+        if !shared.limiter.is_enabled() {
+            // Switched off: not even the key is looked at.
+            return ResponseFuture::called(self.inner.call(req), None);
+        }
         let key = match shared.limiter.seed().hash(&*shared.extractor, &req) {
             Ok(key) => key,
             Err(missing) => match &shared.fallback {
@@ -145,39 +143,40 @@ where
             },
         };
         let cost = shared.cost.cost(&req);
-        match shared.limiter.acquire(key, cost, shared.max_wait) {
-            Decision::Now(ticket) => {
-                let refund = (!shared.counts.always()).then(|| Refund {
-                    limiter: shared.limiter.clone(),
-                    ticket,
-                    counts: shared.counts.clone(),
-                });
+        let parts = || shared.key_parts(&req);
+        let refund = |ticket| {
+            (!shared.counts.always()).then(|| Refund {
+                limiter: shared.limiter.clone(),
+                ticket,
+                counts: shared.counts.clone(),
+            })
+        };
+        match shared.limiter.acquire(key, cost, shared.max_wait, &parts) {
+            Decision::Now(None) => ResponseFuture::called(self.inner.call(req), None),
+            Decision::Now(Some(ticket)) => {
+                let refund = refund(ticket);
                 ResponseFuture::called(self.inner.call(req), refund)
             }
             Decision::Later { until, ticket } => {
                 if tracing::enabled!(tracing::Level::DEBUG) {
                     let wait = until.saturating_duration_since(tokio::time::Instant::now());
-                    tracing::debug!(key = %shared.key_text(&req), ?wait, "rate limit: waiting for turn");
+                    tracing::debug!(key = %join_parts(&parts()), ?wait, "rate limit: waiting for turn");
                 }
-                let refund = (!shared.counts.always()).then(|| Refund {
-                    limiter: shared.limiter.clone(),
-                    ticket,
-                    counts: shared.counts.clone(),
-                });
+                let refund = refund(ticket.clone());
                 // The ready inner service goes with the waiting request; this
                 // service keeps a fresh clone, to be polled ready again.
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
-                let booking = Booking::new(shared.limiter.clone(), ticket);
+                let booking = Booking::new(shared.limiter.clone(), ticket, key);
                 ResponseFuture::waiting(until, inner, req, booking, refund)
             }
             Decision::Denied { retry_after } => {
-                let key = shared.key_text(&req);
+                let key = join_parts(&parts());
                 tracing::debug!(%key, ?retry_after, "rate limit: refused");
                 ResponseFuture::failed(Box::new(RateLimited::new(key, retry_after)))
             }
             Decision::TooCostly { capacity } => {
-                let key = shared.key_text(&req);
+                let key = join_parts(&parts());
                 tracing::debug!(%key, cost, capacity, "rate limit: cost above capacity");
                 ResponseFuture::failed(Box::new(CostTooHigh::new(key, cost, capacity)))
             }

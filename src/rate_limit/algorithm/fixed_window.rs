@@ -1,6 +1,6 @@
 //! Fixed windows: a counter per key, reset at each window boundary.
 
-use super::{Acquire, Algorithm, Grant};
+use super::{Algorithm, Grant};
 use crate::clock::Nanos;
 use crate::store::Idle;
 
@@ -19,7 +19,7 @@ impl Idle for WindowCount {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct FixedWindow {
     limit: u32,
     window: Nanos,
@@ -46,62 +46,44 @@ impl FixedWindow {
             .saturating_mul(self.window)
             .saturating_sub(self.phase)
     }
+
+    fn fits(&self, used: u32, cost: u32) -> bool {
+        u64::from(used) + u64::from(cost) <= u64::from(self.limit)
+    }
 }
 
 impl Algorithm for FixedWindow {
     type State = WindowCount;
 
-    fn acquire(
-        &self,
-        state: &mut WindowCount,
-        now: Nanos,
-        cost: u32,
-        max_wait: Nanos,
-        horizon: Nanos,
-    ) -> Acquire {
+    fn earliest(&self, state: &mut WindowCount, now: Nanos, cost: u32, horizon: Nanos) -> Nanos {
         if state.end > self.end_of(now.saturating_add(horizon)) {
             // Booked further ahead than any wait allows: the clock ran
             // backwards. Start the key afresh.
             *state = WindowCount::default();
         }
-        let (end, used) = if state.end <= now {
-            (self.end_of(now), 0)
-        } else {
-            (state.end, state.used)
-        };
-        let (at, booked) = if u64::from(used) + u64::from(cost) <= u64::from(self.limit) {
-            let start = end.saturating_sub(self.window);
-            (
-                start.max(now),
-                WindowCount {
-                    end,
-                    used: used + cost,
-                },
-            )
+        if state.end <= now {
+            *state = WindowCount::default();
+            return now;
+        }
+        if self.fits(state.used, cost) {
+            state.end.saturating_sub(self.window).max(now)
         } else {
             // Full: the first instant of the next window.
-            (
-                end,
-                WindowCount {
-                    end: end.saturating_add(self.window),
-                    used: cost,
-                },
-            )
-        };
-        let wait = at - now;
-        if wait > max_wait {
-            return Acquire::Denied { retry_after: wait };
+            state.end
         }
-        *state = booked;
-        let grant = Grant {
+    }
+
+    fn book(&self, state: &mut WindowCount, _now: Nanos, at: Nanos, cost: u32) -> Grant {
+        let end = self.end_of(at);
+        if end == state.end {
+            state.used = state.used.saturating_add(cost);
+        } else {
+            *state = WindowCount { end, used: cost };
+        }
+        Grant {
             at,
             cost,
-            mark: booked.end,
-        };
-        if wait == 0 {
-            Acquire::Now(grant)
-        } else {
-            Acquire::Later(grant)
+            mark: end,
         }
     }
 
@@ -115,5 +97,23 @@ impl Algorithm for FixedWindow {
 
     fn cancel(&self, state: &mut WindowCount, now: Nanos, grant: &Grant) {
         self.refund(state, now, grant);
+    }
+
+    fn retune(&self, old: &Self, state: &mut WindowCount, now: Nanos) {
+        if old.window != self.window && state.end > now {
+            // New boundaries: count what was used as used in the window
+            // holding now, so nothing is freed by the change.
+            *state = WindowCount {
+                end: self.end_of(now),
+                used: state.used,
+            };
+        }
+    }
+
+    fn spent(&self, now: Nanos) -> WindowCount {
+        WindowCount {
+            end: self.end_of(now),
+            used: self.limit,
+        }
     }
 }

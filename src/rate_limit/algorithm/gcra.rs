@@ -1,6 +1,6 @@
 //! Token bucket as GCRA: one number per key, the theoretical arrival time.
 
-use super::{Acquire, Algorithm, Grant};
+use super::{Algorithm, Grant};
 use crate::clock::Nanos;
 use crate::store::Idle;
 
@@ -16,22 +16,28 @@ impl Idle for Tat {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Gcra {
     /// Nanoseconds per unit, rounded up so the rate is never exceeded.
     emission: Nanos,
     /// How far ahead of now the arrival time may run: burst × emission.
     tolerance: Nanos,
+    burst: u32,
 }
 
 impl Gcra {
-    /// `emission` ns per unit with a burst of `burst` units. Callers have
+    /// `emission` ns per unit with a burst of `burst` units. The quota has
     /// checked that `burst * emission` fits.
     pub(crate) fn new(emission: Nanos, burst: u32) -> Self {
         Self {
             emission,
             tolerance: emission.saturating_mul(u64::from(burst)),
+            burst,
         }
+    }
+
+    fn units(&self, cost: u32) -> Nanos {
+        self.emission.saturating_mul(u64::from(cost))
     }
 }
 
@@ -39,38 +45,26 @@ impl Algorithm for Gcra {
     type State = Tat;
 
     #[inline]
-    fn acquire(
-        &self,
-        tat: &mut Tat,
-        now: Nanos,
-        cost: u32,
-        max_wait: Nanos,
-        horizon: Nanos,
-    ) -> Acquire {
+    fn earliest(&self, tat: &mut Tat, now: Nanos, cost: u32, horizon: Nanos) -> Nanos {
         // No clock running forwards can leave the arrival time this far
         // ahead; the clock ran backwards, so start the key afresh.
         if tat.0 > now.saturating_add(self.tolerance).saturating_add(horizon) {
             tat.0 = 0;
         }
-        let new_tat = tat
-            .0
+        tat.0
             .max(now)
-            .saturating_add(self.emission.saturating_mul(u64::from(cost)));
-        let at = new_tat.saturating_sub(self.tolerance).max(now);
-        let wait = at - now;
-        if wait > max_wait {
-            return Acquire::Denied { retry_after: wait };
-        }
-        tat.0 = new_tat;
-        let grant = Grant {
+            .saturating_add(self.units(cost))
+            .saturating_sub(self.tolerance)
+            .max(now)
+    }
+
+    #[inline]
+    fn book(&self, tat: &mut Tat, now: Nanos, at: Nanos, cost: u32) -> Grant {
+        tat.0 = tat.0.max(at).max(now).saturating_add(self.units(cost));
+        Grant {
             at,
             cost,
-            mark: new_tat,
-        };
-        if wait == 0 {
-            Acquire::Now(grant)
-        } else {
-            Acquire::Later(grant)
+            mark: tat.0,
         }
     }
 
@@ -78,8 +72,7 @@ impl Algorithm for Gcra {
         // An arrival time beyond now + tolerance means a request is booked
         // for the future; lowering it would let a newcomer overtake it.
         if tat.0 > now && tat.0 <= now.saturating_add(self.tolerance) {
-            let units = self.emission.saturating_mul(u64::from(grant.cost));
-            tat.0 = tat.0.saturating_sub(units).max(now);
+            tat.0 = tat.0.saturating_sub(self.units(grant.cost)).max(now);
         }
     }
 
@@ -87,8 +80,27 @@ impl Algorithm for Gcra {
         // Only the last booking can be undone exactly; an earlier one keeps
         // its slot (which then goes unused) so no later booking moves.
         if tat.0 == grant.mark {
-            let units = self.emission.saturating_mul(u64::from(grant.cost));
-            tat.0 = tat.0.saturating_sub(units);
+            tat.0 = tat.0.saturating_sub(self.units(grant.cost));
         }
+    }
+
+    fn retune(&self, old: &Self, tat: &mut Tat, now: Nanos) {
+        if tat.0 <= now || old == self {
+            return;
+        }
+        // Units owed under the old rate, rounded up: what the bucket lacks,
+        // plus any queue booked beyond it. What is available may shrink with
+        // the new burst but never grow; the queue stays queued.
+        let owed = (tat.0 - now).div_ceil(old.emission.max(1));
+        let available = u64::from(old.burst)
+            .saturating_sub(owed)
+            .min(u64::from(self.burst));
+        let queued = owed.saturating_sub(u64::from(old.burst));
+        let owed = u64::from(self.burst) - available + queued;
+        tat.0 = now.saturating_add(self.emission.saturating_mul(owed));
+    }
+
+    fn spent(&self, now: Nanos) -> Tat {
+        Tat(now.saturating_add(self.tolerance))
     }
 }

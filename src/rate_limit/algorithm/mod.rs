@@ -3,22 +3,26 @@
 //! governor's GCRA would fit the token bucket's arithmetic, but not what the
 //! layer needs around it: giving a unit back when the response says the
 //! request did not count, cancelling a dropped waiter's booking, booking a
-//! future instant for strict FIFO waits, and dropping state from a clock that
-//! ran backwards. So the three algorithms are written here, over one keyed
-//! store that drops idle state losslessly.
+//! future instant for strict FIFO waits, admitting only when several quotas
+//! all admit (look at each, then book each), retuning a key's state without
+//! minting a free burst, and dropping state from a clock that ran backwards.
+//! So the algorithms are written here, over one keyed store that drops idle
+//! state losslessly.
 
 mod fixed_window;
 mod gcra;
 mod sliding_window;
+mod turn_budget;
 
 pub(crate) use fixed_window::FixedWindow;
 pub(crate) use gcra::Gcra;
 pub(crate) use sliding_window::SlidingWindow;
+pub(crate) use turn_budget::TurnBudget;
 
 use crate::clock::Nanos;
 use crate::store::Idle;
 
-/// A unit of capacity handed out: enough to give it back.
+/// Capacity handed out: enough to give it back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Grant {
     /// When the request is admitted (now, or a booked future instant).
@@ -28,35 +32,22 @@ pub(crate) struct Grant {
     pub(crate) mark: u64,
 }
 
-/// The outcome of one admission check.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Acquire {
-    /// Admitted now.
-    Now(Grant),
-    /// Admitted at `grant.at`, later than now; the capacity is booked.
-    Later(Grant),
-    /// Refused; nothing was consumed. Admission would be possible after
-    /// `retry_after` nanoseconds.
-    Denied { retry_after: Nanos },
-}
-
 /// One admission algorithm over its per-key state.
-pub(crate) trait Algorithm: Send + Sync + 'static {
-    type State: Idle;
+///
+/// Admission is two steps so that several quotas can admit together: each
+/// says the earliest instant it could admit, and each books the latest of
+/// those. Nothing is booked when any quota's instant is too far away.
+pub(crate) trait Algorithm: Clone + Send + Sync + 'static {
+    type State: Idle + Clone;
 
-    /// Admit `cost` units at `now` or at most `max_wait` later, booking the
-    /// capacity; or refuse without changing anything that matters.
-    /// `cost` is at least 1 and at most the capacity. No booking is ever
-    /// further than `horizon` (the longest wait this limiter has allowed)
-    /// ahead of its arrival: state beyond it means the clock ran backwards.
-    fn acquire(
-        &self,
-        state: &mut Self::State,
-        now: Nanos,
-        cost: u32,
-        max_wait: Nanos,
-        horizon: Nanos,
-    ) -> Acquire;
+    /// The earliest instant, not before `now` nor before any earlier
+    /// booking, at which `cost` units fit. May drop what has expired (which
+    /// changes no decision) and state lying more than `horizon` ahead (the
+    /// clock ran backwards). `cost` is at least 1 and at most the capacity.
+    fn earliest(&self, state: &mut Self::State, now: Nanos, cost: u32, horizon: Nanos) -> Nanos;
+
+    /// Book `cost` units at `at`, an instant no earlier than `earliest` said.
+    fn book(&self, state: &mut Self::State, now: Nanos, at: Nanos, cost: u32) -> Grant;
 
     /// The admitted request turned out not to count: give its capacity back,
     /// unless that would let a later arrival overtake a queued one.
@@ -65,4 +56,12 @@ pub(crate) trait Algorithm: Send + Sync + 'static {
     /// A queued request left before its instant: give back what can be given
     /// back without ever over-admitting.
     fn cancel(&self, state: &mut Self::State, now: Nanos, grant: &Grant);
+
+    /// Carry `state`, kept under `old`'s parameters, over to this algorithm's
+    /// without making more capacity available than it had.
+    fn retune(&self, old: &Self, state: &mut Self::State, now: Nanos);
+
+    /// A state with nothing available now: for a key that moves to this
+    /// quota from another, whose spending is not known here.
+    fn spent(&self, now: Nanos) -> Self::State;
 }

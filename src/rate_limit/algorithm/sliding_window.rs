@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Acquire, Algorithm, Grant};
+use super::{Algorithm, Grant};
 use crate::clock::Nanos;
 use crate::store::Idle;
 
@@ -21,9 +21,21 @@ impl Log {
     fn latest(&self) -> Option<Nanos> {
         self.entries.back().map(|&(at, _)| at)
     }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.sum = 0;
+    }
 }
 
-#[derive(Clone, Copy, Debug)]
+impl Idle for Log {
+    #[inline]
+    fn is_idle(&self, now: Nanos) -> bool {
+        self.expires <= now
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SlidingWindow {
     limit: u32,
     window: Nanos,
@@ -36,68 +48,51 @@ impl SlidingWindow {
             window: window.max(1),
         }
     }
-
-    /// An admission at `at` counts at `t` while `t - at < window`: one
-    /// exactly a window old has expired.
-    #[inline]
-    fn expired(&self, at: Nanos, t: Nanos) -> bool {
-        at.saturating_add(self.window) <= t
-    }
 }
 
 impl Algorithm for SlidingWindow {
     type State = Log;
 
-    fn acquire(
-        &self,
-        log: &mut Log,
-        now: Nanos,
-        cost: u32,
-        max_wait: Nanos,
-        horizon: Nanos,
-    ) -> Acquire {
+    fn earliest(&self, log: &mut Log, now: Nanos, cost: u32, horizon: Nanos) -> Nanos {
         if log
             .latest()
             .is_some_and(|at| at > now.saturating_add(horizon))
         {
             // Booked further ahead than any wait allows: the clock ran
             // backwards. Start the key afresh.
-            log.entries.clear();
-            log.sum = 0;
+            log.clear();
         }
+        // An admission at `at` counts while `t - at < window`: one exactly a
+        // window old has expired.
         while let Some(&(at, c)) = log.entries.front() {
-            if !self.expired(at, now) {
+            if at.saturating_add(self.window) > now {
                 break;
             }
             log.entries.pop_front();
             log.sum -= u64::from(c);
         }
-        // Strict FIFO: never before the latest booking.
+        // Not before the latest booking (strict FIFO; the count below
+        // already implies it, this says it).
         let mut at = log.latest().map_or(now, |latest| latest.max(now));
         let mut alive = log.sum;
-        let need = u64::from(self.limit).saturating_sub(u64::from(cost));
+        let room = u64::from(self.limit).saturating_sub(u64::from(cost));
         // Oldest first, admissions leave the window until this one fits;
         // usually none or one has to.
         for &(booked, c) in &log.entries {
-            if alive <= need {
+            if alive <= room {
                 break;
             }
             at = at.max(booked.saturating_add(self.window));
             alive -= u64::from(c);
         }
-        let wait = at - now;
-        if wait > max_wait {
-            return Acquire::Denied { retry_after: wait };
-        }
+        at
+    }
+
+    fn book(&self, log: &mut Log, _now: Nanos, at: Nanos, cost: u32) -> Grant {
         log.entries.push_back((at, cost));
         log.sum += u64::from(cost);
         log.expires = at.saturating_add(self.window);
-        let grant = Grant { at, cost, mark: at };
-        if wait == 0 {
-            Acquire::Now(grant)
-        } else {
-            Acquire::Later(grant)
-        }
+        Grant { at, cost, mark: at }
     }
 
     fn refund(&self, log: &mut Log, _now: Nanos, grant: &Grant) {
@@ -116,11 +111,18 @@ impl Algorithm for SlidingWindow {
     fn cancel(&self, log: &mut Log, now: Nanos, grant: &Grant) {
         self.refund(log, now, grant);
     }
-}
 
-impl Idle for Log {
-    #[inline]
-    fn is_idle(&self, now: Nanos) -> bool {
-        self.expires <= now
+    fn retune(&self, old: &Self, log: &mut Log, _now: Nanos) {
+        // The log holds real instants, so a new limit or window applies to it
+        // as it is; only the idle deadline moves with the window.
+        if old.window != self.window {
+            log.expires = log.latest().map_or(0, |at| at.saturating_add(self.window));
+        }
+    }
+
+    fn spent(&self, now: Nanos) -> Log {
+        let mut log = Log::default();
+        self.book(&mut log, now, now, self.limit);
+        log
     }
 }

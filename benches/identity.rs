@@ -1,0 +1,177 @@
+//! Per-request cost of `IdentityHeaderLayer` with 1 rule and with 1,000
+//! rules, on hits and misses, beside tower-http's `SetRequestHeaderLayer`
+//! setting one header, in the same run.
+//!
+//! Every service is driven synchronously: `poll_ready`, `call` and one poll
+//! of the response future with a no-op waker. Every contender gets a clone of
+//! the same prebuilt request (two headers, an absolute URL) and the same
+//! ready inner service, which drops the request; `bare_inner` measures that
+//! clone-and-drop alone.
+//!
+//! ```text
+//! cargo bench --bench identity -- --warm-up-time 1 --measurement-time 2
+//! ```
+
+use std::convert::Infallible;
+use std::future::{Future, Ready, ready};
+use std::hint::black_box;
+use std::task::{Context, Poll, Waker};
+
+use criterion::Criterion;
+use http::header::USER_AGENT;
+use http::{HeaderValue, Request, Response};
+use tower::{Layer, Service};
+use tower_http::set_header::SetRequestHeaderLayer;
+use tower_throttle::identity::{IdentityHeaderLayer, Rule};
+
+const UA: &str = "my-agent/1.4";
+
+/// `poll_ready`, `call`, and one poll of the response future, with a no-op
+/// waker. Panics if anything is pending: every contender here is ready.
+#[inline(always)]
+fn drive<S: Service<R>, R>(svc: &mut S, req: R) -> Result<S::Response, S::Error> {
+    let mut cx = Context::from_waker(Waker::noop());
+    match svc.poll_ready(&mut cx) {
+        Poll::Ready(Ok(())) => {}
+        Poll::Ready(Err(e)) => return Err(e),
+        Poll::Pending => panic!("service not ready"),
+    }
+    let fut = svc.call(req);
+    let mut fut = std::pin::pin!(fut);
+    match fut.as_mut().poll(&mut cx) {
+        Poll::Ready(out) => out,
+        Poll::Pending => panic!("response future pending"),
+    }
+}
+
+/// The inner service every contender wraps: drops the request, answers an
+/// empty response.
+fn inner() -> impl Service<
+    Request<()>,
+    Response = Response<()>,
+    Error = Infallible,
+    Future = Ready<Result<Response<()>, Infallible>>,
+> + Clone {
+    tower::service_fn(|req: Request<()>| {
+        black_box(&req);
+        ready(Ok::<_, Infallible>(Response::new(())))
+    })
+}
+
+/// What a client sends: an absolute URL, a user agent and an accept header.
+fn request(url: &str) -> Request<()> {
+    Request::post(url)
+        .header(USER_AGENT, "reqwest/0.13")
+        .header("accept", "application/json")
+        .body(())
+        .unwrap()
+}
+
+/// One rule for one host; it replaces the user agent (one header, like the
+/// tower-http anchor).
+fn one_rule() -> IdentityHeaderLayer {
+    IdentityHeaderLayer::new([Rule::new()
+        .host("api.example.com")
+        .path_prefix("/v1/")
+        .user_agent(UA)])
+    .unwrap()
+}
+
+/// One rule that does everything: user agent, a fresh ULID request id, the
+/// session id, and two static headers (one secret).
+fn one_full_rule() -> IdentityHeaderLayer {
+    IdentityHeaderLayer::new([Rule::new()
+        .host("api.example.com")
+        .path_prefix("/v1/")
+        .user_agent(UA)
+        .request_id()
+        .session_id()
+        .header("x-title", "bench")
+        .header("x-api-key", "sk-live-0123456789abcdef")])
+    .unwrap()
+}
+
+/// 1,000 rules: 500 exact hosts `svc{even}.example.com` and 500 suffixes
+/// `*.tenant{odd}.example.net`, each with a path prefix and a user agent.
+fn thousand_rules() -> IdentityHeaderLayer {
+    IdentityHeaderLayer::new((0..1000).map(|i| {
+        let rule = if i % 2 == 0 {
+            Rule::new().host(format!("svc{i}.example.com"))
+        } else {
+            Rule::new().host(format!("*.tenant{i}.example.net"))
+        };
+        rule.path_prefix("/v1/").user_agent(format!("{UA} ({i})"))
+    }))
+    .unwrap()
+}
+
+/// 1,000 rules with no host, path prefixes only: the case the host index
+/// cannot help, tried one by one.
+fn thousand_hostless_rules() -> IdentityHeaderLayer {
+    IdentityHeaderLayer::new(
+        (0..1000).map(|i| Rule::new().path_prefix(format!("/p{i}/")).user_agent(UA)),
+    )
+    .unwrap()
+}
+
+fn bench(c: &mut Criterion) {
+    let mut g = c.benchmark_group("identity");
+
+    let hit = request("https://api.example.com/v1/chat/completions");
+    let miss = request("https://api.other.org/v1/chat/completions");
+    let hit_exact_1000 = request("https://svc998.example.com/v1/chat/completions");
+    let hit_suffix_1000 = request("https://eu.tenant999.example.net/v1/chat/completions");
+
+    {
+        let mut svc = inner();
+        g.bench_function("bare_inner", |b| {
+            b.iter(|| black_box(drive(&mut svc, hit.clone()).is_ok()))
+        });
+    }
+    {
+        let layer = SetRequestHeaderLayer::overriding(USER_AGENT, HeaderValue::from_static(UA));
+        let mut svc = layer.layer(inner());
+        g.bench_function("tower_http_set_header", |b| {
+            b.iter(|| black_box(drive(&mut svc, hit.clone()).is_ok()))
+        });
+    }
+
+    let cases: [(&str, IdentityHeaderLayer, &Request<()>, Option<usize>); 7] = [
+        ("ours_1_rule_hit", one_rule(), &hit, Some(0)),
+        ("ours_1_rule_miss", one_rule(), &miss, None),
+        ("ours_1_full_rule_hit", one_full_rule(), &hit, Some(0)),
+        (
+            "ours_1000_rules_hit_exact",
+            thousand_rules(),
+            &hit_exact_1000,
+            Some(998),
+        ),
+        (
+            "ours_1000_rules_hit_suffix",
+            thousand_rules(),
+            &hit_suffix_1000,
+            Some(999),
+        ),
+        ("ours_1000_rules_miss", thousand_rules(), &miss, None),
+        (
+            "ours_1000_hostless_rules_miss",
+            thousand_hostless_rules(),
+            &miss,
+            None,
+        ),
+    ];
+    for (name, layer, req, expect) in cases {
+        assert_eq!(layer.matching_rule(req), expect, "{name}");
+        let mut svc = layer.layer(inner());
+        g.bench_function(name, |b| {
+            b.iter(|| black_box(drive(&mut svc, req.clone()).is_ok()))
+        });
+    }
+    g.finish();
+}
+
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    bench(&mut c);
+    c.final_summary();
+}

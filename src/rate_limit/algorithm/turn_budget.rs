@@ -1,0 +1,95 @@
+//! Budget per turn: at most N admissions per key until the key's turn ends,
+//! by an explicit `new_turn` or by going stale.
+
+use super::{Algorithm, Grant};
+use crate::clock::Nanos;
+use crate::store::Idle;
+
+/// The current turn: when it started and how much of it is used.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Turn {
+    started: Nanos,
+    used: u32,
+    /// A turn with nothing used has not started; only `used > 0` counts.
+    stale_at: Nanos,
+}
+
+impl Idle for Turn {
+    #[inline]
+    fn is_idle(&self, now: Nanos) -> bool {
+        self.used == 0 || self.stale_at <= now
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct TurnBudget {
+    limit: u32,
+    /// A turn nobody ends ends by itself this long after it started.
+    stale_after: Nanos,
+}
+
+impl TurnBudget {
+    pub(crate) fn new(limit: u32, stale_after: Nanos) -> Self {
+        Self {
+            limit,
+            stale_after: stale_after.max(1),
+        }
+    }
+}
+
+impl Algorithm for TurnBudget {
+    type State = Turn;
+
+    fn earliest(&self, turn: &mut Turn, now: Nanos, cost: u32, horizon: Nanos) -> Nanos {
+        if turn.is_idle(now) || turn.started > now.saturating_add(horizon) {
+            *turn = Turn::default();
+            return now;
+        }
+        if u64::from(turn.used) + u64::from(cost) <= u64::from(self.limit) {
+            now.max(turn.started)
+        } else {
+            // Only the sender's own new turn, or staleness, frees the budget;
+            // staleness is the one that can be waited for.
+            turn.stale_at
+        }
+    }
+
+    fn book(&self, turn: &mut Turn, _now: Nanos, at: Nanos, cost: u32) -> Grant {
+        if turn.used == 0 || at >= turn.stale_at {
+            *turn = Turn {
+                started: at,
+                used: cost,
+                stale_at: at.saturating_add(self.stale_after),
+            };
+        } else {
+            turn.used = turn.used.saturating_add(cost);
+        }
+        Grant {
+            at,
+            cost,
+            mark: turn.started,
+        }
+    }
+
+    fn refund(&self, turn: &mut Turn, _now: Nanos, grant: &Grant) {
+        if turn.started == grant.mark {
+            turn.used = turn.used.saturating_sub(grant.cost);
+        }
+    }
+
+    fn cancel(&self, turn: &mut Turn, now: Nanos, grant: &Grant) {
+        self.refund(turn, now, grant);
+    }
+
+    fn retune(&self, _old: &Self, _turn: &mut Turn, _now: Nanos) {
+        // What was used stays used; a new stale period applies to new turns.
+    }
+
+    fn spent(&self, now: Nanos) -> Turn {
+        Turn {
+            started: now,
+            used: self.limit,
+            stale_at: now.saturating_add(self.stale_after),
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! The quotas in force: the default and the rules, with their tables.
+
+use std::sync::Arc;
+
+use super::quota::Quota;
+use super::rule::{Matcher, Rule};
+use super::table::{Params, Table};
+use crate::clock::{Nanos, saturating_nanos};
+
+/// A rule (or the default) with the tables its quotas live in.
+pub(crate) struct Compiled {
+    /// Identifies the rule across retunes.
+    pub(crate) name: Arc<str>,
+    pub(crate) quotas: Vec<Quota>,
+    pub(crate) tables: Vec<Arc<Table>>,
+    pub(crate) dry_run: bool,
+    /// The most one request may cost: the smallest capacity of the quotas.
+    pub(crate) capacity: u32,
+}
+
+/// Everything a decision reads, swapped whole on a retune.
+pub(crate) struct Policy {
+    /// Changes on every retune; a key's cached rule from another generation
+    /// is looked up again.
+    pub(crate) generation: u32,
+    /// Index 0 is the default; rule `i` is at `i + 1`.
+    pub(crate) compiled: Vec<Compiled>,
+    pub(crate) rules: Vec<Rule>,
+    matcher: Matcher,
+    /// The longest period of any quota: how long a key's rule is worth
+    /// remembering after its last request.
+    pub(crate) longest_period: Nanos,
+}
+
+/// The name the default quotas go by.
+pub(crate) const DEFAULT_RULE: &str = "(default)";
+
+impl Policy {
+    /// Build a policy, reusing `previous`'s tables for the same rule name and
+    /// quota position where the algorithm is unchanged (retuning them in
+    /// place), so no key's spending is forgotten.
+    pub(crate) fn build(
+        generation: u32,
+        default: &[Quota],
+        rules: Vec<Rule>,
+        previous: Option<&Policy>,
+        epoch_offset: Nanos,
+        now: Nanos,
+    ) -> Self {
+        let mut compiled = Vec::with_capacity(rules.len() + 1);
+        let named = std::iter::once((DEFAULT_RULE, default, false)).chain(
+            rules
+                .iter()
+                .map(|r| (r.name.as_str(), &r.quotas[..], r.dry_run)),
+        );
+        let mut longest_period = 0;
+        for (name, quotas, dry_run) in named {
+            let old = previous.and_then(|p| p.compiled.iter().find(|c| &*c.name == name));
+            let tables = quotas
+                .iter()
+                .enumerate()
+                .map(|(i, quota)| {
+                    let params = Params::of(quota, epoch_offset);
+                    let period = saturating_nanos(quota.period());
+                    longest_period = longest_period.max(period);
+                    match old.and_then(|c| c.tables.get(i)) {
+                        Some(table) if table.accepts(&params) => {
+                            table.retune(&params, now);
+                            table.clone()
+                        }
+                        _ => Arc::new(Table::new(params, sweep_every(period))),
+                    }
+                })
+                .collect();
+            compiled.push(Compiled {
+                name: Arc::from(name),
+                quotas: quotas.to_vec(),
+                tables,
+                dry_run,
+                capacity: quotas.iter().map(Quota::burst).min().unwrap_or(u32::MAX),
+            });
+        }
+        Self {
+            generation,
+            compiled,
+            matcher: Matcher::new(&rules),
+            rules,
+            longest_period,
+        }
+    }
+
+    /// Whether any rule exists (if not, every key uses the default).
+    #[inline]
+    pub(crate) fn has_rules(&self) -> bool {
+        !self.rules.is_empty()
+    }
+
+    /// The compiled index for a key with these parts.
+    pub(crate) fn find(&self, parts: &[String]) -> usize {
+        self.matcher.find(&self.rules, parts).map_or(0, |i| i + 1)
+    }
+}
+
+/// Idle keys are looked for about once a period, at least every second and
+/// at most every minute.
+fn sweep_every(period: Nanos) -> Nanos {
+    period.clamp(1_000_000_000, 60_000_000_000)
+}

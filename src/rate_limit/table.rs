@@ -1,0 +1,169 @@
+//! One quota's keyed state: a store of one algorithm's states.
+
+use super::algorithm::{Algorithm, FixedWindow, Gcra, Grant, SlidingWindow, TurnBudget};
+use super::quota::{Algorithm as Kind, Quota};
+use crate::clock::{Nanos, saturating_nanos};
+use crate::key::KeyHash;
+use crate::store::{Idle, Locked, Store};
+
+/// A quota's states for every key, under one algorithm.
+pub(crate) enum Table {
+    TokenBucket(Store<<Gcra as Algorithm>::State, Gcra>),
+    SlidingWindow(Store<<SlidingWindow as Algorithm>::State, SlidingWindow>),
+    FixedWindow(Store<<FixedWindow as Algorithm>::State, FixedWindow>),
+    TurnBudget(Store<<TurnBudget as Algorithm>::State, TurnBudget>),
+}
+
+/// Dispatch once on the algorithm, then run monomorphic code.
+macro_rules! each {
+    ($value:expr, $Enum:ident, |$inner:ident| $body:expr) => {
+        match $value {
+            $Enum::TokenBucket($inner) => $body,
+            $Enum::SlidingWindow($inner) => $body,
+            $Enum::FixedWindow($inner) => $body,
+            $Enum::TurnBudget($inner) => $body,
+        }
+    };
+}
+
+/// One key's state in one table, locked.
+pub(crate) enum Held<'a> {
+    TokenBucket(Locked<'a, <Gcra as Algorithm>::State, Gcra>),
+    SlidingWindow(Locked<'a, <SlidingWindow as Algorithm>::State, SlidingWindow>),
+    FixedWindow(Locked<'a, <FixedWindow as Algorithm>::State, FixedWindow>),
+    TurnBudget(Locked<'a, <TurnBudget as Algorithm>::State, TurnBudget>),
+}
+
+/// The parameters a quota's algorithm runs with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Params {
+    TokenBucket(Gcra),
+    SlidingWindow(SlidingWindow),
+    FixedWindow(FixedWindow),
+    TurnBudget(TurnBudget),
+}
+
+impl Params {
+    pub(crate) fn of(quota: &Quota, epoch_offset: Nanos) -> Self {
+        let period = saturating_nanos(quota.period());
+        match quota.algorithm() {
+            Kind::TokenBucket => Self::TokenBucket(Gcra::new(
+                period.div_ceil(u64::from(quota.limit())),
+                quota.burst(),
+            )),
+            Kind::SlidingWindow => Self::SlidingWindow(SlidingWindow::new(quota.limit(), period)),
+            Kind::FixedWindow => {
+                Self::FixedWindow(FixedWindow::new(quota.limit(), period, epoch_offset))
+            }
+            Kind::TurnBudget => Self::TurnBudget(TurnBudget::new(quota.limit(), period)),
+        }
+    }
+}
+
+impl Table {
+    pub(crate) fn new(params: Params, sweep_every: Nanos) -> Self {
+        match params {
+            Params::TokenBucket(p) => Self::TokenBucket(Store::new(p, sweep_every)),
+            Params::SlidingWindow(p) => Self::SlidingWindow(Store::new(p, sweep_every)),
+            Params::FixedWindow(p) => Self::FixedWindow(Store::new(p, sweep_every)),
+            Params::TurnBudget(p) => Self::TurnBudget(Store::new(p, sweep_every)),
+        }
+    }
+
+    /// Whether `params` can be applied to this table in place (same
+    /// algorithm).
+    pub(crate) fn accepts(&self, params: &Params) -> bool {
+        matches!(
+            (self, params),
+            (Self::TokenBucket(_), Params::TokenBucket(_))
+                | (Self::SlidingWindow(_), Params::SlidingWindow(_))
+                | (Self::FixedWindow(_), Params::FixedWindow(_))
+                | (Self::TurnBudget(_), Params::TurnBudget(_))
+        )
+    }
+
+    /// Apply new parameters of the same algorithm, converting every key's
+    /// state without minting capacity.
+    pub(crate) fn retune(&self, params: &Params, now: Nanos) {
+        match (self, params) {
+            (Self::TokenBucket(s), Params::TokenBucket(p)) => {
+                s.retune(p, |old, new, state| new.retune(old, state, now))
+            }
+            (Self::SlidingWindow(s), Params::SlidingWindow(p)) => {
+                s.retune(p, |old, new, state| new.retune(old, state, now))
+            }
+            (Self::FixedWindow(s), Params::FixedWindow(p)) => {
+                s.retune(p, |old, new, state| new.retune(old, state, now))
+            }
+            (Self::TurnBudget(s), Params::TurnBudget(p)) => {
+                s.retune(p, |old, new, state| new.retune(old, state, now))
+            }
+            _ => {}
+        }
+    }
+
+    #[inline]
+    pub(crate) fn lock(&self, key: KeyHash, now: Nanos) -> Held<'_> {
+        match self {
+            Self::TokenBucket(s) => Held::TokenBucket(s.lock(key, now)),
+            Self::SlidingWindow(s) => Held::SlidingWindow(s.lock(key, now)),
+            Self::FixedWindow(s) => Held::FixedWindow(s.lock(key, now)),
+            Self::TurnBudget(s) => Held::TurnBudget(s.lock(key, now)),
+        }
+    }
+
+    pub(crate) fn refund(&self, key: KeyHash, now: Nanos, grant: &Grant) {
+        each!(self, Table, |s| s.with_existing(key, |alg, state| alg
+            .refund(state, now, grant)))
+    }
+
+    pub(crate) fn cancel(&self, key: KeyHash, now: Nanos, grant: &Grant) {
+        each!(self, Table, |s| s.with_existing(key, |alg, state| alg
+            .cancel(state, now, grant)))
+    }
+
+    /// Whether `key` has state here that is not idle.
+    pub(crate) fn in_use(&self, key: KeyHash, now: Nanos) -> bool {
+        let mut in_use = false;
+        each!(self, Table, |s| s
+            .with_existing(key, |_, state| in_use = !state.is_idle(now)));
+        in_use
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        each!(self, Table, |s| s.len())
+    }
+
+    pub(crate) fn evict_idle(&self, now: Nanos) -> usize {
+        each!(self, Table, |s| s.evict_idle(now))
+    }
+}
+
+impl Held<'_> {
+    #[inline]
+    pub(crate) fn earliest(&mut self, now: Nanos, cost: u32, horizon: Nanos) -> Nanos {
+        each!(self, Held, |h| {
+            let (alg, state) = h.get();
+            alg.earliest(state, now, cost, horizon)
+        })
+    }
+
+    #[inline]
+    pub(crate) fn book(&mut self, now: Nanos, at: Nanos, cost: u32) -> Grant {
+        each!(self, Held, |h| {
+            let (alg, state) = h.get();
+            alg.book(state, now, at, cost)
+        })
+    }
+
+    /// For a key that arrives from another rule: start it with nothing
+    /// available, unless it already has state here.
+    pub(crate) fn start_spent(&mut self, now: Nanos) {
+        each!(self, Held, |h| h.insert_if_absent(|alg| alg.spent(now)))
+    }
+
+    /// Forget the key's state (a reset, or a new turn).
+    pub(crate) fn forget(&mut self) {
+        each!(self, Held, |h| h.remove())
+    }
+}

@@ -1,0 +1,322 @@
+//! Counters every layer keeps, snapshots of them, and a subscription that
+//! wakes when they move.
+//!
+//! The request path only touches relaxed atomics on a stripe chosen by the
+//! key, so two cores counting two keys do not share a cache line; a snapshot
+//! adds the stripes up. A subscriber is woken once per burst of changes, not
+//! once per request: the first change after a subscriber looked sets a flag
+//! and wakes it; further changes only see the flag set.
+//!
+//! ```
+//! use tower_throttle::key::GlobalKey;
+//! use tower_throttle::rate_limit::{Quota, RateLimitLayer};
+//!
+//! let layer = RateLimitLayer::new(Quota::per_second(5)?, GlobalKey);
+//! let snapshot = layer.handle().stats();
+//! assert_eq!(snapshot.aggregate.admitted, 0);
+//! # Ok::<(), tower_throttle::error::ConfigError>(())
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde::Serialize;
+use tokio::sync::Notify;
+
+use crate::key::KeyHash;
+
+/// One key's counters (or the sum over all keys), as plain numbers.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct KeyStats {
+    /// The key's text, or `*` for the aggregate.
+    pub key: String,
+    /// Requests let through to the inner service.
+    pub admitted: u64,
+    /// Requests refused.
+    pub rejected: u64,
+    /// Requests a dry-run limit let through but would have refused.
+    pub would_reject: u64,
+    /// Admitted requests that waited for their turn first.
+    pub waited: u64,
+    /// The time those requests waited, in total, in milliseconds.
+    pub total_wait_ms: f64,
+    /// The average wait of those that waited, in milliseconds.
+    pub avg_wait_ms: f64,
+    /// Requests waiting now.
+    pub queued_now: u64,
+}
+
+/// Counters of one layer at one moment.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct StatsSnapshot {
+    /// The sum over every key.
+    pub aggregate: KeyStats,
+    /// Per key, sorted by key text; empty unless per-key counting is on.
+    pub keys: Vec<KeyStats>,
+    /// Keys not counted apart because the per-key table was full.
+    pub untracked_keys: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    admitted: AtomicU64,
+    rejected: AtomicU64,
+    would_reject: AtomicU64,
+    waited: AtomicU64,
+    wait_nanos: AtomicU64,
+    queued: AtomicI64,
+}
+
+/// One stripe of counters, on its own cache lines.
+#[repr(align(128))]
+#[derive(Default)]
+struct Stripe(Counters);
+
+const STRIPES: usize = 16;
+
+/// Plain counters for one key in the per-key table.
+#[derive(Clone, Default)]
+struct Tally {
+    text: String,
+    admitted: u64,
+    rejected: u64,
+    would_reject: u64,
+    waited: u64,
+    wait_nanos: u64,
+    queued: i64,
+}
+
+/// What happened to one request, as the counters see it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Event {
+    Admitted,
+    Rejected,
+    WouldReject,
+    Queued,
+    /// A waiter left the queue; `Some(wait)` when it went on to be admitted.
+    Dequeued(Option<Duration>),
+}
+
+/// The counters of one layer, shared by its services.
+pub(crate) struct Stats {
+    stripes: Box<[Stripe]>,
+    keys: Option<Mutex<HashMap<u64, Tally>>>,
+    max_keys: usize,
+    untracked: AtomicU64,
+    hub: Arc<Hub>,
+}
+
+impl fmt::Debug for Stats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stats")
+            .field("per_key", &self.keys.is_some())
+            .field("max_keys", &self.max_keys)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Stats {
+    /// Counters for a layer; `max_keys` above zero also counts up to that
+    /// many keys apart.
+    pub(crate) fn new(max_keys: usize) -> Self {
+        Self {
+            stripes: (0..STRIPES).map(|_| Stripe::default()).collect(),
+            keys: (max_keys > 0).then(|| Mutex::new(HashMap::new())),
+            max_keys,
+            untracked: AtomicU64::new(0),
+            hub: Arc::new(Hub::default()),
+        }
+    }
+
+    /// Count `event` for `key`; `text` names the key the first time the
+    /// per-key table sees it.
+    #[inline]
+    pub(crate) fn record(&self, key: KeyHash, event: Event, text: &dyn Fn() -> String) {
+        let c = &self.stripes[(key.0 >> 40) as usize % STRIPES].0;
+        match event {
+            Event::Admitted => c.admitted.fetch_add(1, Ordering::Relaxed),
+            Event::Rejected => c.rejected.fetch_add(1, Ordering::Relaxed),
+            Event::WouldReject => c.would_reject.fetch_add(1, Ordering::Relaxed),
+            Event::Queued => c.queued.fetch_add(1, Ordering::Relaxed) as u64,
+            Event::Dequeued(wait) => {
+                if let Some(wait) = wait {
+                    c.waited.fetch_add(1, Ordering::Relaxed);
+                    let nanos = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+                    c.wait_nanos.fetch_add(nanos, Ordering::Relaxed);
+                }
+                c.queued.fetch_sub(1, Ordering::Relaxed) as u64
+            }
+        };
+        if let Some(keys) = &self.keys {
+            self.record_key(keys, key, event, text);
+        }
+        self.hub.touch();
+    }
+
+    fn record_key(
+        &self,
+        keys: &Mutex<HashMap<u64, Tally>>,
+        key: KeyHash,
+        event: Event,
+        text: &dyn Fn() -> String,
+    ) {
+        let mut keys = keys.lock();
+        let full = keys.len() >= self.max_keys;
+        let tally = match keys.get_mut(&key.0) {
+            Some(tally) => tally,
+            // A key first seen leaving (its arrival was not counted apart)
+            // stays out of the table.
+            None if matches!(event, Event::Dequeued(_)) => return,
+            None if full => {
+                self.untracked.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            None => keys.entry(key.0).or_insert_with(|| Tally {
+                text: text(),
+                ..Tally::default()
+            }),
+        };
+        match event {
+            Event::Admitted => tally.admitted += 1,
+            Event::Rejected => tally.rejected += 1,
+            Event::WouldReject => tally.would_reject += 1,
+            Event::Queued => tally.queued += 1,
+            Event::Dequeued(wait) => {
+                tally.queued -= 1;
+                if let Some(wait) = wait {
+                    tally.waited += 1;
+                    tally.wait_nanos = tally
+                        .wait_nanos
+                        .saturating_add(u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX));
+                }
+            }
+        }
+    }
+
+    /// The counters now.
+    pub(crate) fn snapshot(&self) -> StatsSnapshot {
+        let mut all = Tally {
+            text: "*".to_owned(),
+            ..Tally::default()
+        };
+        for stripe in self.stripes.iter() {
+            let c = &stripe.0;
+            all.admitted += c.admitted.load(Ordering::Relaxed);
+            all.rejected += c.rejected.load(Ordering::Relaxed);
+            all.would_reject += c.would_reject.load(Ordering::Relaxed);
+            all.waited += c.waited.load(Ordering::Relaxed);
+            all.wait_nanos = all
+                .wait_nanos
+                .saturating_add(c.wait_nanos.load(Ordering::Relaxed));
+            all.queued += c.queued.load(Ordering::Relaxed);
+        }
+        let mut keys: Vec<KeyStats> = self
+            .keys
+            .as_ref()
+            .map(|keys| keys.lock().values().map(|t| self.render(t)).collect())
+            .unwrap_or_default();
+        keys.sort_by(|a, b| a.key.cmp(&b.key));
+        StatsSnapshot {
+            aggregate: self.render(&all),
+            keys,
+            untracked_keys: self.untracked.load(Ordering::Relaxed),
+        }
+    }
+
+    fn render(&self, t: &Tally) -> KeyStats {
+        let total_wait_ms = t.wait_nanos as f64 / 1e6;
+        KeyStats {
+            key: t.text.clone(),
+            admitted: t.admitted,
+            rejected: t.rejected,
+            would_reject: t.would_reject,
+            waited: t.waited,
+            total_wait_ms,
+            avg_wait_ms: if t.waited == 0 {
+                0.0
+            } else {
+                total_wait_ms / t.waited as f64
+            },
+            // Gauges can read a hair below zero between a stripe's increment
+            // and decrement of another request; never show that.
+            queued_now: t.queued.max(0) as u64,
+        }
+    }
+
+    /// A subscription to changes of these counters.
+    pub(crate) fn subscribe(self: &Arc<Self>) -> StatsSubscription {
+        StatsSubscription {
+            stats: self.clone(),
+            seen: self.hub.epoch.load(Ordering::Acquire),
+        }
+    }
+}
+
+/// Wakes subscribers once per burst of changes.
+#[derive(Default)]
+struct Hub {
+    /// Set by the first change after a subscriber looked.
+    dirty: AtomicBool,
+    /// Counts the bursts: a subscriber that saw an older epoch has news.
+    epoch: AtomicU64,
+    notify: Notify,
+}
+
+impl Hub {
+    #[inline]
+    fn touch(&self) {
+        // In a burst the flag is already set: one relaxed load, nothing else.
+        if !self.dirty.load(Ordering::Relaxed) && !self.dirty.swap(true, Ordering::AcqRel) {
+            self.epoch.fetch_add(1, Ordering::Release);
+            self.notify.notify_waiters();
+        }
+    }
+}
+
+/// Delivers a fresh [`StatsSnapshot`] whenever the counters have moved since
+/// the last one this subscription returned. Bursts coalesce: however many
+/// requests happened in between, one snapshot tells of all of them.
+pub struct StatsSubscription {
+    stats: Arc<Stats>,
+    seen: u64,
+}
+
+impl fmt::Debug for StatsSubscription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StatsSubscription")
+            .field("seen", &self.seen)
+            .finish()
+    }
+}
+
+impl StatsSubscription {
+    /// Wait until the counters move, then return a snapshot.
+    pub async fn changed(&mut self) -> StatsSnapshot {
+        let hub = &self.stats.hub;
+        loop {
+            let notified = hub.notify.notified();
+            tokio::pin!(notified);
+            // Register before looking, so a change in between is not missed.
+            notified.as_mut().enable();
+            let epoch = hub.epoch.load(Ordering::Acquire);
+            if epoch != self.seen {
+                self.seen = epoch;
+                // Re-arm first, so changes during the snapshot wake us again.
+                hub.dirty.store(false, Ordering::Release);
+                return self.stats.snapshot();
+            }
+            notified.await;
+        }
+    }
+
+    /// The counters now, without waiting.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        self.stats.snapshot()
+    }
+}
