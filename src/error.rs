@@ -17,6 +17,8 @@ use std::error::Error;
 use std::fmt;
 use std::time::Duration;
 
+use crate::rate_limit::Quota;
+
 /// The error type of every service in this crate: tower's boxed error.
 pub type BoxError = Box<dyn Error + Send + Sync + 'static>;
 
@@ -39,11 +41,28 @@ pub struct RateLimited {
     /// How long until this key would admit this request: the exact instant,
     /// not the window length.
     pub retry_after: Duration,
+    /// The quota that refused (of several, the one with the longest wait).
+    pub quota: Option<Quota>,
+    /// The rule whose quotas apply (`(default)` for the default quotas).
+    pub policy: Option<String>,
 }
 
 impl RateLimited {
-    pub(crate) fn new(key: String, retry_after: Duration) -> Self {
-        Self { key, retry_after }
+    /// A refusal on `key`, retryable after `retry_after`.
+    pub fn new(key: String, retry_after: Duration) -> Self {
+        Self {
+            key,
+            retry_after,
+            quota: None,
+            policy: None,
+        }
+    }
+
+    /// The same refusal, naming the quota and the rule that refused.
+    pub fn with_quota(mut self, quota: Quota, policy: impl Into<String>) -> Self {
+        self.quota = Some(quota);
+        self.policy = Some(policy.into());
+        self
     }
 }
 

@@ -49,6 +49,11 @@ pub struct KeyStats {
     pub avg_wait_ms: f64,
     /// Requests waiting now.
     pub queued_now: u64,
+    /// Requests in flight now: admitted and not yet finished. `None` for a
+    /// layer that does not follow requests past admission (the rate
+    /// limiter); left out of the serialized form then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<u64>,
 }
 
 /// Counters of one layer at one moment.
@@ -71,6 +76,7 @@ struct Counters {
     waited: AtomicU64,
     wait_nanos: AtomicU64,
     queued: AtomicI64,
+    in_flight: AtomicI64,
 }
 
 /// One stripe of counters, on its own cache lines.
@@ -90,6 +96,7 @@ struct Tally {
     waited: u64,
     wait_nanos: u64,
     queued: i64,
+    in_flight: i64,
 }
 
 /// What happened to one request, as the counters see it.
@@ -101,6 +108,11 @@ pub(crate) enum Event {
     Queued,
     /// A waiter left the queue; `Some(wait)` when it went on to be admitted.
     Dequeued(Option<Duration>),
+    /// An admitted request went in flight (layers that track in-flight).
+    Entered,
+    /// A request in flight finished: its response ended, failed or was
+    /// dropped.
+    Left,
 }
 
 /// The counters of one layer, shared by its services.
@@ -109,6 +121,8 @@ pub(crate) struct Stats {
     keys: Option<Mutex<HashMap<u64, Tally>>>,
     max_keys: usize,
     untracked: AtomicU64,
+    /// Whether the layer reports requests in flight.
+    tracks_in_flight: bool,
     hub: Arc<Hub>,
 }
 
@@ -117,6 +131,7 @@ impl fmt::Debug for Stats {
         f.debug_struct("Stats")
             .field("per_key", &self.keys.is_some())
             .field("max_keys", &self.max_keys)
+            .field("tracks_in_flight", &self.tracks_in_flight)
             .finish_non_exhaustive()
     }
 }
@@ -130,8 +145,16 @@ impl Stats {
             keys: (max_keys > 0).then(|| Mutex::new(HashMap::new())),
             max_keys,
             untracked: AtomicU64::new(0),
+            tracks_in_flight: false,
             hub: Arc::new(Hub::default()),
         }
+    }
+
+    /// The same counters, also reporting requests in flight
+    /// ([`Event::Entered`] / [`Event::Left`]) in every snapshot.
+    pub(crate) fn tracking_in_flight(mut self) -> Self {
+        self.tracks_in_flight = true;
+        self
     }
 
     /// Count `event` for `key`; `text` names the key the first time the
@@ -152,6 +175,8 @@ impl Stats {
                 }
                 c.queued.fetch_sub(1, Ordering::Relaxed) as u64
             }
+            Event::Entered => c.in_flight.fetch_add(1, Ordering::Relaxed) as u64,
+            Event::Left => c.in_flight.fetch_sub(1, Ordering::Relaxed) as u64,
         };
         if let Some(keys) = &self.keys {
             self.record_key(keys, key, event, text);
@@ -172,7 +197,7 @@ impl Stats {
             Some(tally) => tally,
             // A key first seen leaving (its arrival was not counted apart)
             // stays out of the table.
-            None if matches!(event, Event::Dequeued(_)) => return,
+            None if matches!(event, Event::Dequeued(_) | Event::Left) => return,
             None if full => {
                 self.untracked.fetch_add(1, Ordering::Relaxed);
                 return;
@@ -196,6 +221,8 @@ impl Stats {
                         .saturating_add(u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX));
                 }
             }
+            Event::Entered => tally.in_flight += 1,
+            Event::Left => tally.in_flight -= 1,
         }
     }
 
@@ -215,6 +242,7 @@ impl Stats {
                 .wait_nanos
                 .saturating_add(c.wait_nanos.load(Ordering::Relaxed));
             all.queued += c.queued.load(Ordering::Relaxed);
+            all.in_flight += c.in_flight.load(Ordering::Relaxed);
         }
         let mut keys: Vec<KeyStats> = self
             .keys
@@ -246,6 +274,7 @@ impl Stats {
             // Gauges can read a hair below zero between a stripe's increment
             // and decrement of another request; never show that.
             queued_now: t.queued.max(0) as u64,
+            in_flight: self.tracks_in_flight.then(|| t.in_flight.max(0) as u64),
         }
     }
 

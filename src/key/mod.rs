@@ -24,6 +24,7 @@
 //! assert_eq!(key_text(&route, &req).unwrap(), "/openai/gpt-4o");
 //! ```
 
+mod client_ip;
 mod extract;
 mod part;
 
@@ -34,6 +35,7 @@ use foldhash::fast::{FoldHasher, RandomState};
 
 use crate::error::MissingKey;
 
+pub use client_ip::ClientIpKey;
 pub use extract::{ExtensionKey, GlobalKey, HeaderKey, HostKey, JsonFieldKey, PathPrefixKey};
 pub use part::KeyPart;
 

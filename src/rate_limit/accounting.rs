@@ -2,6 +2,7 @@
 
 use http::StatusCode;
 
+use super::limiter::RateLimitInfo;
 use crate::parts::ResponseParts;
 
 /// What one request costs against its key's quota.
@@ -92,5 +93,36 @@ where
 {
     fn counts(&self, outcome: &Result<Res, E>) -> bool {
         self(outcome)
+    }
+}
+
+/// Writes what remains of a key's quota onto an admitted response, for
+/// servers that tell their clients (the `RateLimit` headers).
+///
+/// [`NoAnnotation`] (the default) writes nothing and costs nothing;
+/// [`RateLimitHeaders`](crate::respond::RateLimitHeaders) writes the
+/// headers.
+pub trait Annotate<Res>: Clone + Send + Sync + 'static {
+    /// Annotate `response` with `info`.
+    fn annotate(&self, response: &mut Res, info: &RateLimitInfo);
+
+    /// False when nothing is ever written, so nothing need be computed.
+    #[doc(hidden)]
+    fn wanted(&self) -> bool {
+        true
+    }
+}
+
+/// Writes nothing on admitted responses (the default).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoAnnotation;
+
+impl<Res> Annotate<Res> for NoAnnotation {
+    #[inline]
+    fn annotate(&self, _response: &mut Res, _info: &RateLimitInfo) {}
+
+    #[inline]
+    fn wanted(&self) -> bool {
+        false
     }
 }

@@ -8,8 +8,8 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use super::accounting::Counts;
-use super::limiter::{Limiter, Ticket};
+use super::accounting::{Annotate, Counts};
+use super::limiter::{Limiter, RateLimitInfo, Ticket};
 use crate::error::BoxError;
 use crate::key::KeyHash;
 use crate::stats::Event;
@@ -74,10 +74,11 @@ struct Waiter<S, R> {
 
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit).
-    pub struct ResponseFuture<Fut, S, R, A> {
+    pub struct ResponseFuture<Fut, S, R, A, H> {
         #[pin]
         state: State<Fut, S, R>,
         refund: Option<Refund<A>>,
+        note: Option<(H, RateLimitInfo)>,
     }
 }
 
@@ -98,11 +99,16 @@ pin_project! {
     }
 }
 
-impl<Fut, S, R, A> ResponseFuture<Fut, S, R, A> {
-    pub(crate) fn called(future: Fut, refund: Option<Refund<A>>) -> Self {
+impl<Fut, S, R, A, H> ResponseFuture<Fut, S, R, A, H> {
+    pub(crate) fn called(
+        future: Fut,
+        refund: Option<Refund<A>>,
+        note: Option<(H, RateLimitInfo)>,
+    ) -> Self {
         Self {
             state: State::Called { future },
             refund,
+            note,
         }
     }
 
@@ -112,6 +118,7 @@ impl<Fut, S, R, A> ResponseFuture<Fut, S, R, A> {
         req: R,
         booking: Booking,
         refund: Option<Refund<A>>,
+        note: Option<(H, RateLimitInfo)>,
     ) -> Self {
         Self {
             state: State::Waiting {
@@ -123,6 +130,7 @@ impl<Fut, S, R, A> ResponseFuture<Fut, S, R, A> {
                 }),
             },
             refund,
+            note,
         }
     }
 
@@ -130,16 +138,18 @@ impl<Fut, S, R, A> ResponseFuture<Fut, S, R, A> {
         Self {
             state: State::Failed { error: Some(error) },
             refund: None,
+            note: None,
         }
     }
 }
 
-impl<Fut, S, R, A> Future for ResponseFuture<Fut, S, R, A>
+impl<Fut, S, R, A, H> Future for ResponseFuture<Fut, S, R, A, H>
 where
     S: Service<R, Future = Fut>,
     Fut: Future<Output = Result<S::Response, S::Error>>,
     S::Error: Into<BoxError>,
     A: Counts<S::Response, S::Error>,
+    H: Annotate<S::Response>,
 {
     type Output = Result<S::Response, BoxError>;
 
@@ -148,7 +158,10 @@ where
             let this = self.as_mut().project();
             match this.state.project() {
                 StateProj::Called { future } => {
-                    let outcome = ready!(future.poll(cx));
+                    let mut outcome = ready!(future.poll(cx));
+                    if let (Ok(response), Some((annotate, info))) = (&mut outcome, this.note.take()) {
+                        annotate.annotate(response, &info);
+                    }
                     return Poll::Ready(settle(this.refund, outcome));
                 }
                 StateProj::Waiting { sleep, waiter } => {
@@ -192,7 +205,7 @@ where
     outcome.map_err(Into::into)
 }
 
-impl<Fut, S, R, A> fmt::Debug for ResponseFuture<Fut, S, R, A> {
+impl<Fut, S, R, A, H> fmt::Debug for ResponseFuture<Fut, S, R, A, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Waiting { .. } => "waiting",

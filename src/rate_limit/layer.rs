@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::accounting::{CountAll, OneUnit};
+use super::accounting::{CountAll, NoAnnotation, OneUnit};
 use super::config::Limits;
 use super::handle::RateLimitHandle;
 use super::limiter::Limiter;
@@ -58,8 +58,8 @@ struct Setup {
 /// # let _ = svc;
 /// # Ok::<(), tower_throttle::error::ConfigError>(())
 /// ```
-pub struct RateLimitLayer<X, F = OneUnit, A = CountAll> {
-    shared: Shared<X, F, A>,
+pub struct RateLimitLayer<X, F = OneUnit, A = CountAll, H = NoAnnotation> {
+    shared: Shared<X, F, A, H>,
     setup: Setup,
 }
 
@@ -90,6 +90,7 @@ impl<X> RateLimitLayer<X> {
                 extractor: Arc::new(extractor),
                 cost: OneUnit,
                 counts: CountAll,
+                annotate: NoAnnotation,
                 max_wait: Duration::ZERO,
                 fallback: None,
             },
@@ -111,7 +112,7 @@ impl<X> RateLimitLayer<X> {
     }
 }
 
-impl<X, F, A> RateLimitLayer<X, F, A> {
+impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
     /// Build the limiter again from the setup, whose rule names are
     /// already checked.
     fn rebuild(mut self) -> Self {
@@ -184,7 +185,7 @@ impl<X, F, A> RateLimitLayer<X, F, A> {
     }
 
     /// Charge each request `cost(&request)` units instead of one.
-    pub fn with_cost<F2>(self, cost: F2) -> RateLimitLayer<X, F2, A> {
+    pub fn with_cost<F2>(self, cost: F2) -> RateLimitLayer<X, F2, A, H> {
         let s = self.shared;
         RateLimitLayer {
             shared: Shared {
@@ -192,6 +193,7 @@ impl<X, F, A> RateLimitLayer<X, F, A> {
                 extractor: s.extractor,
                 cost,
                 counts: s.counts,
+                annotate: s.annotate,
                 max_wait: s.max_wait,
                 fallback: s.fallback,
             },
@@ -201,7 +203,7 @@ impl<X, F, A> RateLimitLayer<X, F, A> {
 
     /// Count only the requests whose outcome `counts` accepts; the others get
     /// their capacity back (see [`Counts`](super::Counts)).
-    pub fn count_only<A2>(self, counts: A2) -> RateLimitLayer<X, F, A2> {
+    pub fn count_only<A2>(self, counts: A2) -> RateLimitLayer<X, F, A2, H> {
         let s = self.shared;
         RateLimitLayer {
             shared: Shared {
@@ -209,6 +211,26 @@ impl<X, F, A> RateLimitLayer<X, F, A> {
                 extractor: s.extractor,
                 cost: s.cost,
                 counts,
+                annotate: s.annotate,
+                max_wait: s.max_wait,
+                fallback: s.fallback,
+            },
+            setup: self.setup,
+        }
+    }
+
+    /// Write what remains of the key's quota onto every admitted response
+    /// with `annotate`, e.g. [`RateLimitHeaders`](crate::respond::RateLimitHeaders).
+    /// Off by default: it costs a look at the key's state per request.
+    pub fn with_response_headers<H2>(self, annotate: H2) -> RateLimitLayer<X, F, A, H2> {
+        let s = self.shared;
+        RateLimitLayer {
+            shared: Shared {
+                limiter: s.limiter,
+                extractor: s.extractor,
+                cost: s.cost,
+                counts: s.counts,
+                annotate,
                 max_wait: s.max_wait,
                 fallback: s.fallback,
             },
@@ -234,15 +256,15 @@ impl<X, F, A> RateLimitLayer<X, F, A> {
     }
 }
 
-impl<S, X, F: Clone, A: Clone> Layer<S> for RateLimitLayer<X, F, A> {
-    type Service = RateLimit<S, X, F, A>;
+impl<S, X, F: Clone, A: Clone, H: Clone> Layer<S> for RateLimitLayer<X, F, A, H> {
+    type Service = RateLimit<S, X, F, A, H>;
 
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit::new(inner, Arc::new(self.shared.clone()))
     }
 }
 
-impl<X, F: Clone, A: Clone> Clone for RateLimitLayer<X, F, A> {
+impl<X, F: Clone, A: Clone, H: Clone> Clone for RateLimitLayer<X, F, A, H> {
     fn clone(&self) -> Self {
         Self {
             shared: self.shared.clone(),
@@ -251,7 +273,7 @@ impl<X, F: Clone, A: Clone> Clone for RateLimitLayer<X, F, A> {
     }
 }
 
-impl<X, F, A> fmt::Debug for RateLimitLayer<X, F, A> {
+impl<X, F, A, H> fmt::Debug for RateLimitLayer<X, F, A, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("RateLimitLayer").field(&self.shared).finish()
     }

@@ -37,13 +37,39 @@ pub(crate) struct Ticket {
 pub(crate) enum Decision {
     /// Go now. No ticket when nothing was booked (no quota, or a dry run
     /// that would have refused).
-    Now(Option<Ticket>),
+    Now {
+        ticket: Option<Ticket>,
+        info: Option<RateLimitInfo>,
+    },
     /// Go at `until`; the capacity is booked.
-    Later { until: Instant, ticket: Ticket },
-    /// Refused; nothing consumed.
-    Denied { retry_after: Duration },
+    Later {
+        until: Instant,
+        ticket: Ticket,
+        info: Option<RateLimitInfo>,
+    },
+    /// Refused; nothing consumed. `quota` is the one with the longest wait.
+    Denied {
+        retry_after: Duration,
+        quota: Quota,
+        policy: Arc<str>,
+    },
     /// The request costs more than the key can ever admit at once.
     TooCostly { capacity: u32 },
+}
+
+/// What remains of a key's tightest quota after an admission: what the
+/// `RateLimit` headers of a response say.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct RateLimitInfo {
+    /// The rule whose quotas apply (`(default)` for the default quotas).
+    pub policy: Arc<str>,
+    /// The quota with the least left; none when the key is unlimited.
+    pub quota: Option<Quota>,
+    /// Units left now.
+    pub remaining: u32,
+    /// Time until all of the quota is available again.
+    pub reset: Duration,
 }
 
 /// A key's rule, as last looked up.
@@ -124,7 +150,8 @@ impl Limiter {
 
     /// Admit `cost` units on `key` now, or book them at most `max_wait`
     /// ahead. `parts` renders the key's parts, for rule lookup and per-key
-    /// counters; it is only called when those need it.
+    /// counters; it is only called when those need it. With `info`, an
+    /// admission also says what remains of the key's tightest quota.
     #[inline]
     pub(crate) fn acquire(
         &self,
@@ -132,6 +159,7 @@ impl Limiter {
         cost: u32,
         max_wait: Duration,
         parts: &dyn Fn() -> Vec<String>,
+        info: bool,
     ) -> Decision {
         let text = || parts().join("/");
         let policy = self.policy.load();
@@ -145,6 +173,14 @@ impl Limiter {
         // A zero cost would take nothing; count it as one so it cannot slip
         // past a key that is full.
         let cost = cost.max(1);
+        if rule.tables.is_empty() {
+            // No quota: unlimited.
+            self.stats.record(key, Event::Admitted, &text);
+            return Decision::Now {
+                ticket: None,
+                info: None,
+            };
+        }
         if cost > rule.capacity {
             self.stats.record(key, Event::Rejected, &text);
             return Decision::TooCostly {
@@ -157,11 +193,12 @@ impl Limiter {
         // instant any of them allows: all admit, or nothing is consumed.
         let mut held: SmallVec<[Held<'_>; 2]> =
             rule.tables.iter().map(|t| t.lock(key, now)).collect();
-        let at = held
+        let (at, slowest) = held
             .iter_mut()
-            .map(|h| h.earliest(now, cost, horizon))
+            .enumerate()
+            .map(|(i, h)| (h.earliest(now, cost, horizon), i))
             .max()
-            .unwrap_or(now);
+            .unwrap_or((now, 0));
         let wait = at - now;
         let dry_run = rule.dry_run || self.dry_run.load(Ordering::Relaxed);
         if wait > max_wait {
@@ -171,12 +208,38 @@ impl Limiter {
                 self.stats.record(key, Event::WouldReject, &text);
                 self.stats.record(key, Event::Admitted, &text);
                 tracing::debug!(key = %text(), ?retry_after, "rate limit (dry run): would refuse");
-                return Decision::Now(None);
+                return Decision::Now {
+                    ticket: None,
+                    info: None,
+                };
             }
             self.stats.record(key, Event::Rejected, &text);
-            return Decision::Denied { retry_after };
+            return Decision::Denied {
+                retry_after,
+                quota: rule.quotas[slowest],
+                policy: rule.name.clone(),
+            };
         }
         let grants = held.iter_mut().map(|h| h.book(now, at, cost)).collect();
+        let info = info.then(|| {
+            // The quota with the least left is the one a client must heed.
+            let (remaining, reset, i) = held
+                .iter_mut()
+                .enumerate()
+                .map(|(i, h)| {
+                    let (remaining, reset) = h.remaining(now);
+                    (remaining, std::cmp::Reverse(reset), i)
+                })
+                .min()
+                .map(|(r, std::cmp::Reverse(t), i)| (r, t, i))
+                .unwrap_or((u32::MAX, 0, 0));
+            RateLimitInfo {
+                policy: rule.name.clone(),
+                quota: rule.quotas.get(i).copied(),
+                remaining,
+                reset: Duration::from_nanos(reset),
+            }
+        });
         drop(held);
         let ticket = Ticket {
             key,
@@ -186,12 +249,16 @@ impl Limiter {
         };
         if wait == 0 || dry_run {
             self.stats.record(key, Event::Admitted, &text);
-            return Decision::Now(Some(ticket));
+            return Decision::Now {
+                ticket: Some(ticket),
+                info,
+            };
         }
         self.stats.record(key, Event::Queued, &text);
         Decision::Later {
             until: self.timeline.instant(at),
             ticket,
+            info,
         }
     }
 

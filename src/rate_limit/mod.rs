@@ -47,11 +47,12 @@ mod rule;
 mod service;
 mod table;
 
-pub use accounting::{Cost, CountAll, CountUnlessRefused, Counts, OneUnit};
+pub use accounting::{Annotate, Cost, CountAll, CountUnlessRefused, Counts, NoAnnotation, OneUnit};
 pub use config::{Ignored, Limits, QuotaConfig, RateLimitConfig, RuleConfig};
 pub use future::ResponseFuture;
 pub use handle::RateLimitHandle;
 pub use layer::RateLimitLayer;
+pub use limiter::RateLimitInfo;
 pub use quota::{Algorithm, DEFAULT_STALE_TURN, MAX_PERIOD, Quota};
 pub use rule::{KeyPattern, Rule};
 pub use service::RateLimit;

@@ -300,6 +300,12 @@ impl Matcher {
 pub(crate) fn check_names(rules: &[Rule]) -> Result<(), ConfigError> {
     let mut seen = HashMap::new();
     for (i, rule) in rules.iter().enumerate() {
+        if rule.name == super::policy::DEFAULT_RULE {
+            return Err(ConfigError::new(
+                format!("rules[{i}].name"),
+                format!("`{}` names the default quotas; choose another", rule.name),
+            ));
+        }
         if let Some(first) = seen.insert(rule.name.as_str(), i) {
             return Err(ConfigError::new(
                 format!("rules[{i}].name"),

@@ -5,50 +5,53 @@ use std::time::Duration;
 
 use tower_service::Service;
 
-use super::accounting::{Cost, Counts};
+use super::accounting::{Annotate, Cost, Counts};
 use super::future::{Booking, Refund, ResponseFuture};
 use super::handle::RateLimitHandle;
-use super::limiter::{Decision, Limiter};
+use super::limiter::{Decision, Limiter, RateLimitInfo};
 use crate::error::{BoxError, CostTooHigh, MissingKey, RateLimited};
 use crate::key::{KeyExtractor, KeyHash, join_parts, key_parts};
 
 /// Everything a rate-limit service reads per request, shared by its clones.
-pub(crate) struct Shared<X, F, A> {
+pub(crate) struct Shared<X, F, A, H> {
     pub(crate) limiter: Arc<Limiter>,
     pub(crate) extractor: Arc<X>,
     pub(crate) cost: F,
     pub(crate) counts: A,
+    pub(crate) annotate: H,
     pub(crate) max_wait: Duration,
     pub(crate) fallback: Option<(KeyHash, Arc<str>)>,
 }
 
-impl<X, F: Clone, A: Clone> Clone for Shared<X, F, A> {
+impl<X, F: Clone, A: Clone, H: Clone> Clone for Shared<X, F, A, H> {
     fn clone(&self) -> Self {
         Self {
             limiter: self.limiter.clone(),
             extractor: self.extractor.clone(),
             cost: self.cost.clone(),
             counts: self.counts.clone(),
+            annotate: self.annotate.clone(),
             max_wait: self.max_wait,
             fallback: self.fallback.clone(),
         }
     }
 }
 
-impl<X, F, A> fmt::Debug for Shared<X, F, A> {
+impl<X, F, A, H> fmt::Debug for Shared<X, F, A, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("limiter", &self.limiter)
             .field("extractor", &std::any::type_name::<X>())
             .field("cost", &std::any::type_name::<F>())
             .field("counts", &std::any::type_name::<A>())
+            .field("annotate", &std::any::type_name::<H>())
             .field("max_wait", &self.max_wait)
             .field("fallback", &self.fallback.as_ref().map(|(_, key)| key))
             .finish()
     }
 }
 
-impl<X, F, A> Shared<X, F, A> {
+impl<X, F, A, H> Shared<X, F, A, H> {
     /// The texts of `req`'s key parts, for rule lookup, errors and logs.
     fn key_parts<R>(&self, req: &R) -> Vec<String>
     where
@@ -64,13 +67,13 @@ impl<X, F, A> Shared<X, F, A> {
 
 /// Applies a keyed rate limit to a service; made by
 /// [`RateLimitLayer`](super::RateLimitLayer).
-pub struct RateLimit<S, X, F, A> {
+pub struct RateLimit<S, X, F, A, H> {
     inner: S,
-    shared: Arc<Shared<X, F, A>>,
+    shared: Arc<Shared<X, F, A, H>>,
 }
 
-impl<S, X, F, A> RateLimit<S, X, F, A> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared<X, F, A>>) -> Self {
+impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared<X, F, A, H>>) -> Self {
         Self { inner, shared }
     }
 
@@ -95,7 +98,7 @@ impl<S, X, F, A> RateLimit<S, X, F, A> {
     }
 }
 
-impl<S: Clone, X, F, A> Clone for RateLimit<S, X, F, A> {
+impl<S: Clone, X, F, A, H> Clone for RateLimit<S, X, F, A, H> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -104,7 +107,7 @@ impl<S: Clone, X, F, A> Clone for RateLimit<S, X, F, A> {
     }
 }
 
-impl<S: fmt::Debug, X, F, A> fmt::Debug for RateLimit<S, X, F, A> {
+impl<S: fmt::Debug, X, F, A, H> fmt::Debug for RateLimit<S, X, F, A, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
@@ -113,17 +116,18 @@ impl<S: fmt::Debug, X, F, A> fmt::Debug for RateLimit<S, X, F, A> {
     }
 }
 
-impl<S, R, X, F, A> Service<R> for RateLimit<S, X, F, A>
+impl<S, R, X, F, A, H> Service<R> for RateLimit<S, X, F, A, H>
 where
     S: Service<R> + Clone,
     S::Error: Into<BoxError>,
     X: KeyExtractor<R>,
     F: Cost<R>,
     A: Counts<S::Response, S::Error>,
+    H: Annotate<S::Response>,
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = ResponseFuture<S::Future, S, R, A>;
+    type Future = ResponseFuture<S::Future, S, R, A, H>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -133,7 +137,7 @@ where
         let shared = &*self.shared;
         if !shared.limiter.is_enabled() {
             // Switched off: not even the key is looked at.
-            return ResponseFuture::called(self.inner.call(req), None);
+            return ResponseFuture::called(self.inner.call(req), None, None);
         }
         let key = match shared.limiter.seed().hash(&*shared.extractor, &req) {
             Ok(key) => key,
@@ -151,13 +155,21 @@ where
                 counts: shared.counts.clone(),
             })
         };
-        match shared.limiter.acquire(key, cost, shared.max_wait, &parts) {
-            Decision::Now(None) => ResponseFuture::called(self.inner.call(req), None),
-            Decision::Now(Some(ticket)) => {
-                let refund = refund(ticket);
-                ResponseFuture::called(self.inner.call(req), refund)
+        let annotate = shared.annotate.wanted();
+        let note = |info: Option<RateLimitInfo>| info.map(|info| (shared.annotate.clone(), info));
+        match shared
+            .limiter
+            .acquire(key, cost, shared.max_wait, &parts, annotate)
+        {
+            Decision::Now { ticket, info } => {
+                let refund = ticket.and_then(refund);
+                ResponseFuture::called(self.inner.call(req), refund, note(info))
             }
-            Decision::Later { until, ticket } => {
+            Decision::Later {
+                until,
+                ticket,
+                info,
+            } => {
                 if tracing::enabled!(tracing::Level::DEBUG) {
                     let wait = until.saturating_duration_since(tokio::time::Instant::now());
                     tracing::debug!(key = %join_parts(&parts()), ?wait, "rate limit: waiting for turn");
@@ -168,12 +180,17 @@ where
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
                 let booking = Booking::new(shared.limiter.clone(), ticket, key);
-                ResponseFuture::waiting(until, inner, req, booking, refund)
+                ResponseFuture::waiting(until, inner, req, booking, refund, note(info))
             }
-            Decision::Denied { retry_after } => {
+            Decision::Denied {
+                retry_after,
+                quota,
+                policy,
+            } => {
                 let key = join_parts(&parts());
                 tracing::debug!(%key, ?retry_after, "rate limit: refused");
-                ResponseFuture::failed(Box::new(RateLimited::new(key, retry_after)))
+                let refused = RateLimited::new(key, retry_after).with_quota(quota, &*policy);
+                ResponseFuture::failed(Box::new(refused))
             }
             Decision::TooCostly { capacity } => {
                 let key = join_parts(&parts());

@@ -156,6 +156,14 @@ impl Held<'_> {
         })
     }
 
+    /// Units available now and the time until all are.
+    pub(crate) fn remaining(&mut self, now: Nanos) -> (u32, Nanos) {
+        each!(self, Held, |h| {
+            let (alg, state) = h.get();
+            alg.remaining(state, now)
+        })
+    }
+
     /// For a key that arrives from another rule: start it with nothing
     /// available, unless it already has state here.
     pub(crate) fn start_spent(&mut self, now: Nanos) {

@@ -110,6 +110,19 @@ impl Algorithm for FixedWindow {
         }
     }
 
+    fn remaining(&self, state: &WindowCount, now: Nanos) -> (u32, Nanos) {
+        if state.end <= now {
+            return (self.limit, 0);
+        }
+        // Units booked in a later window leave this one's room as it is.
+        let used = if state.end == self.end_of(now) {
+            state.used
+        } else {
+            self.limit
+        };
+        (self.limit.saturating_sub(used), state.end - now)
+    }
+
     fn spent(&self, now: Nanos) -> WindowCount {
         WindowCount {
             end: self.end_of(now),

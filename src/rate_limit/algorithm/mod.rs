@@ -61,6 +61,10 @@ pub(crate) trait Algorithm: Clone + Send + Sync + 'static {
     /// without making more capacity available than it had.
     fn retune(&self, old: &Self, state: &mut Self::State, now: Nanos);
 
+    /// How many units are available now, and how long until all are
+    /// available again.
+    fn remaining(&self, state: &Self::State, now: Nanos) -> (u32, Nanos);
+
     /// A state with nothing available now: for a key that moves to this
     /// quota from another, whose spending is not known here.
     fn spent(&self, now: Nanos) -> Self::State;

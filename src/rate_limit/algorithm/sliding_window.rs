@@ -120,6 +120,17 @@ impl Algorithm for SlidingWindow {
         }
     }
 
+    fn remaining(&self, log: &Log, now: Nanos) -> (u32, Nanos) {
+        let live = log
+            .entries
+            .iter()
+            .filter(|&&(at, _)| at.saturating_add(self.window) > now)
+            .map(|&(_, c)| u64::from(c))
+            .sum::<u64>();
+        let free = u64::from(self.limit).saturating_sub(live);
+        (u32::try_from(free).unwrap_or(0), log.expires.saturating_sub(now))
+    }
+
     fn spent(&self, now: Nanos) -> Log {
         let mut log = Log::default();
         self.book(&mut log, now, now, self.limit);

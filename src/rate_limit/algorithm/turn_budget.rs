@@ -85,6 +85,13 @@ impl Algorithm for TurnBudget {
         // What was used stays used; a new stale period applies to new turns.
     }
 
+    fn remaining(&self, turn: &Turn, now: Nanos) -> (u32, Nanos) {
+        if turn.is_idle(now) {
+            return (self.limit, 0);
+        }
+        (self.limit.saturating_sub(turn.used), turn.stale_at - now)
+    }
+
     fn spent(&self, now: Nanos) -> Turn {
         Turn {
             started: now,

@@ -1,0 +1,144 @@
+//! The client's IP address, for servers.
+
+use std::net::{IpAddr, SocketAddr};
+
+use super::{KeyBuilder, KeyExtractor};
+use crate::error::MissingKey;
+use crate::parts::RequestParts;
+
+/// The address of the client that sent the request.
+///
+/// By default this is the peer address of the connection, found in the
+/// request's extensions as axum's `ConnectInfo<SocketAddr>` (feature `axum`;
+/// serve with `into_make_service_with_connect_info::<SocketAddr>()`) or as a
+/// plain `SocketAddr`/`IpAddr` put there by an earlier layer. Headers that a
+/// client can write itself (`Forwarded`, `X-Forwarded-For`, `X-Real-IP`) are
+/// never trusted unless [`trust_proxies`](Self::trust_proxies) says how many
+/// proxies in front of the server add them: then the address those proxies
+/// saw is used, and entries a client put before them are ignored.
+///
+/// ```
+/// use tower_throttle::key::{ClientIpKey, key_text};
+///
+/// let mut req = http::Request::builder()
+///     .header("x-forwarded-for", "203.0.113.9, 198.51.100.7")
+///     .body(())
+///     .unwrap();
+/// req.extensions_mut().insert("10.0.0.2:5555".parse::<std::net::SocketAddr>().unwrap());
+/// // The default trusts no header: the peer (the proxy) is the client.
+/// assert_eq!(key_text(&ClientIpKey::new(), &req).unwrap(), "10.0.0.2");
+/// // Behind one proxy, the address it saw is the last one it appended.
+/// assert_eq!(key_text(&ClientIpKey::new().trust_proxies(1), &req).unwrap(), "198.51.100.7");
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClientIpKey {
+    trusted_proxies: usize,
+}
+
+impl ClientIpKey {
+    /// The connection's peer address; no header is trusted.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `n` proxies you run stand in front of the server and each appends the
+    /// address it saw to `X-Forwarded-For` (or `Forwarded: for=`). The client
+    /// is then the `n`-th address from the right; with one proxy,
+    /// `X-Real-IP` set by it is used when no list is present.
+    pub fn trust_proxies(mut self, n: usize) -> Self {
+        self.trusted_proxies = n;
+        self
+    }
+
+    fn peer<R: RequestParts>(req: &R) -> Option<IpAddr> {
+        let ext = req.extensions()?;
+        #[cfg(feature = "axum")]
+        if let Some(info) = ext.get::<axum::extract::ConnectInfo<SocketAddr>>() {
+            return Some(info.0.ip());
+        }
+        ext.get::<SocketAddr>()
+            .map(SocketAddr::ip)
+            .or_else(|| ext.get::<IpAddr>().copied())
+    }
+
+    /// The address the outermost trusted proxy saw.
+    fn forwarded<R: RequestParts>(&self, req: &R) -> Option<IpAddr> {
+        let n = self.trusted_proxies;
+        let headers = req.headers();
+        // Every X-Forwarded-For line, in order, as one list.
+        let xff: Vec<&str> = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .collect();
+        let list: Vec<&str> = if xff.is_empty() {
+            headers
+                .get_all(http::header::FORWARDED)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(','))
+                .filter_map(forwarded_for)
+                .collect()
+        } else {
+            xff
+        };
+        if list.is_empty() {
+            if n == 1 {
+                let real = headers.get("x-real-ip")?.to_str().ok()?;
+                return parse_ip(real.trim());
+            }
+            return None;
+        }
+        // Our n proxies appended the last n entries; the n-th from the
+        // right is what the outermost of them saw. A shorter list means a
+        // hop did not append: trust nothing from it.
+        let i = list.len().checked_sub(n)?;
+        parse_ip(list[i])
+    }
+}
+
+/// The `for=` value of one `Forwarded` element.
+fn forwarded_for(element: &str) -> Option<&str> {
+    element.split(';').find_map(|pair| {
+        let (name, value) = pair.split_once('=')?;
+        name.trim()
+            .eq_ignore_ascii_case("for")
+            .then(|| value.trim().trim_matches('"'))
+    })
+}
+
+/// An address as proxies write it: bare, `[v6]`, `[v6]:port` or `v4:port`.
+fn parse_ip(text: &str) -> Option<IpAddr> {
+    if let Ok(ip) = text.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Some(addr.ip());
+    }
+    text.strip_prefix('[')?
+        .split(']')
+        .next()?
+        .parse::<IpAddr>()
+        .ok()
+}
+
+impl<R: RequestParts> KeyExtractor<R> for ClientIpKey {
+    fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), MissingKey> {
+        let ip = if self.trusted_proxies > 0 {
+            self.forwarded(req).or_else(|| Self::peer(req))
+        } else {
+            Self::peer(req)
+        };
+        match ip {
+            Some(ip) => {
+                key.push(&ip);
+                Ok(())
+            }
+            None => Err(MissingKey::new(
+                "the client address (serve with connect info, or insert a SocketAddr)",
+            )),
+        }
+    }
+}

@@ -1,0 +1,101 @@
+use std::time::Duration;
+
+use http::StatusCode;
+
+use crate::error::{
+    BoxError, CoolingDown, CostTooHigh, MissingKey, QueueFull, QueueTimeout, RateLimited,
+};
+
+/// One of this crate's refusals, found in a [`BoxError`]: what a response
+/// (or a client) needs to know about it.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub enum Rejection<'a> {
+    /// A rate limit refused the request.
+    RateLimited(&'a RateLimited),
+    /// The request costs more than its key can ever admit.
+    CostTooHigh(&'a CostTooHigh),
+    /// The request has no key and no fallback was set.
+    MissingKey(&'a MissingKey),
+    /// A concurrency queue was full.
+    QueueFull(&'a QueueFull),
+    /// A request waited in a concurrency queue as long as allowed.
+    QueueTimeout(&'a QueueTimeout),
+    /// An upstream cooldown is on.
+    CoolingDown(&'a CoolingDown),
+}
+
+impl<'a> Rejection<'a> {
+    /// The refusal in `error`, if it is one of this crate's.
+    pub fn of(error: &'a BoxError) -> Option<Self> {
+        let e = &**error;
+        if let Some(x) = e.downcast_ref() {
+            return Some(Self::RateLimited(x));
+        }
+        if let Some(x) = e.downcast_ref() {
+            return Some(Self::QueueFull(x));
+        }
+        if let Some(x) = e.downcast_ref() {
+            return Some(Self::QueueTimeout(x));
+        }
+        if let Some(x) = e.downcast_ref() {
+            return Some(Self::CoolingDown(x));
+        }
+        if let Some(x) = e.downcast_ref() {
+            return Some(Self::CostTooHigh(x));
+        }
+        e.downcast_ref().map(Self::MissingKey)
+    }
+
+    /// The status a server answers with: 429 for a rate limit, 503 for a
+    /// full queue, a queue timeout or a cooldown, 413 for a request that can
+    /// never fit, 400 for one without a key.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::QueueFull(_) | Self::QueueTimeout(_) | Self::CoolingDown(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::CostTooHigh(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::MissingKey(_) => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// How long the client should wait before trying again, when known.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::RateLimited(e) => Some(e.retry_after),
+            Self::CoolingDown(e) => Some(e.retry_after),
+            _ => None,
+        }
+    }
+
+    /// A short machine-readable code: `rate_limited`, `queue_full`, …
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::RateLimited(_) => "rate_limited",
+            Self::CostTooHigh(_) => "cost_too_high",
+            Self::MissingKey(_) => "missing_key",
+            Self::QueueFull(_) => "queue_full",
+            Self::QueueTimeout(_) => "queue_timeout",
+            Self::CoolingDown(_) => "cooling_down",
+        }
+    }
+
+    /// The error's message.
+    pub fn message(&self) -> String {
+        match self {
+            Self::RateLimited(e) => e.to_string(),
+            Self::CostTooHigh(e) => e.to_string(),
+            Self::MissingKey(e) => e.to_string(),
+            Self::QueueFull(e) => e.to_string(),
+            Self::QueueTimeout(e) => e.to_string(),
+            Self::CoolingDown(e) => e.to_string(),
+        }
+    }
+}
+
+/// Whole seconds, rounded up: what `Retry-After` and the reset fields say.
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}

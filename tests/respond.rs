@@ -1,0 +1,154 @@
+//! Server side: refusals become 429/503 responses with `Retry-After`, the
+//! rate-limit headers and a JSON body, checked over real sockets.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::get;
+use tower::ServiceBuilder;
+use tower_throttle::key::{ClientIpKey, HeaderKey};
+use tower_throttle::rate_limit::{KeyPattern, Quota, RateLimitLayer, Rule};
+use tower_throttle::respond::{RateLimitHeaders, ThrottleResponseLayer};
+
+/// Serve `app` on an ephemeral loopback port, with connect info; it stops
+/// when the returned sender is dropped or fired.
+async fn serve(app: Router) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async {
+            let _ = stopped.await;
+        })
+        .await
+        .unwrap();
+    });
+    (format!("http://{addr}"), stop)
+}
+
+fn header(res: &reqwest::Response, name: &str) -> String {
+    res.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_refusal_is_a_429_with_retry_after_headers_and_json() {
+    let limit = RateLimitLayer::new(Quota::per_minute(2).unwrap(), HeaderKey::new("x-api-key").unwrap())
+        .with_rule(
+            Rule::new("strict", KeyPattern::text("trial").unwrap())
+                .with_quota(Quota::per_hour(1).unwrap()),
+        )
+        .unwrap()
+        .with_response_headers(RateLimitHeaders::both());
+    let app = Router::new().route("/", get(|| async { "hello" })).layer(
+        ServiceBuilder::new()
+            .layer(ThrottleResponseLayer::new().with_headers(RateLimitHeaders::both()))
+            .layer(limit),
+    );
+    let (base, stop) = serve(app).await;
+    let client = reqwest::Client::new();
+    let get = |key: &'static str| client.get(&base).header("x-api-key", key).send();
+
+    let first = get("alice").await.unwrap();
+    assert_eq!(first.status(), 200);
+    // Admitted responses say what remains.
+    assert_eq!(header(&first, "ratelimit-policy"), r#""(default)";q=2;w=60"#);
+    assert_eq!(header(&first, "ratelimit"), r#""(default)";r=1;t=30"#);
+    assert_eq!(header(&first, "x-ratelimit-remaining"), "1");
+    assert_eq!(first.text().await.unwrap(), "hello");
+    assert_eq!(get("alice").await.unwrap().status(), 200);
+
+    let refused = get("alice").await.unwrap();
+    assert_eq!(refused.status(), 429);
+    // One unit per 30 s: the next is 30 s away, rounded up to whole seconds.
+    assert_eq!(header(&refused, "retry-after"), "30");
+    assert_eq!(header(&refused, "ratelimit"), r#""(default)";r=0;t=30"#);
+    assert_eq!(header(&refused, "x-ratelimit-limit"), "2");
+    assert_eq!(header(&refused, "x-ratelimit-reset"), "30");
+    assert_eq!(header(&refused, "content-type"), "application/json");
+    let body: serde_json::Value = serde_json::from_str(&refused.text().await.unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], "rate_limited");
+    let retry = body["error"]["retry_after"].as_f64().unwrap();
+    assert!(retry > 29.0 && retry <= 30.0, "{retry}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("`alice`"));
+
+    // The stricter rule's policy and window.
+    assert_eq!(get("trial").await.unwrap().status(), 200);
+    let refused = get("trial").await.unwrap();
+    assert_eq!(header(&refused, "ratelimit-policy"), r#""strict";q=1;w=3600"#);
+    assert_eq!(header(&refused, "retry-after"), "3600");
+
+    // No key: 400, saying what is missing.
+    let missing = client.get(&base).send().await.unwrap();
+    assert_eq!(missing.status(), 400);
+    let body: serde_json::Value = serde_json::from_str(&missing.text().await.unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], "missing_key");
+    let _ = stop.send(());
+}
+
+#[tokio::test]
+async fn a_closure_can_build_the_whole_response() {
+    let app = Router::new().route("/", get(|| async { "hello" })).layer(
+        ServiceBuilder::new()
+            .layer(ThrottleResponseLayer::new().with_response(
+                |rejection: &tower_throttle::respond::Rejection<'_>| {
+                    http::Response::builder()
+                        .status(rejection.status())
+                        .header("content-type", "text/plain")
+                        .body(axum::body::Body::from(format!("slow down ({})", rejection.code())))
+                        .unwrap()
+                },
+            ))
+            .layer(RateLimitLayer::new(
+                Quota::per_minute(1).unwrap(),
+                tower_throttle::key::GlobalKey,
+            )),
+    );
+    let (base, stop) = serve(app).await;
+    let client = reqwest::Client::new();
+    assert_eq!(client.get(&base).send().await.unwrap().status(), 200);
+    let refused = client.get(&base).send().await.unwrap();
+    assert_eq!(refused.status(), 429);
+    assert_eq!(header(&refused, "retry-after"), "60");
+    assert_eq!(refused.text().await.unwrap(), "slow down (rate_limited)");
+    let _ = stop.send(());
+}
+
+#[tokio::test]
+async fn client_ip_keys_trust_forwarded_headers_only_when_told() {
+    let app = |trust: usize| {
+        Router::new().route("/", get(|| async { "hello" })).layer(
+            ServiceBuilder::new()
+                .layer(ThrottleResponseLayer::new())
+                .layer(RateLimitLayer::new(
+                    Quota::per_minute(1).unwrap(),
+                    ClientIpKey::new().trust_proxies(trust),
+                )),
+        )
+    };
+    let client = reqwest::Client::new();
+    // Not trusted: a client cannot spread itself over made-up addresses.
+    let (base, stop) = serve(app(0)).await;
+    let from = |ip: &str| client.get(&base).header("x-forwarded-for", ip.to_owned()).send();
+    assert_eq!(from("203.0.113.1").await.unwrap().status(), 200);
+    assert_eq!(from("203.0.113.2").await.unwrap().status(), 429);
+    let _ = stop.send(());
+    // Behind one trusted proxy: the address it appended is the client.
+    let (base, stop) = serve(app(1)).await;
+    let from = |ip: &str| client.get(&base).header("x-forwarded-for", ip.to_owned()).send();
+    assert_eq!(from("198.51.100.9, 203.0.113.1").await.unwrap().status(), 200);
+    assert_eq!(from("198.51.100.9, 203.0.113.2").await.unwrap().status(), 200);
+    let refused = from("10.9.9.9, 203.0.113.1").await.unwrap();
+    assert_eq!(refused.status(), 429, "a spoofed first entry changes nothing");
+    let body: serde_json::Value = serde_json::from_str(&refused.text().await.unwrap()).unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("203.0.113.1"));
+    let _ = stop.send(());
+    tokio::time::sleep(Duration::from_millis(1)).await;
+}
