@@ -114,29 +114,35 @@ fn thousand_hostless_rules() -> IdentityHeaderLayer {
     .unwrap()
 }
 
-fn bench(c: &mut Criterion) {
-    let mut g = c.benchmark_group("identity");
+/// One contender: a name, and one request through its service.
+type Contender = (&'static str, Box<dyn FnMut() -> bool>);
 
+/// Every contender, in report order, each with its own service and request.
+fn contenders() -> Vec<Contender> {
     let hit = request("https://api.example.com/v1/chat/completions");
     let miss = request("https://api.other.org/v1/chat/completions");
     let hit_exact_1000 = request("https://svc998.example.com/v1/chat/completions");
     let hit_suffix_1000 = request("https://eu.tenant999.example.net/v1/chat/completions");
 
+    let mut out: Vec<Contender> = Vec::new();
     {
         let mut svc = inner();
-        g.bench_function("bare_inner", |b| {
-            b.iter(|| black_box(drive(&mut svc, hit.clone()).is_ok()))
-        });
+        let req = hit.clone();
+        out.push((
+            "bare_inner",
+            Box::new(move || drive(&mut svc, req.clone()).is_ok()),
+        ));
     }
     {
         let layer = SetRequestHeaderLayer::overriding(USER_AGENT, HeaderValue::from_static(UA));
         let mut svc = layer.layer(inner());
-        g.bench_function("tower_http_set_header", |b| {
-            b.iter(|| black_box(drive(&mut svc, hit.clone()).is_ok()))
-        });
+        let req = hit.clone();
+        out.push((
+            "tower_http_set_header",
+            Box::new(move || drive(&mut svc, req.clone()).is_ok()),
+        ));
     }
-
-    let cases: [(&str, IdentityHeaderLayer, &Request<()>, Option<usize>); 7] = [
+    let ours: [(&str, IdentityHeaderLayer, &Request<()>, Option<usize>); 7] = [
         ("ours_1_rule_hit", one_rule(), &hit, Some(0)),
         ("ours_1_rule_miss", one_rule(), &miss, None),
         ("ours_1_full_rule_hit", one_full_rule(), &hit, Some(0)),
@@ -160,18 +166,40 @@ fn bench(c: &mut Criterion) {
             None,
         ),
     ];
-    for (name, layer, req, expect) in cases {
+    for (name, layer, req, expect) in ours {
         assert_eq!(layer.matching_rule(req), expect, "{name}");
         let mut svc = layer.layer(inner());
-        g.bench_function(name, |b| {
-            b.iter(|| black_box(drive(&mut svc, req.clone()).is_ok()))
-        });
+        let req = req.clone();
+        out.push((name, Box::new(move || drive(&mut svc, req.clone()).is_ok())));
     }
-    g.finish();
+    out
 }
 
 fn main() {
+    // `TT_IDENTITY_COUNT=<name> TT_IDENTITY_ITERS=<n>`: run one contender n
+    // times and exit, for `perf stat -e instructions:u` (two values of n,
+    // the difference divided by the difference in n, is its instructions per
+    // request, whatever else the machine is doing).
+    if let Ok(name) = std::env::var("TT_IDENTITY_COUNT") {
+        let iters: u64 = std::env::var("TT_IDENTITY_ITERS")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(1_000_000);
+        let mut all = contenders();
+        let (_, run) = all
+            .iter_mut()
+            .find(|(n, _)| *n == name)
+            .unwrap_or_else(|| panic!("no contender named {name}"));
+        for _ in 0..iters {
+            black_box(run());
+        }
+        return;
+    }
     let mut c = Criterion::default().configure_from_args();
-    bench(&mut c);
+    let mut g = c.benchmark_group("identity");
+    for (name, mut run) in contenders() {
+        g.bench_function(name, |b| b.iter(|| black_box(run())));
+    }
+    g.finish();
     c.final_summary();
 }

@@ -341,6 +341,11 @@ fn host_match(host: &str) -> Result<HostMatch, String> {
     if bare.is_empty() {
         return Err(format!("{host:?} names no host"));
     }
+    if !bare.starts_with('[') && bare.split('.').any(str::is_empty) {
+        return Err(format!(
+            "{host:?} has an empty label (`..`, or a leading dot)"
+        ));
+    }
     if bare.contains('*') {
         return Err(format!(
             "{host:?}: only a leading `*.` wildcard is supported (`*.example.com`)"
@@ -409,6 +414,9 @@ mod tests {
             ".",
             "a.*.com",
             "**.com",
+            "*..com",
+            ".example.com",
+            "a..b",
             "example.com:443",
             "https://example.com",
             "exa mple.com",

@@ -18,8 +18,9 @@ use crate::parts::RequestParts;
 /// [`Rule`]s matched on the request URL.
 ///
 /// The first rule that matches a request applies; a request no rule matches
-/// passes untouched. Rules are indexed by host, so a thousand rules cost
-/// about what one does. Every service this layer makes, and every clone,
+/// passes untouched. Rules with a host are indexed by it, so a thousand of
+/// them cost about what one does; rules without a host are tried one by one
+/// on every request, so keep those few. Every service this layer makes, and every clone,
 /// share the same rules, the same stable ids and one request id generator
 /// (so request ids are strictly increasing across all of them).
 ///
@@ -94,6 +95,10 @@ impl IdentityHeaderLayer {
     }
 
     /// Send `id` as the client id instead of a random one.
+    ///
+    /// Call this and its siblings before the layer is used: on a layer that
+    /// was already cloned or layered, it changes this copy only (with a
+    /// request id generator of its own), not the services already made.
     pub fn with_client_id(self, id: Ulid) -> Self {
         self.with_stable(|ids| ids.client = id)
     }

@@ -18,9 +18,10 @@ pub(super) struct RuleSet {
     exact: HashMap<Box<str>, Box<[u32]>>,
     /// Rules for `*.suffix`, by suffix; each list in rule order.
     suffix: HashMap<Box<str>, Box<[u32]>>,
-    /// The most labels any suffix has: a request host is looked up under no
-    /// more of its own suffixes than this.
-    suffix_labels: usize,
+    /// Bit `n` is set when some suffix has `n` labels (bit 63: 63 or more),
+    /// so that a request host is looked up only under those of its own
+    /// suffixes that have a length some rule has.
+    suffix_lengths: u64,
     /// Rules without a host condition, in rule order.
     any_host: Box<[u32]>,
 }
@@ -38,11 +39,9 @@ impl RuleSet {
                 HostMatch::Suffix(sfx) => suffix.entry(sfx.clone()).or_default().push(i),
             }
         }
-        let suffix_labels = suffix
+        let suffix_lengths = suffix
             .keys()
-            .map(|s| s.split('.').count())
-            .max()
-            .unwrap_or(0);
+            .fold(0, |bits, s| bits | length_bit(labels(s)));
         let boxed = |m: HashMap<Box<str>, Vec<u32>>| {
             m.into_iter()
                 .map(|(k, v)| (k, v.into_boxed_slice()))
@@ -52,7 +51,7 @@ impl RuleSet {
             rules: rules.into_boxed_slice(),
             exact: boxed(exact),
             suffix: boxed(suffix),
-            suffix_labels,
+            suffix_lengths,
             any_host: any_host.into_boxed_slice(),
         }
     }
@@ -81,16 +80,12 @@ impl RuleSet {
             if let Some(list) = self.exact.get(&*host) {
                 search.scan(list);
             }
-            if !self.suffix.is_empty() {
-                // Each proper suffix after a dot, longest first, bounded by
-                // the longest suffix any rule has.
-                let mut skip = host
-                    .split('.')
-                    .count()
-                    .saturating_sub(self.suffix_labels + 1);
-                for (i, _) in host.match_indices('.') {
-                    if skip > 0 {
-                        skip -= 1;
+            if self.suffix_lengths != 0 {
+                // Each proper suffix after a dot, longest first.
+                let mut left = labels(&host);
+                for (i, _) in host.bytes().enumerate().filter(|&(_, b)| b == b'.') {
+                    left -= 1;
+                    if self.suffix_lengths & length_bit(left) == 0 {
                         continue;
                     }
                     if let Some(list) = self.suffix.get(&host[i + 1..]) {
@@ -104,10 +99,28 @@ impl RuleSet {
     }
 }
 
+/// How many dot-separated labels `host` has.
+fn labels(host: &str) -> usize {
+    1 + host.bytes().filter(|&b| b == b'.').count()
+}
+
+/// The bit of `suffix_lengths` for a suffix of `labels` labels.
+fn length_bit(labels: usize) -> u64 {
+    1 << labels.min(63)
+}
+
 /// The host as the index keys it: lowercase, without a trailing dot.
 fn normalize(host: &str) -> Cow<'_, str> {
-    let host = host.strip_suffix('.').unwrap_or(host);
-    if host.bytes().any(|b| b.is_ascii_uppercase()) {
+    let host = match host.as_bytes().last() {
+        Some(b'.') => &host[..host.len() - 1],
+        _ => host,
+    };
+    // Without branching per byte: hosts are short, and almost always
+    // lowercase already.
+    let upper = host
+        .bytes()
+        .fold(false, |upper, b| upper | b.is_ascii_uppercase());
+    if upper {
         Cow::Owned(host.to_ascii_lowercase())
     } else {
         Cow::Borrowed(host)

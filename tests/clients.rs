@@ -1,4 +1,5 @@
-//! The rate limiter around a real `reqwest::Client`, against a local server.
+//! The layers around real HTTP clients (`reqwest::Client`, hyper-util's
+//! client), against a local server.
 #![cfg(feature = "reqwest")]
 
 use std::time::Duration;
@@ -76,5 +77,33 @@ async fn reqwest_client_is_limited_per_model_from_its_json_body() {
         .await
         .unwrap();
     assert_eq!(res.status(), 200);
+    let _ = stop.send(());
+}
+
+#[tokio::test]
+async fn hyper_util_client_is_limited_and_its_errors_are_typed() {
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    use tower_throttle::key::GlobalKey;
+    use tower_throttle::respond::Rejection;
+
+    let (url, stop) = start_server().await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
+    let mut svc = RateLimitLayer::new(Quota::per_minute(1).unwrap(), GlobalKey).layer(client);
+    let chat = || {
+        http::Request::post(&url)
+            .body(Full::new(bytes::Bytes::from_static(b"{}")))
+            .unwrap()
+    };
+    let res = svc.ready().await.unwrap().call(chat()).await.unwrap();
+    assert_eq!(res.status(), 200);
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"ok");
+    let err = svc.ready().await.unwrap().call(chat()).await.unwrap_err();
+    // Matched without knowing which layer refused.
+    let rejection = Rejection::of(&err).expect("one of the crate's refusals");
+    assert_eq!(rejection.code(), "rate_limited");
+    assert_eq!(rejection.retry_after(), err.downcast_ref::<RateLimited>().map(|e| e.retry_after));
     let _ = stop.send(());
 }
