@@ -2,7 +2,7 @@
 //!
 //! Every decision is made against one reading of a [`Clock`]. The default,
 //! [`TokioClock`], reads [`tokio::time::Instant`], so a test that pauses tokio's
-//! time (`#[tokio::test(start_paused = true)]`, [`tokio::time::advance`]) drives
+//! time (`#[tokio::test(start_paused = true)]`, `tokio::time::advance`) drives
 //! every limiter, and the sleeps of waiting requests, with no wall-clock waits.
 //! [`ManualClock`] can also be moved backwards, to test what a limiter does when
 //! time appears to run the wrong way.

@@ -65,13 +65,10 @@ impl<B> RequestParts for http::Request<B> {
     }
 
     fn host(&self) -> Option<&str> {
-        self.uri().host().or_else(|| {
+        let authority = self.uri().authority().map(|a| host_of(a.as_str()));
+        authority.or_else(|| {
             let host = self.headers().get(http::header::HOST)?.to_str().ok()?;
-            // Drop a port; keep an IPv6 literal's brackets intact.
-            Some(match host.rfind(':') {
-                Some(i) if !host[i..].contains(']') => &host[..i],
-                _ => host,
-            })
+            Some(host_of(host))
         })
     }
 
@@ -86,6 +83,23 @@ impl<B> RequestParts for http::Request<B> {
     fn extensions(&self) -> Option<&Extensions> {
         Some(self.extensions())
     }
+}
+
+/// The host of an authority (`user@host:port`), brackets of an IPv6 literal
+/// kept; a byte scan, as this runs per request for host keys and rules
+/// (`http::uri::Authority::host` splits strings and costs several times
+/// more).
+fn host_of(authority: &str) -> &str {
+    let host = match authority.rfind('@') {
+        Some(at) => &authority[at + 1..],
+        None => authority,
+    };
+    let end = if host.starts_with('[') {
+        host.find(']').map_or(host.len(), |i| i + 1)
+    } else {
+        host.find(':').unwrap_or(host.len())
+    };
+    &host[..end]
 }
 
 impl BodyBytes for Bytes {
