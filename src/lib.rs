@@ -4,6 +4,13 @@
 //! - [`RateLimitLayer`](rate_limit::RateLimitLayer): keyed admission by token
 //!   bucket, sliding window or fixed window; refuse at once, or wait in strict
 //!   FIFO order.
+//! - [`ConcurrencyLayer`](concurrency::ConcurrencyLayer): at most N requests
+//!   in flight per key, the rest in a strict FIFO queue; a streamed response
+//!   holds its permit until its body ends or is dropped.
+//! - [`Backoff429Layer`](backoff::Backoff429Layer): after an upstream 429, a
+//!   per-route cooldown as long as `Retry-After` or the provider's reset
+//!   headers say (else exponential), refusing or holding that route's
+//!   requests until it ends; plus a retry policy reading the same headers.
 //! - [`IdentityHeaderLayer`](identity::IdentityHeaderLayer): gives selected
 //!   outbound requests a chosen identity (`User-Agent`, ULID request and
 //!   session ids, static headers) by rules matched on the URL.
@@ -33,7 +40,10 @@
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod backoff;
 pub mod clock;
+pub mod config;
+pub mod concurrency;
 pub mod error;
 pub mod identity;
 pub mod key;

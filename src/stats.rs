@@ -76,7 +76,8 @@ struct Counters {
     waited: AtomicU64,
     wait_nanos: AtomicU64,
     queued: AtomicI64,
-    in_flight: AtomicI64,
+    /// Requests that left the flight; in flight = admitted − left.
+    left: AtomicU64,
 }
 
 /// One stripe of counters, on its own cache lines.
@@ -96,7 +97,7 @@ struct Tally {
     waited: u64,
     wait_nanos: u64,
     queued: i64,
-    in_flight: i64,
+    left: u64,
 }
 
 /// What happened to one request, as the counters see it.
@@ -108,7 +109,10 @@ pub(crate) enum Event {
     Queued,
     /// A waiter left the queue; `Some(wait)` when it went on to be admitted.
     Dequeued(Option<Duration>),
-    /// An admitted request went in flight (layers that track in-flight).
+    /// A request was admitted and went in flight: counted as admitted, and
+    /// as in flight until its [`Event::Left`]. A layer that tracks in-flight
+    /// records every admission this way (one counter per event on the
+    /// request path).
     Entered,
     /// A request in flight finished: its response ended, failed or was
     /// dropped.
@@ -175,8 +179,8 @@ impl Stats {
                 }
                 c.queued.fetch_sub(1, Ordering::Relaxed) as u64
             }
-            Event::Entered => c.in_flight.fetch_add(1, Ordering::Relaxed) as u64,
-            Event::Left => c.in_flight.fetch_sub(1, Ordering::Relaxed) as u64,
+            Event::Entered => c.admitted.fetch_add(1, Ordering::Relaxed),
+            Event::Left => c.left.fetch_add(1, Ordering::Relaxed),
         };
         if let Some(keys) = &self.keys {
             self.record_key(keys, key, event, text);
@@ -221,8 +225,8 @@ impl Stats {
                         .saturating_add(u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX));
                 }
             }
-            Event::Entered => tally.in_flight += 1,
-            Event::Left => tally.in_flight -= 1,
+            Event::Entered => tally.admitted += 1,
+            Event::Left => tally.left += 1,
         }
     }
 
@@ -242,7 +246,7 @@ impl Stats {
                 .wait_nanos
                 .saturating_add(c.wait_nanos.load(Ordering::Relaxed));
             all.queued += c.queued.load(Ordering::Relaxed);
-            all.in_flight += c.in_flight.load(Ordering::Relaxed);
+            all.left += c.left.load(Ordering::Relaxed);
         }
         let mut keys: Vec<KeyStats> = self
             .keys
@@ -274,7 +278,11 @@ impl Stats {
             // Gauges can read a hair below zero between a stripe's increment
             // and decrement of another request; never show that.
             queued_now: t.queued.max(0) as u64,
-            in_flight: self.tracks_in_flight.then(|| t.in_flight.max(0) as u64),
+            // Read stripe by stripe, a request may be seen leaving but not
+            // arriving; never show less than nothing.
+            in_flight: self
+                .tracks_in_flight
+                .then(|| t.admitted.saturating_sub(t.left)),
         }
     }
 
@@ -347,5 +355,13 @@ impl StatsSubscription {
     /// The counters now, without waiting.
     pub fn snapshot(&self) -> StatsSnapshot {
         self.stats.snapshot()
+    }
+}
+
+impl Stats {
+    /// Wake subscribers for a change that is not one of the counted events
+    /// (a layer's own state, such as a cooldown starting).
+    pub(crate) fn touch(&self) {
+        self.hub.touch();
     }
 }

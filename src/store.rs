@@ -109,6 +109,11 @@ impl<V: Idle, P> Locked<'_, V, P> {
     pub(crate) fn remove(&mut self) {
         self.shard.map.remove(&self.key);
     }
+
+    /// How many states the locked shard holds.
+    pub(crate) fn shard_len(&self) -> usize {
+        self.shard.map.len()
+    }
 }
 
 impl<V: Idle, P: Clone> Store<V, P> {

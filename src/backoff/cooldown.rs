@@ -1,0 +1,513 @@
+//! The keyed cooldown table behind every clone of a backoff service: each
+//! route's refusal streak, its cooldown, and the queue of requests waiting
+//! for the cooldown to end.
+//!
+//! The queue is a per-key FIFO of one-shot wakers. Its head sleeps until the
+//! cooldown's end (a tokio timer, no polling); when it goes to the inner
+//! service it wakes the next, which finds the cooldown over and goes at once
+//! unless a new refusal started another. Each waiter is woken exactly once,
+//! and a waiter that is dropped passes the head on, so the queue never
+//! stalls.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderMap, StatusCode};
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::exponential::ExponentialBackoff;
+use super::headers::{Reason, cooldown_from_headers};
+use super::stats::CooldownEntry;
+use crate::clock::{ClockSource, Nanos, Timeline, saturating_nanos};
+use crate::error::CoolingDown;
+use crate::key::{KeyHash, KeySeed};
+use crate::stats::{Event, Stats};
+use crate::store::{Idle, Store};
+
+/// What a backoff layer is built with.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Config {
+    pub(crate) backoff: ExponentialBackoff,
+    pub(crate) max_cooldown: Duration,
+    pub(crate) on_503: bool,
+    pub(crate) proactive: bool,
+    pub(crate) key_stats: usize,
+}
+
+/// One waiter in a route's queue.
+struct Slot {
+    id: u64,
+    /// Wakes the waiter when it becomes the head; `None` for a waiter that
+    /// arrived at an empty queue (it is the head from the start) or was
+    /// already woken.
+    wake: Option<oneshot::Sender<()>>,
+}
+
+/// One route's state.
+#[derive(Default)]
+pub(crate) struct Route {
+    /// The key's text, kept once known so that a response can name it.
+    text: Option<Arc<str>>,
+    /// Consecutive 429 responses without a success in between.
+    streak: u32,
+    /// The engine-wide epoch of this route's latest cooldown start: requests
+    /// sent before it carry an older one.
+    generation: u64,
+    /// The cooldown ends here.
+    until: Nanos,
+    /// A quiet route forgets its streak here.
+    forget_at: Nanos,
+    queue: VecDeque<Slot>,
+    next_id: u64,
+}
+
+impl Idle for Route {
+    fn is_idle(&self, now: Nanos) -> bool {
+        // The text is only a cache: it is read again on the next request.
+        self.queue.is_empty() && self.until <= now && (self.streak == 0 || self.forget_at <= now)
+    }
+}
+
+impl Route {
+    /// Forget a streak the route has been quiet long enough to forget, so
+    /// that a state swept as idle and one not yet swept decide alike.
+    fn refresh(&mut self, now: Nanos) {
+        if self.streak > 0 && self.until <= now && self.forget_at <= now {
+            self.streak = 0;
+        }
+    }
+
+    /// Take waiter `id` out of the queue; if it was the head, wake the next.
+    fn remove(&mut self, id: u64) {
+        if let Some(pos) = self.queue.iter().position(|s| s.id == id) {
+            self.queue.remove(pos);
+            if pos == 0 {
+                self.wake_head();
+            }
+        }
+    }
+
+    fn wake_head(&mut self) {
+        if let Some(tx) = self.queue.front_mut().and_then(|s| s.wake.take()) {
+            // A waiter whose receiver is gone is on its way out; its own
+            // drop takes it out of the queue and wakes the next.
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// A cooldown, as listed.
+struct Listed {
+    text: Arc<str>,
+    until: Nanos,
+    reason: Reason,
+    status: u16,
+}
+
+/// The routes cooling down now (and some that have just stopped, until the
+/// next prune), for listing.
+#[derive(Default)]
+struct Active {
+    map: HashMap<u64, Listed>,
+    prune_at: usize,
+}
+
+impl Active {
+    fn prune(&mut self, now: Nanos) {
+        self.map.retain(|_, e| e.until > now);
+        self.prune_at = (2 * self.map.len()).max(64);
+    }
+}
+
+pub(crate) struct Cooldowns {
+    timeline: Timeline,
+    seed: KeySeed,
+    routes: Store<Route, ()>,
+    active: Mutex<Active>,
+    config: Config,
+    /// Numbers cooldown starts across routes, so that a request can tell a
+    /// cooldown that started after it was sent.
+    epochs: AtomicU64,
+    started: AtomicU64,
+    pub(crate) stats: Arc<Stats>,
+}
+
+impl fmt::Debug for Cooldowns {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cooldowns")
+            .field("config", &self.config)
+            .field("started", &self.started.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the table decided for one request.
+pub(crate) enum Admit {
+    /// Go now; watch the response.
+    Go(Watch),
+    /// Wait in the route's queue.
+    Wait(QueueSlot, Option<oneshot::Receiver<()>>),
+    /// Refused: the route is cooling down (reject mode, or a wait longer than
+    /// allowed).
+    Refused(CoolingDown),
+}
+
+/// What a head waiter finds when it looks.
+pub(crate) enum Check {
+    /// The route cools until then; sleep.
+    Cooling(Instant),
+    /// A new cooldown ends after the wait this request was allowed.
+    TooLong(CoolingDown),
+    /// Go, watching the response under the route's epoch now.
+    Clear(Watch),
+}
+
+/// What a response is read against: the route it went to and the cooldown
+/// epoch it was sent in.
+pub(crate) struct Watch {
+    engine: Arc<Cooldowns>,
+    key: KeyHash,
+    generation: u64,
+    /// The route had a streak when the request was sent, so a success must
+    /// end it.
+    streak_open: bool,
+    text: Arc<str>,
+}
+
+impl Cooldowns {
+    pub(crate) fn new(config: Config) -> Self {
+        Self {
+            timeline: Timeline::new(ClockSource::Tokio),
+            seed: KeySeed::default(),
+            routes: Store::new((), 60_000_000_000),
+            active: Mutex::new(Active::default()),
+            config,
+            epochs: AtomicU64::new(0),
+            started: AtomicU64::new(0),
+            stats: Arc::new(Stats::new(config.key_stats)),
+        }
+    }
+
+    pub(crate) fn seed(&self) -> &KeySeed {
+        &self.seed
+    }
+
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Let a request on `key` go, queue it, or refuse it. `text` names the
+    /// key; it is called once per route state, outside any lock.
+    pub(crate) fn admit(
+        self: &Arc<Self>,
+        key: KeyHash,
+        max_wait: Duration,
+        text: &dyn Fn() -> Arc<str>,
+    ) -> Admit {
+        let mut named: Option<Arc<str>> = None;
+        loop {
+            let now = self.timeline.now();
+            let mut locked = self.routes.lock(key, now);
+            let ((), route) = locked.get();
+            let name = match (&route.text, named.take()) {
+                (Some(name), _) => name.clone(),
+                (None, Some(name)) => {
+                    route.text = Some(name.clone());
+                    name
+                }
+                (None, None) => {
+                    // Extraction may be costly (a JSON body): not under the lock.
+                    drop(locked);
+                    named = Some(text());
+                    continue;
+                }
+            };
+            route.refresh(now);
+            let cooling = route.until > now;
+            let record = |event| self.stats.record(key, event, &|| name.to_string());
+            if !cooling && (route.queue.is_empty() || max_wait.is_zero()) {
+                let watch = self.watch(key, route, name.clone());
+                drop(locked);
+                record(Event::Admitted);
+                return Admit::Go(watch);
+            }
+            let wait = route.until.saturating_sub(now);
+            if max_wait.is_zero() || wait > saturating_nanos(max_wait) {
+                drop(locked);
+                record(Event::Rejected);
+                let retry_after = Duration::from_nanos(wait);
+                tracing::debug!(key = %name, ?retry_after, "backoff: refused while cooling down");
+                return Admit::Refused(CoolingDown::new(name.to_string(), retry_after));
+            }
+            let id = route.next_id;
+            route.next_id += 1;
+            let (wake, rx) = if route.queue.is_empty() {
+                (None, None)
+            } else {
+                let (tx, rx) = oneshot::channel();
+                (Some(tx), Some(rx))
+            };
+            route.queue.push_back(Slot { id, wake });
+            drop(locked);
+            record(Event::Queued);
+            tracing::debug!(
+                key = %name,
+                wait = ?Duration::from_nanos(wait),
+                "backoff: waiting for the cooldown to end"
+            );
+            let slot = QueueSlot {
+                engine: self.clone(),
+                key,
+                id,
+                text: name,
+                arrived: now,
+                deadline: now.saturating_add(saturating_nanos(max_wait)),
+                armed: true,
+            };
+            return Admit::Wait(slot, rx);
+        }
+    }
+
+    fn watch(self: &Arc<Self>, key: KeyHash, route: &Route, text: Arc<str>) -> Watch {
+        Watch {
+            engine: self.clone(),
+            key,
+            generation: route.generation,
+            streak_open: route.streak > 0,
+            text,
+        }
+    }
+
+    /// Read a response to a request sent under `watch`.
+    fn observe(&self, watch: &Watch, status: StatusCode, headers: &HeaderMap) {
+        let config = &self.config;
+        let refused = status == StatusCode::TOO_MANY_REQUESTS;
+        let unavailable = status == StatusCode::SERVICE_UNAVAILABLE && config.on_503;
+        let success = status.is_success();
+        if !(refused || unavailable || success)
+            || (success && !watch.streak_open && !config.proactive)
+        {
+            return;
+        }
+        let advised = if refused || unavailable || config.proactive {
+            cooldown_from_headers(status, headers, SystemTime::now(), config.max_cooldown)
+        } else {
+            None
+        };
+        if unavailable && advised.is_none() {
+            return;
+        }
+        let now = self.timeline.now();
+        let mut locked = self.routes.lock(watch.key, now);
+        let ((), route) = locked.get();
+        route.refresh(now);
+        if route.text.is_none() {
+            route.text = Some(watch.text.clone());
+        }
+        // A response to a request sent before the route's latest cooldown
+        // started says nothing new about the streak: it was in flight.
+        let fresh = watch.generation >= route.generation;
+        let start = if refused {
+            if fresh {
+                route.streak = route.streak.saturating_add(1);
+            }
+            match advised {
+                Some(advised) => Some(advised),
+                None if fresh => {
+                    let streak = route.streak;
+                    let wait = config.backoff.delay(streak).min(config.max_cooldown);
+                    Some((wait, Reason::Exponential { streak }))
+                }
+                // Already covered by the cooldown that started since.
+                None => None,
+            }
+        } else if unavailable {
+            advised
+        } else {
+            if fresh {
+                route.streak = 0;
+            }
+            // Read from the headers only when proactive.
+            advised
+        };
+        if let Some((wait, reason)) = start {
+            self.start(route, watch, now, wait, reason, status.as_u16());
+        }
+    }
+
+    /// Cool `route` down for `wait` from `now`, unless it already cools
+    /// longer.
+    fn start(
+        &self,
+        route: &mut Route,
+        watch: &Watch,
+        now: Nanos,
+        wait: Duration,
+        reason: Reason,
+        status: u16,
+    ) {
+        let until = now.saturating_add(saturating_nanos(wait));
+        if until <= route.until || until <= now {
+            return;
+        }
+        let was_cooling = route.until > now;
+        route.until = until;
+        route.forget_at = until.saturating_add(saturating_nanos(
+            self.config.backoff.max().min(self.config.max_cooldown),
+        ));
+        route.generation = self.epochs.fetch_add(1, Ordering::Relaxed) + 1;
+        if !was_cooling {
+            self.started.fetch_add(1, Ordering::Relaxed);
+        }
+        let text = route.text.clone().unwrap_or_else(|| watch.text.clone());
+        tracing::debug!(key = %text, ?wait, ?reason, status, "backoff: route cooling down");
+        let mut active = self.active.lock();
+        if active.map.len() >= active.prune_at {
+            active.prune(now);
+        }
+        active.map.insert(
+            watch.key.0,
+            Listed {
+                text,
+                until,
+                reason,
+                status,
+            },
+        );
+        drop(active);
+        self.stats.touch();
+    }
+
+    /// The cooldowns in force, sorted by key.
+    pub(crate) fn cooldowns(&self) -> Vec<CooldownEntry> {
+        let now = self.timeline.now();
+        let mut active = self.active.lock();
+        active.prune(now);
+        let mut list: Vec<CooldownEntry> = active
+            .map
+            .values()
+            .map(|e| {
+                CooldownEntry::new(
+                    &e.text,
+                    Duration::from_nanos(e.until - now),
+                    e.reason,
+                    e.status,
+                )
+            })
+            .collect();
+        drop(active);
+        list.sort_by(|a, b| a.key.cmp(&b.key));
+        list
+    }
+
+    /// The cooldown of the key with these parts, if it is cooling down.
+    pub(crate) fn cooldown(&self, key: KeyHash) -> Option<CooldownEntry> {
+        let now = self.timeline.now();
+        let active = self.active.lock();
+        let e = active.map.get(&key.0).filter(|e| e.until > now)?;
+        Some(CooldownEntry::new(
+            &e.text,
+            Duration::from_nanos(e.until - now),
+            e.reason,
+            e.status,
+        ))
+    }
+
+    pub(crate) fn cooldowns_started(&self) -> u64 {
+        self.started.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.routes.len()
+    }
+
+    pub(crate) fn evict_idle(&self) -> usize {
+        let now = self.timeline.now();
+        self.active.lock().prune(now);
+        self.routes.evict_idle(now)
+    }
+}
+
+impl Watch {
+    /// Read the response this watch was made for.
+    pub(crate) fn observe(&self, status: StatusCode, headers: &HeaderMap) {
+        self.engine.observe(self, status, headers);
+    }
+}
+
+/// A request's place in its route's queue. Dropped before the request goes
+/// on, it leaves the queue and wakes the next waiter if it was the head.
+pub(crate) struct QueueSlot {
+    engine: Arc<Cooldowns>,
+    key: KeyHash,
+    id: u64,
+    text: Arc<str>,
+    arrived: Nanos,
+    deadline: Nanos,
+    armed: bool,
+}
+
+impl QueueSlot {
+    /// Look at the route as its head waiter.
+    pub(crate) fn check(&self) -> Check {
+        let engine = &self.engine;
+        let now = engine.timeline.now();
+        let mut locked = engine.routes.lock(self.key, now);
+        let ((), route) = locked.get();
+        route.refresh(now);
+        if route.until <= now {
+            return Check::Clear(engine.watch(self.key, route, self.text.clone()));
+        }
+        if route.until > self.deadline {
+            let retry_after = Duration::from_nanos(route.until - now);
+            return Check::TooLong(CoolingDown::new(self.text.to_string(), retry_after));
+        }
+        Check::Cooling(engine.timeline.instant(route.until))
+    }
+
+    /// The request has gone to the inner service: leave the queue and wake
+    /// the next waiter.
+    pub(crate) fn release(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.armed = false;
+        let engine = &*self.engine;
+        let now = engine.timeline.now();
+        engine.routes.lock(self.key, now).get().1.remove(self.id);
+        let waited = Duration::from_nanos(now.saturating_sub(self.arrived));
+        let text = || self.text.to_string();
+        engine
+            .stats
+            .record(self.key, Event::Dequeued(Some(waited)), &text);
+        engine.stats.record(self.key, Event::Admitted, &text);
+    }
+
+    /// Leave the queue without going on; `refused` counts it as refused.
+    pub(crate) fn leave(&mut self, refused: bool) {
+        if !self.armed {
+            return;
+        }
+        self.armed = false;
+        let engine = &*self.engine;
+        let now = engine.timeline.now();
+        engine.routes.lock(self.key, now).get().1.remove(self.id);
+        let text = || self.text.to_string();
+        engine.stats.record(self.key, Event::Dequeued(None), &text);
+        if refused {
+            engine.stats.record(self.key, Event::Rejected, &text);
+            tracing::debug!(key = %self.text, "backoff: refused after waiting: the cooldown grew");
+        }
+    }
+}
+
+impl Drop for QueueSlot {
+    fn drop(&mut self) {
+        self.leave(false);
+    }
+}

@@ -1,0 +1,183 @@
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_layer::Layer;
+
+use super::cooldown::{Config, Cooldowns};
+use super::exponential::ExponentialBackoff;
+use super::handle::BackoffHandle;
+use super::service::{Backoff429, Shared};
+use crate::error::ConfigError;
+
+/// The first exponential cooldown, by default: 1 s.
+pub const DEFAULT_INITIAL_BACKOFF: Duration = Duration::from_secs(1);
+/// The cap on the exponential cooldown, by default: 60 s.
+pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// The longest cooldown anything can start, by default: 5 minutes.
+pub const DEFAULT_MAX_COOLDOWN: Duration = Duration::from_secs(300);
+
+/// Puts a route (key) into a cooldown when the upstream answers 429 Too Many
+/// Requests, so it is not hammered while it is already refusing.
+///
+/// The cooldown's length comes from the response when it says (see
+/// [`cooldown_from_headers`](super::cooldown_from_headers)), else from an
+/// [exponential rule](ExponentialBackoff) over the route's streak of
+/// consecutive 429s; a success ends the streak. Nothing a server sends
+/// cools a route longer than [`with_max_cooldown`](Self::with_max_cooldown).
+/// The 429 response itself is returned to the caller unchanged.
+///
+/// While a route cools, its requests are refused at once with
+/// [`CoolingDown`](crate::error::CoolingDown) (the default), or, with
+/// [`with_max_wait`](Self::with_max_wait), wait for the end in arrival
+/// order. Other routes are untouched. Every service this layer makes, and
+/// every clone of them, share one table of cooldowns.
+///
+/// Builder methods other than `with_max_wait` and `with_fallback_key` build
+/// the table afresh: call them before the layer is used or cloned.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_throttle::backoff::Backoff429Layer;
+/// use tower_throttle::key::{HostKey, JsonFieldKey};
+///
+/// let layer = Backoff429Layer::new((HostKey, JsonFieldKey::new("model")))
+///     .with_initial_backoff(Duration::from_millis(500))
+///     .with_max_backoff(Duration::from_secs(30))
+///     .with_max_cooldown(Duration::from_secs(120))
+///     .with_jitter(0.2)?
+///     .with_max_wait(Duration::from_secs(10))
+///     .on_503(true)
+///     .proactive(true);
+/// # let _ = layer;
+/// # Ok::<(), tower_throttle::error::ConfigError>(())
+/// ```
+pub struct Backoff429Layer<X> {
+    shared: Shared<X>,
+}
+
+impl<X> Backoff429Layer<X> {
+    /// Cool down each route read by `extractor` after a 429, refusing its
+    /// requests until the cooldown ends.
+    pub fn new(extractor: X) -> Self {
+        let config = Config {
+            backoff: ExponentialBackoff::new(DEFAULT_INITIAL_BACKOFF, DEFAULT_MAX_BACKOFF),
+            max_cooldown: DEFAULT_MAX_COOLDOWN,
+            on_503: false,
+            proactive: false,
+            key_stats: 0,
+        };
+        Self {
+            shared: Shared {
+                engine: Arc::new(Cooldowns::new(config)),
+                extractor: Arc::new(extractor),
+                max_wait: Duration::ZERO,
+                fallback: None,
+            },
+        }
+    }
+
+    /// Build the table again with a changed configuration.
+    fn rebuild(mut self, change: impl FnOnce(&mut Config)) -> Self {
+        let mut config = *self.shared.engine.config();
+        change(&mut config);
+        let engine = Cooldowns::new(config);
+        if let Some((_, key)) = self.shared.fallback.take() {
+            self.shared.fallback = Some((engine.seed().hash_parts(&[&*key]), key));
+        }
+        self.shared.engine = Arc::new(engine);
+        self
+    }
+
+    /// Wait mode: a request to a cooling route waits for the cooldown's end,
+    /// in arrival order per route, if that comes within `max_wait`;
+    /// otherwise it is refused at once. Zero means reject mode (the
+    /// default).
+    pub fn with_max_wait(mut self, max_wait: Duration) -> Self {
+        self.shared.max_wait = max_wait;
+        self
+    }
+
+    /// The first exponential cooldown (default 1 s). Zero turns the
+    /// exponential rule off: only headers then start cooldowns.
+    pub fn with_initial_backoff(self, initial: Duration) -> Self {
+        self.rebuild(|c| c.backoff.set_initial(initial))
+    }
+
+    /// The cap on the exponential cooldown (default 60 s). A route quiet
+    /// for this long after its cooldown ended also forgets its streak.
+    pub fn with_max_backoff(self, max: Duration) -> Self {
+        self.rebuild(|c| c.backoff.set_max(max))
+    }
+
+    /// The longest cooldown anything can start, header or rule (default 5
+    /// minutes).
+    pub fn with_max_cooldown(self, max: Duration) -> Self {
+        self.rebuild(|c| c.max_cooldown = max)
+    }
+
+    /// Move each exponential cooldown by up to `ratio` of itself, either
+    /// way, at random. `ratio` must be within `0..=1`. Lengths a header gave
+    /// are kept as given.
+    pub fn with_jitter(self, ratio: f64) -> Result<Self, ConfigError> {
+        let backoff = self.shared.engine.config().backoff.with_jitter(ratio)?;
+        Ok(self.rebuild(|c| c.backoff = backoff))
+    }
+
+    /// Also cool a route down on 503 Service Unavailable, when it carries
+    /// `Retry-After` (or `retry-after-ms`); off by default. A 503 neither
+    /// extends nor ends the 429 streak.
+    pub fn on_503(self, enabled: bool) -> Self {
+        self.rebuild(|c| c.on_503 = enabled)
+    }
+
+    /// Start the cooldown before the 429 happens: a successful response that
+    /// says the route is exhausted (a `remaining` header of `0` with its
+    /// reset time) cools the route until the reset. Off by default.
+    pub fn proactive(self, enabled: bool) -> Self {
+        self.rebuild(|c| c.proactive = enabled)
+    }
+
+    /// Count up to `max_keys` keys apart in the [stats](BackoffHandle::stats)
+    /// (the aggregate is always counted).
+    pub fn with_key_stats(self, max_keys: usize) -> Self {
+        self.rebuild(|c| c.key_stats = max_keys)
+    }
+
+    /// Put requests without a key under this one shared key, instead of
+    /// refusing them with [`MissingKey`](crate::error::MissingKey).
+    pub fn with_fallback_key(mut self, key: impl Into<String>) -> Self {
+        let key: Arc<str> = Arc::from(key.into());
+        self.shared.fallback = Some((self.shared.engine.seed().hash_parts(&[&*key]), key));
+        self
+    }
+
+    /// A handle for the stats and cooldowns of this layer.
+    pub fn handle(&self) -> BackoffHandle {
+        BackoffHandle::new(self.shared.engine.clone())
+    }
+}
+
+impl<S, X> Layer<S> for Backoff429Layer<X> {
+    type Service = Backoff429<S, X>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Backoff429::new(inner, Arc::new(self.shared.clone()))
+    }
+}
+
+impl<X> Clone for Backoff429Layer<X> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<X> fmt::Debug for Backoff429Layer<X> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Backoff429Layer")
+            .field(&self.shared)
+            .finish()
+    }
+}

@@ -1,0 +1,152 @@
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tower_service::Service;
+
+use super::cooldown::{Admit, Cooldowns};
+use super::future::ResponseFuture;
+use super::handle::BackoffHandle;
+use crate::error::{BoxError, MissingKey};
+use crate::key::{KeyExtractor, KeyHash, join_parts, key_parts};
+use crate::parts::ResponseParts;
+
+/// Everything a backoff service reads per request, shared by its clones.
+pub(crate) struct Shared<X> {
+    pub(crate) engine: Arc<Cooldowns>,
+    pub(crate) extractor: Arc<X>,
+    pub(crate) max_wait: Duration,
+    pub(crate) fallback: Option<(KeyHash, Arc<str>)>,
+}
+
+impl<X> Clone for Shared<X> {
+    fn clone(&self) -> Self {
+        Self {
+            engine: self.engine.clone(),
+            extractor: self.extractor.clone(),
+            max_wait: self.max_wait,
+            fallback: self.fallback.clone(),
+        }
+    }
+}
+
+impl<X> fmt::Debug for Shared<X> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Backoff429")
+            .field("cooldowns", &self.engine)
+            .field("extractor", &std::any::type_name::<X>())
+            .field("max_wait", &self.max_wait)
+            .field("fallback", &self.fallback.as_ref().map(|(_, key)| key))
+            .finish()
+    }
+}
+
+impl<X> Shared<X> {
+    /// `req`'s key as text, for errors, stats and the cooldown list.
+    fn key_text<R>(&self, req: &R) -> Arc<str>
+    where
+        X: KeyExtractor<R>,
+    {
+        match (key_parts(&*self.extractor, req), &self.fallback) {
+            (Ok(parts), _) => Arc::from(join_parts(&parts)),
+            (Err(_), Some((_, key))) => key.clone(),
+            (Err(missing), None) => Arc::from(missing.wanted),
+        }
+    }
+}
+
+/// Cools routes down after upstream 429s; made by
+/// [`Backoff429Layer`](super::Backoff429Layer).
+pub struct Backoff429<S, X> {
+    inner: S,
+    shared: Arc<Shared<X>>,
+}
+
+impl<S, X> Backoff429<S, X> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared<X>>) -> Self {
+        Self { inner, shared }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// A handle on the cooldowns this service shares with its clones.
+    pub fn handle(&self) -> BackoffHandle {
+        BackoffHandle::new(self.shared.engine.clone())
+    }
+}
+
+impl<S: Clone, X> Clone for Backoff429<S, X> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, X> fmt::Debug for Backoff429<S, X> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Backoff429")
+            .field("inner", &self.inner)
+            .field("shared", &self.shared)
+            .finish()
+    }
+}
+
+impl<S, R, X> Service<R> for Backoff429<S, X>
+where
+    S: Service<R> + Clone,
+    S::Error: Into<BoxError>,
+    S::Response: ResponseParts,
+    X: KeyExtractor<R>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Future, S, R>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: R) -> Self::Future {
+        let shared = &*self.shared;
+        let key = match shared.engine.seed().hash(&*shared.extractor, &req) {
+            Ok(key) => key,
+            Err(missing) => match &shared.fallback {
+                Some((key, _)) => *key,
+                None => return ResponseFuture::failed(missing_key(missing)),
+            },
+        };
+        let text = || shared.key_text(&req);
+        match shared.engine.admit(key, shared.max_wait, &text) {
+            Admit::Go(watch) => ResponseFuture::called(self.inner.call(req), watch),
+            Admit::Wait(slot, head) => {
+                // The ready inner service goes with the waiting request; this
+                // service keeps a fresh clone, to be polled ready again.
+                let clone = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, clone);
+                ResponseFuture::waiting(inner, req, slot, head)
+            }
+            Admit::Refused(error) => ResponseFuture::failed(Box::new(error)),
+        }
+    }
+}
+
+fn missing_key(missing: MissingKey) -> BoxError {
+    tracing::debug!(wanted = %missing.wanted, "backoff: request has no key");
+    Box::new(missing)
+}

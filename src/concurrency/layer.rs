@@ -1,0 +1,152 @@
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_layer::Layer;
+
+use super::handle::ConcurrencyHandle;
+use super::permits::Permits;
+use super::service::{Concurrency, Shared};
+use crate::error::ConfigError;
+
+/// Caps the requests in flight per key; further requests wait their turn in
+/// strict arrival order.
+///
+/// Each request's key is read by the extractor `X`. At most `max_in_flight`
+/// requests per key are between admission and the end of their response;
+/// the next one waits, in a FIFO queue per key, and gets the permit the
+/// moment one is given back (no polling). A request is in flight until its
+/// response future fails, or, for `http::Response<B>`, until the response
+/// body has been read to its end or dropped (see [`HoldPermit`]). Every
+/// service this layer makes, and every clone of them, share one set of
+/// permits.
+///
+/// Waiting is unbounded by default; [`with_max_queue`](Self::with_max_queue)
+/// refuses a request at once with [`QueueFull`](crate::error::QueueFull)
+/// when its key already has that many waiting, and
+/// [`with_queue_timeout`](Self::with_queue_timeout) gives up on a wait with
+/// [`QueueTimeout`](crate::error::QueueTimeout).
+///
+/// [`with_key_stats`](Self::with_key_stats) makes a fresh set of permits:
+/// call it before the layer is used or cloned.
+///
+/// [`HoldPermit`]: super::HoldPermit
+///
+/// ```
+/// use std::time::Duration;
+/// use tower::ServiceBuilder;
+/// use tower_throttle::concurrency::ConcurrencyLayer;
+/// use tower_throttle::key::HeaderKey;
+///
+/// let layer = ConcurrencyLayer::new(4, HeaderKey::new("x-api-key")?)?
+///     .with_max_queue(100)
+///     .with_queue_timeout(Duration::from_secs(30))
+///     .with_fallback_key("anonymous");
+/// let svc = ServiceBuilder::new()
+///     .layer(layer)
+///     .service_fn(|_req: http::Request<String>| async {
+///         Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+///     });
+/// # let _ = svc;
+/// # Ok::<(), tower_throttle::error::ConfigError>(())
+/// ```
+pub struct ConcurrencyLayer<X> {
+    shared: Shared<X>,
+}
+
+impl<X> ConcurrencyLayer<X> {
+    /// At most `max_in_flight` requests in flight per key read by
+    /// `extractor`; the others wait, without limit of number or time.
+    ///
+    /// Zero is an error: no request could ever go through.
+    pub fn new(max_in_flight: usize, extractor: X) -> Result<Self, ConfigError> {
+        if max_in_flight == 0 {
+            return Err(ConfigError::new(
+                "max_in_flight",
+                "must be at least 1; with 0 no request could ever go through",
+            ));
+        }
+        Ok(Self {
+            shared: Shared {
+                permits: Permits::new(max_in_flight, 0),
+                extractor: Arc::new(extractor),
+                max_queue: usize::MAX,
+                queue_timeout: None,
+                release_at_headers: false,
+                fallback: None,
+            },
+        })
+    }
+
+    /// Let at most `max_queue` requests wait per key; one more is refused at
+    /// once with [`QueueFull`](crate::error::QueueFull). Zero: never wait.
+    pub fn with_max_queue(mut self, max_queue: usize) -> Self {
+        self.shared.max_queue = max_queue;
+        self
+    }
+
+    /// Give up on a request that has waited `timeout` for its permit, with
+    /// [`QueueTimeout`](crate::error::QueueTimeout). Zero: a request that
+    /// would have to wait fails at once with that error.
+    pub fn with_queue_timeout(mut self, timeout: Duration) -> Self {
+        self.shared.queue_timeout = Some(timeout);
+        self
+    }
+
+    /// Give the permit back as soon as the response arrives (tower's
+    /// `ConcurrencyLimit` behaviour), not when its body ends. For streamed
+    /// answers this lets through far more load than the limit says; it is
+    /// for callers who read bodies elsewhere or do not care.
+    pub fn release_at_headers(mut self) -> Self {
+        self.shared.release_at_headers = true;
+        self
+    }
+
+    /// Count requests without a key under this one shared key, instead of
+    /// refusing them with [`MissingKey`](crate::error::MissingKey).
+    pub fn with_fallback_key(mut self, key: impl Into<String>) -> Self {
+        let key: Arc<str> = Arc::from(key.into());
+        self.shared.fallback = Some((self.shared.permits.seed().hash_parts(&[&*key]), key));
+        self
+    }
+
+    /// Count up to `max_keys` keys apart in the
+    /// [stats](ConcurrencyHandle::stats) (the aggregate is always counted).
+    pub fn with_key_stats(mut self, max_keys: usize) -> Self {
+        let permits = Permits::new(self.shared.permits.max(), max_keys);
+        if let Some((_, key)) = self.shared.fallback.take() {
+            self.shared.fallback = Some((permits.seed().hash_parts(&[&*key]), key));
+        }
+        self.shared.permits = permits;
+        self
+    }
+
+    /// A handle on this layer's stats.
+    pub fn handle(&self) -> ConcurrencyHandle {
+        ConcurrencyHandle::new(self.shared.permits.clone())
+    }
+}
+
+impl<S, X> Layer<S> for ConcurrencyLayer<X> {
+    type Service = Concurrency<S, X>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Concurrency::new(inner, Arc::new(self.shared.clone()))
+    }
+}
+
+impl<X> Clone for ConcurrencyLayer<X> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<X> fmt::Debug for ConcurrencyLayer<X> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ConcurrencyLayer")
+            .field(&self.shared)
+            .finish()
+    }
+}

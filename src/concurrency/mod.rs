@@ -1,0 +1,98 @@
+//! Keyed concurrency limits: [`ConcurrencyLayer`].
+//!
+//! Each request is mapped to a key by a [key extractor](crate::key); at most
+//! N requests per key are in flight at once. The next request waits in a
+//! strict FIFO queue per key and gets its permit the moment a predecessor
+//! gives one back: no polling, no timer. The queue can be bounded
+//! ([`QueueFull`](crate::error::QueueFull)) and the wait limited in time
+//! ([`QueueTimeout`](crate::error::QueueTimeout)).
+//!
+//! A request is in flight until its response has been read, not merely until
+//! its headers arrived: for `http::Response<B>` (and `reqwest::Response`
+//! with the `reqwest` feature) the permit moves into the response body
+//! ([`ConcurrencyBody`]) and is given back when the body ends, fails or is
+//! dropped. An LLM answer streamed for minutes holds its permit for those
+//! minutes. [`ConcurrencyLayer::release_at_headers`] gives tower's behaviour
+//! instead. Other response types choose through [`HoldPermit`].
+//!
+//! Nothing leaks: a request dropped while waiting leaves the queue at once
+//! and never takes a permit; a response future or body dropped gives its
+//! permit back. A key with nothing in flight and nobody waiting is forgotten
+//! at once, so idle keys cost no memory.
+//!
+//! ```
+//! use tower::{Service, ServiceExt};
+//! use tower_throttle::concurrency::ConcurrencyLayer;
+//! use tower_throttle::error::QueueFull;
+//! use tower_throttle::key::HeaderKey;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let layer = ConcurrencyLayer::new(1, HeaderKey::new("x-api-key")?)?.with_max_queue(0);
+//! let mut svc = tower::ServiceBuilder::new()
+//!     .layer(layer)
+//!     .service_fn(|_req: http::Request<()>| async {
+//!         Ok::<_, std::convert::Infallible>(http::Response::new(String::from("streamed answer")))
+//!     });
+//!
+//! let request = || http::Request::builder().header("x-api-key", "alice").body(()).unwrap();
+//! // The first answer's body is not read yet: alice's one permit is in use.
+//! let answer = svc.ready().await?.call(request()).await?;
+//! let refused = svc.ready().await?.call(request()).await.unwrap_err();
+//! assert_eq!(refused.downcast_ref::<QueueFull>().unwrap().key, "alice");
+//!
+//! // Done with the body: the permit is back.
+//! drop(answer);
+//! svc.ready().await?.call(request()).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # With a rate limit
+//!
+//! In a client stack, put the concurrency limit *outside* the rate limit, so
+//! that the rate limiter sits next to the upstream:
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::ServiceBuilder;
+//! use tower_throttle::concurrency::ConcurrencyLayer;
+//! use tower_throttle::key::HeaderKey;
+//! use tower_throttle::rate_limit::{Quota, RateLimitLayer};
+//!
+//! let route = HeaderKey::new("x-model")?;
+//! let client = ServiceBuilder::new()
+//!     .layer(ConcurrencyLayer::new(8, route.clone())?)
+//!     .layer(RateLimitLayer::new(Quota::per_minute(60)?, route).with_max_wait(Duration::from_secs(30)))
+//!     .service_fn(|_req: http::Request<String>| async {
+//!         Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+//!     });
+//! # let _ = client;
+//! # Ok::<(), tower_throttle::error::ConfigError>(())
+//! ```
+//!
+//! The rate limiter's admissions are then the instants requests reach the
+//! upstream. The other way round, requests the rate limiter admitted one by
+//! one pile up in the concurrency queue while a slow response holds the
+//! permits, and reach the upstream all at once when it ends: a burst above
+//! the rate the provider enforces (the test
+//! `concurrency_outside_rate_limit_keeps_the_upstream_within_its_rate` shows
+//! both orders). A request that gives up in the concurrency queue would also
+//! have spent a rate slot without being sent. The price of this order is that
+//! a request waiting for its rate slot holds a concurrency permit meanwhile.
+
+mod body;
+mod future;
+mod handle;
+mod hold;
+mod layer;
+mod permits;
+mod service;
+
+pub use body::ConcurrencyBody;
+pub use future::ResponseFuture;
+pub use handle::ConcurrencyHandle;
+pub use hold::HoldPermit;
+pub use layer::ConcurrencyLayer;
+pub use permits::Permit;
+pub use service::Concurrency;

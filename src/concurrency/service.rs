@@ -1,0 +1,199 @@
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tower_service::Service;
+
+use super::future::ResponseFuture;
+use super::handle::ConcurrencyHandle;
+use super::hold::HoldPermit;
+use super::permits::{Acquire, LastKey, Permits};
+use crate::error::{BoxError, MissingKey, QueueFull, QueueTimeout};
+use crate::key::{KeyExtractor, KeyHash, join_parts, key_parts};
+
+/// Everything a concurrency service reads per request, shared by its clones.
+pub(crate) struct Shared<X> {
+    pub(crate) permits: Arc<Permits>,
+    pub(crate) extractor: Arc<X>,
+    /// Most requests waiting per key; `usize::MAX` when unbounded.
+    pub(crate) max_queue: usize,
+    pub(crate) queue_timeout: Option<Duration>,
+    pub(crate) release_at_headers: bool,
+    pub(crate) fallback: Option<(KeyHash, Arc<str>)>,
+}
+
+impl<X> Clone for Shared<X> {
+    fn clone(&self) -> Self {
+        Self {
+            permits: self.permits.clone(),
+            extractor: self.extractor.clone(),
+            max_queue: self.max_queue,
+            queue_timeout: self.queue_timeout,
+            release_at_headers: self.release_at_headers,
+            fallback: self.fallback.clone(),
+        }
+    }
+}
+
+impl<X> fmt::Debug for Shared<X> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let max_queue = (self.max_queue != usize::MAX).then_some(self.max_queue);
+        f.debug_struct("Concurrency")
+            .field("max_in_flight", &self.permits.max())
+            .field("max_queue", &max_queue)
+            .field("queue_timeout", &self.queue_timeout)
+            .field("release_at_headers", &self.release_at_headers)
+            .field("extractor", &std::any::type_name::<X>())
+            .field("fallback", &self.fallback.as_ref().map(|(_, key)| key))
+            .finish()
+    }
+}
+
+impl<X> Shared<X> {
+    /// The text of `req`'s key, for errors, logs and per-key counters.
+    fn key_text<R>(&self, req: &R) -> String
+    where
+        X: KeyExtractor<R>,
+    {
+        match (key_parts(&*self.extractor, req), &self.fallback) {
+            (Ok(parts), _) => join_parts(&parts),
+            (Err(_), Some((_, key))) => key.to_string(),
+            (Err(missing), None) => missing.wanted,
+        }
+    }
+}
+
+/// Caps the requests in flight per key; made by
+/// [`ConcurrencyLayer`](super::ConcurrencyLayer).
+///
+/// Each service remembers the state of the last key it served, so a run of
+/// requests on one key skips the key lookup; that key's state stays in memory
+/// while remembered. A clone starts remembering nothing.
+pub struct Concurrency<S, X> {
+    inner: S,
+    shared: Arc<Shared<X>>,
+    last: LastKey,
+}
+
+impl<S, X> Concurrency<S, X> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared<X>>) -> Self {
+        Self {
+            inner,
+            shared,
+            last: LastKey::default(),
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// A handle on the permits this service shares with its clones.
+    pub fn handle(&self) -> ConcurrencyHandle {
+        ConcurrencyHandle::new(self.shared.permits.clone())
+    }
+}
+
+impl<S: Clone, X> Clone for Concurrency<S, X> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+            // A clone starts with no key of its own.
+            last: LastKey::default(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, X> fmt::Debug for Concurrency<S, X> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Concurrency")
+            .field("inner", &self.inner)
+            .field("shared", &self.shared)
+            .finish()
+    }
+}
+
+impl<S, R, X> Service<R> for Concurrency<S, X>
+where
+    S: Service<R> + Clone,
+    S::Error: Into<BoxError>,
+    S::Response: HoldPermit,
+    X: KeyExtractor<R>,
+{
+    type Response = <S::Response as HoldPermit>::Held;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Future, S, R>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: R) -> Self::Future {
+        let key = match self.shared.permits.seed().hash(&*self.shared.extractor, &req) {
+            Ok(key) => key,
+            Err(missing) => match &self.shared.fallback {
+                Some((key, _)) => *key,
+                None => return ResponseFuture::failed(missing_key(missing)),
+            },
+        };
+        let state = self.last.state(key, &self.shared.permits);
+        let shared = &*self.shared;
+        // A zero timeout means no waiting at all: a request that would
+        // queue times out at once.
+        let no_wait = shared.queue_timeout == Some(Duration::ZERO);
+        let max_queue = if no_wait { 0 } else { shared.max_queue };
+        let text = || shared.key_text(&req);
+        match state.acquire(max_queue, &text) {
+            Acquire::Granted(permit) => {
+                ResponseFuture::called(self.inner.call(req), permit, shared.release_at_headers)
+            }
+            Acquire::Queued(ticket) => {
+                let key_text = text();
+                tracing::debug!(key = %key_text, "concurrency: waiting for a permit");
+                let deadline = shared
+                    .queue_timeout
+                    .and_then(|timeout| ticket.since().checked_add(timeout));
+                // The ready inner service goes with the waiting request; this
+                // service keeps a fresh clone, to be polled ready again.
+                let clone = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, clone);
+                ResponseFuture::waiting(
+                    inner,
+                    req,
+                    ticket,
+                    deadline,
+                    key_text,
+                    shared.release_at_headers,
+                )
+            }
+            Acquire::Full if no_wait => {
+                let key = text();
+                tracing::debug!(%key, "concurrency: no permit free and no wait allowed");
+                ResponseFuture::failed(Box::new(QueueTimeout::new(key, Duration::ZERO)))
+            }
+            Acquire::Full => {
+                let key = text();
+                tracing::debug!(%key, max_queue, "concurrency: queue full");
+                ResponseFuture::failed(Box::new(QueueFull::new(key, max_queue)))
+            }
+        }
+    }
+}
+
+fn missing_key(missing: MissingKey) -> BoxError {
+    tracing::debug!(wanted = %missing.wanted, "concurrency: request has no key");
+    Box::new(missing)
+}
