@@ -72,7 +72,10 @@ fn contenders() -> Vec<(&'static str, Run)> {
     let mut all: Vec<(&'static str, Run)> = Vec::new();
 
     let (mut svc, r) = (http_inner(), req.clone());
-    all.push(("bare_inner", Box::new(move || drive(&mut svc, r.clone()).is_ok())));
+    all.push((
+        "bare_inner",
+        Box::new(move || drive(&mut svc, r.clone()).is_ok()),
+    ));
 
     let sem = Semaphore::new(1);
     all.push((
@@ -102,13 +105,19 @@ fn contenders() -> Vec<(&'static str, Run)> {
         .unwrap()
         .layer(http_inner());
     let r = req.clone();
-    all.push(("ours_global", Box::new(move || drive(&mut svc, r.clone()).is_ok())));
+    all.push((
+        "ours_global",
+        Box::new(move || drive(&mut svc, r.clone()).is_ok()),
+    ));
 
     let mut svc = ConcurrencyLayer::new(1, HeaderKey::from_name(HEADER))
         .unwrap()
         .layer(http_inner());
     let r = req.clone();
-    all.push(("ours_header", Box::new(move || drive(&mut svc, r.clone()).is_ok())));
+    all.push((
+        "ours_header",
+        Box::new(move || drive(&mut svc, r.clone()).is_ok()),
+    ));
 
     // 10,000 keys in turn, each with a long request in flight (its permit
     // held by the closure), so every lookup finds a live key among 10,000.

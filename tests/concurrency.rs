@@ -86,9 +86,7 @@ impl Body for Stream {
         }
         if !self.gap.is_zero() {
             let gap = self.gap;
-            let sleep = self
-                .sleep
-                .get_or_insert_with(|| Box::pin(time::sleep(gap)));
+            let sleep = self.sleep.get_or_insert_with(|| Box::pin(time::sleep(gap)));
             if sleep.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
@@ -294,14 +292,19 @@ async fn thousand_queued_requests_are_granted_in_arrival_order() {
             .all(|&at| at == start + SECOND)
     );
     let stats = handle.stats().aggregate;
-    assert_eq!((stats.admitted, stats.waited, stats.queued_now), (1_001, 1_000, 0));
+    assert_eq!(
+        (stats.admitted, stats.waited, stats.queued_now),
+        (1_001, 1_000, 0)
+    );
     assert_eq!(stats.in_flight, Some(0));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_full_queue_refuses_at_once_with_queue_full_and_the_gauge_returns_to_zero() {
     let upstream = Upstream::default();
-    let layer = ConcurrencyLayer::new(1, by_key()).unwrap().with_max_queue(2);
+    let layer = ConcurrencyLayer::new(1, by_key())
+        .unwrap()
+        .with_max_queue(2);
     let handle = layer.handle();
     let mut svc = layer.layer(upstream.clone());
     svc.ready().await.unwrap();
@@ -364,7 +367,10 @@ async fn a_queue_timeout_gives_up_with_queue_timeout_and_the_gauge_returns_to_ze
     assert!(early.is_woken());
     let err = assert_ready!(early.poll()).unwrap_err();
     let timeout = err.downcast_ref::<QueueTimeout>().expect("QueueTimeout");
-    assert_eq!((timeout.key.as_str(), timeout.waited), ("a", Duration::from_secs(5)));
+    assert_eq!(
+        (timeout.key.as_str(), timeout.waited),
+        ("a", Duration::from_secs(5))
+    );
     assert_eq!(handle.stats().aggregate.queued_now, 1);
 
     // The permit comes back in time for the later one.
@@ -372,7 +378,11 @@ async fn a_queue_timeout_gives_up_with_queue_timeout_and_the_gauge_returns_to_ze
     drop(held);
     let granted = assert_ready_ok!(late.poll());
     drop(granted);
-    assert_eq!(upstream.order(), vec![0, 2], "the timed-out request never reached it");
+    assert_eq!(
+        upstream.order(),
+        vec![0, 2],
+        "the timed-out request never reached it"
+    );
     let stats = handle.stats().aggregate;
     assert_eq!((stats.queued_now, stats.rejected, stats.waited), (0, 1, 1));
     assert_eq!(stats.in_flight, Some(0));
@@ -415,10 +425,7 @@ async fn cancelling_half_the_callers_at_random_points_never_exceeds_n_and_leaks_
                 Ok::<_, BoxError>(())
             };
             let outcome = match cancel_after {
-                Some(after) => match time::timeout(after, caller).await {
-                    Ok(done) => Some(done),
-                    Err(_) => None,
-                },
+                Some(after) => time::timeout(after, caller).await.ok(),
                 None => Some(caller.await),
             };
             if outcome.is_none() {
@@ -440,8 +447,15 @@ async fn cancelling_half_the_callers_at_random_points_never_exceeds_n_and_leaks_
     }
     assert_eq!(completed, CALLERS / 2);
     let reached: Vec<usize> = reached.iter().map(|n| n.load(Ordering::SeqCst)).collect();
-    assert!(reached.iter().all(|&n| n > 0), "cancelled at every stage: {reached:?}");
-    assert_eq!(upstream.flight.max(), N, "never more than N inside, and N reached");
+    assert!(
+        reached.iter().all(|&n| n > 0),
+        "cancelled at every stage: {reached:?}"
+    );
+    assert_eq!(
+        upstream.flight.max(),
+        N,
+        "never more than N inside, and N reached"
+    );
     assert_eq!(upstream.flight.now(), 0);
     let stats = handle.stats().aggregate;
     assert_eq!((stats.in_flight, stats.queued_now), (Some(0), 0));
@@ -474,14 +488,70 @@ async fn cancelling_half_the_callers_at_random_points_never_exceeds_n_and_leaks_
     assert_eq!(handle.stats().aggregate.in_flight, Some(0));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancelling_callers_on_many_threads_never_exceeds_n_and_leaks_nothing() {
+    // One permit: a permit lost in a race would strand the queue for good.
+    const N: usize = 1;
+    let upstream = Upstream::default();
+    let layer = ConcurrencyLayer::new(N, by_key()).unwrap();
+    let handle = layer.handle();
+    let svc = layer.layer(upstream.clone());
+    let mut tasks = Vec::new();
+    for seq in 0..2_000u64 {
+        let mut svc = svc.clone();
+        let mut rng = Lcg(seq);
+        tasks.push(tokio::spawn(async move {
+            let cancel = seq % 2 == 0;
+            let after = Duration::from_micros(rng.next() % 200);
+            let caller = async {
+                for _ in 0..rng.next() % 3 {
+                    tokio::task::yield_now().await;
+                }
+                svc.ready().await?;
+                let response = svc.call(request("k", seq, &[])).await?;
+                // Hold the permit for a few turns of the scheduler.
+                for _ in 0..rng.next() % 4 {
+                    tokio::task::yield_now().await;
+                }
+                drop(response);
+                Ok::<_, BoxError>(())
+            };
+            if cancel {
+                let _ = time::timeout(after, caller).await;
+                Ok(())
+            } else {
+                caller.await
+            }
+        }));
+    }
+    let all = time::timeout(Duration::from_secs(20), futures::future::join_all(tasks));
+    for done in all.await.expect("every caller finished") {
+        done.unwrap().expect("an uncancelled caller succeeded");
+    }
+    assert!(
+        upstream.flight.max() <= N,
+        "{} in flight",
+        upstream.flight.max()
+    );
+    let stats = handle.stats().aggregate;
+    assert_eq!((stats.in_flight, stats.queued_now), (Some(0), 0));
+    assert!(stats.waited > 0, "the callers did contend: {stats:?}");
+    drop(svc);
+    handle.evict_idle();
+    assert_eq!(handle.key_count(), 0, "a permit or a place in line leaked");
+}
+
 // ---------------------------------------------------------------- with RateLimitLayer
 
 /// Five requests at once on one route: the first holds the upstream for five
 /// seconds. Returns the instants the upstream saw them.
 async fn five_requests_through<S>(svc: S, upstream: &Upstream) -> Vec<Instant>
 where
-    S: Service<http::Request<()>, Response = http::Response<ConcurrencyBody<Stream>>, Error = BoxError>
-        + Clone
+    S: Service<
+            http::Request<()>,
+            Response = http::Response<ConcurrencyBody<Stream>>,
+            Error = BoxError,
+        > + Clone
         + Send
         + 'static,
     S::Future: Send,
@@ -497,8 +567,9 @@ where
             drain(response.into_body()).await
         }));
     }
-    for task in tasks {
-        task.await.unwrap().expect("every request goes through");
+    let all = time::timeout(Duration::from_secs(3_600), futures::future::join_all(tasks));
+    for done in all.await.expect("every request went through") {
+        done.unwrap().expect("every request goes through");
     }
     assert_eq!(upstream.order(), vec![0, 1, 2, 3, 4]);
     upstream.instants()
@@ -648,7 +719,9 @@ async fn a_reqwest_response_holds_its_permit_until_its_body_is_read() {
             .unwrap();
         Ok::<_, reqwest::Error>(reqwest::Response::from(response))
     });
-    let layer = ConcurrencyLayer::new(1, GlobalKey).unwrap().with_max_queue(0);
+    let layer = ConcurrencyLayer::new(1, GlobalKey)
+        .unwrap()
+        .with_max_queue(0);
     let mut svc = layer.layer(inner);
     let url = "https://api.example.com/v1/chat";
     let request = || reqwest::Request::new(http::Method::POST, url.parse().unwrap());
@@ -657,7 +730,13 @@ async fn a_reqwest_response_holds_its_permit_until_its_body_is_read() {
     assert_eq!(response.url().as_str(), url);
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["content-type"], "text/event-stream");
-    let refused = svc.ready().await.unwrap().call(request()).await.unwrap_err();
+    let refused = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(request())
+        .await
+        .unwrap_err();
     assert!(refused.downcast_ref::<QueueFull>().is_some());
 
     assert_eq!(response.chunk().await.unwrap().unwrap(), "data: done\n\n");

@@ -70,9 +70,10 @@ impl<S, R> Waiter<S, R> {
         if let Err(error) = ready!(self.inner.poll_ready(cx)) {
             return Poll::Ready(Err(error.into()));
         }
-        let (Some(req), Place::Holding(permit)) =
-            (self.req.take(), std::mem::replace(&mut self.place, Place::Moving))
-        else {
+        let (Some(req), Place::Holding(permit)) = (
+            self.req.take(),
+            std::mem::replace(&mut self.place, Place::Moving),
+        ) else {
             return Poll::Ready(Err(polled_after_completion()));
         };
         Poll::Ready(Ok((self.inner.call(req), permit)))

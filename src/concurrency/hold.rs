@@ -71,7 +71,9 @@ impl HoldPermit for reqwest::Response {
         // The conversion drops the URL; a response builder is the only way
         // to put it back where `reqwest::Response::url` looks.
         if let Ok(mut tagged) = http::Response::builder().url(url).body(()) {
-            parts.extensions.extend(std::mem::take(tagged.extensions_mut()));
+            parts
+                .extensions
+                .extend(std::mem::take(tagged.extensions_mut()));
         }
         let body = reqwest::Body::wrap(ConcurrencyBody::new(body, Some(permit)));
         reqwest::Response::from(http::Response::from_parts(parts, body))

@@ -87,7 +87,8 @@ impl<X> ConcurrencyLayer<X> {
 
     /// Give up on a request that has waited `timeout` for its permit, with
     /// [`QueueTimeout`](crate::error::QueueTimeout). Zero: a request that
-    /// would have to wait fails at once with that error.
+    /// would have to wait fails at once with that error. A timeout too large
+    /// for the clock to reach (centuries) waits without limit.
     pub fn with_queue_timeout(mut self, timeout: Duration) -> Self {
         self.shared.queue_timeout = Some(timeout);
         self

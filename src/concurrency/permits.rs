@@ -115,11 +115,7 @@ impl KeyState {
     /// Take a permit, or join the queue when it has fewer than `max_queue`
     /// waiters. `text` names the key for per-key counters.
     #[inline]
-    pub(crate) fn acquire(
-        self: Arc<Self>,
-        max_queue: usize,
-        text: &dyn Fn() -> String,
-    ) -> Acquire {
+    pub(crate) fn acquire(self: Arc<Self>, max_queue: usize, text: &dyn Fn() -> String) -> Acquire {
         let mut word = self.word.load(Ordering::Relaxed);
         // Nobody waiting and a permit free: take it, no lock.
         while word & QUEUED == 0 && word < self.max {
@@ -200,7 +196,6 @@ impl KeyState {
     #[inline]
     fn release(&self) -> bool {
         let mut word = self.word.load(Ordering::Relaxed);
-        if true { let w = self.word.fetch_sub(1, Ordering::Release); return w & MAX_PERMITS <= 1; }
         while word & QUEUED == 0 {
             match self.word.compare_exchange_weak(
                 word,

@@ -142,7 +142,12 @@ where
     }
 
     fn call(&mut self, req: R) -> Self::Future {
-        let key = match self.shared.permits.seed().hash(&*self.shared.extractor, &req) {
+        let key = match self
+            .shared
+            .permits
+            .seed()
+            .hash(&*self.shared.extractor, &req)
+        {
             Ok(key) => key,
             Err(missing) => match &self.shared.fallback {
                 Some((key, _)) => *key,
