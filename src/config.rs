@@ -200,7 +200,8 @@ impl ConcurrencyConfig {
     }
 
     fn layer<X>(&self, extractor: X) -> Result<ConcurrencyLayer<X>, ConfigError> {
-        let mut layer = ConcurrencyLayer::new(count("max_in_flight", self.max_in_flight)?, extractor)?;
+        let mut layer =
+            ConcurrencyLayer::new(count("max_in_flight", self.max_in_flight)?, extractor)?;
         if let Some(q) = self.max_queue {
             layer = layer.with_max_queue(count("max_queue", q)?);
         }
@@ -237,7 +238,10 @@ impl BackoffConfig {
         duration("max_cooldown", &self.max_cooldown)?;
         if let Some(j) = self.jitter {
             if !(0.0..=1.0).contains(&j) {
-                return Err(ConfigError::new("jitter", format!("{j} is not within 0..=1")));
+                return Err(ConfigError::new(
+                    "jitter",
+                    format!("{j} is not within 0..=1"),
+                ));
             }
         }
         Ok(())
@@ -277,7 +281,10 @@ impl Stack {
     }
 
     /// The concurrency layer, keyed by `extractor`, if configured.
-    pub fn concurrency_layer<X>(&self, extractor: X) -> Result<Option<ConcurrencyLayer<X>>, ConfigError> {
+    pub fn concurrency_layer<X>(
+        &self,
+        extractor: X,
+    ) -> Result<Option<ConcurrencyLayer<X>>, ConfigError> {
         self.concurrency
             .as_ref()
             .map(|c| c.layer(extractor).map_err(|e| e.within("concurrency")))
@@ -285,7 +292,10 @@ impl Stack {
     }
 
     /// The backoff layer, keyed by `extractor`, if configured.
-    pub fn backoff_layer<X>(&self, extractor: X) -> Result<Option<Backoff429Layer<X>>, ConfigError> {
+    pub fn backoff_layer<X>(
+        &self,
+        extractor: X,
+    ) -> Result<Option<Backoff429Layer<X>>, ConfigError> {
         self.backoff
             .as_ref()
             .map(|c| c.layer(extractor).map_err(|e| e.within("backoff")))

@@ -42,8 +42,8 @@
 
 pub mod backoff;
 pub mod clock;
-pub mod config;
 pub mod concurrency;
+pub mod config;
 pub mod error;
 pub mod identity;
 pub mod key;

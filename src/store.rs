@@ -24,7 +24,7 @@ use std::collections::hash_map::Entry;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 
 use crate::clock::Nanos;
 use crate::key::KeyHash;
@@ -97,14 +97,6 @@ impl<V: Idle, P> Locked<'_, V, P> {
         (params, map.entry(self.key).or_default())
     }
 
-    /// Put `state` in if the key has none.
-    pub(crate) fn insert_if_absent(&mut self, state: impl FnOnce(&P) -> V) {
-        let ShardMap { map, params, .. } = &mut *self.shard;
-        if let Entry::Vacant(slot) = map.entry(self.key) {
-            slot.insert(state(params));
-        }
-    }
-
     /// Forget the key's state.
     pub(crate) fn remove(&mut self) {
         self.shard.map.remove(&self.key);
@@ -116,7 +108,46 @@ impl<V: Idle, P> Locked<'_, V, P> {
     }
 }
 
+/// One key's state, locked and looked up once, with a copy of the
+/// parameters it is kept under: for callers that read and write the state
+/// several times under one lock.
+pub(crate) struct Slot<'a, V, P> {
+    state: MappedMutexGuard<'a, V>,
+    params: P,
+}
+
+impl<V, P> Slot<'_, V, P> {
+    /// The parameters and the state.
+    #[inline]
+    pub(crate) fn get(&mut self) -> (&P, &mut V) {
+        (&self.params, &mut self.state)
+    }
+}
+
 impl<V: Idle, P: Clone> Store<V, P> {
+    /// Lock `key`'s state (a fresh one if it had none), looked up once.
+    #[inline]
+    pub(crate) fn slot(&self, key: KeyHash, now: Nanos) -> Slot<'_, V, P> {
+        let Locked { shard, key } = self.lock(key, now);
+        let params = shard.params.clone();
+        let state = MutexGuard::map(shard, |s| s.map.entry(key).or_default());
+        Slot { state, params }
+    }
+
+    /// Put `state` in for `key` if it has none.
+    pub(crate) fn insert_if_absent(&self, key: KeyHash, state: impl FnOnce(&P) -> V) {
+        let mut shard = self.shard(key).0.lock();
+        let ShardMap { map, params, .. } = &mut *shard;
+        if let Entry::Vacant(slot) = map.entry(key.0) {
+            slot.insert(state(params));
+        }
+    }
+
+    /// Forget `key`'s state.
+    pub(crate) fn remove(&self, key: KeyHash) {
+        self.shard(key).0.lock().map.remove(&key.0);
+    }
+
     pub(crate) fn new(params: P, sweep_every: Nanos) -> Self {
         let shards = (0..SHARDS)
             .map(|_| {

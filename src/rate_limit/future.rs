@@ -77,8 +77,9 @@ pin_project! {
     pub struct ResponseFuture<Fut, S, R, A, H> {
         #[pin]
         state: State<Fut, S, R>,
-        refund: Option<Refund<A>>,
-        note: Option<(H, RateLimitInfo)>,
+        // Boxed: rare, and the future stays small to move.
+        refund: Option<Box<Refund<A>>>,
+        note: Option<Box<(H, RateLimitInfo)>>,
     }
 }
 
@@ -102,8 +103,8 @@ pin_project! {
 impl<Fut, S, R, A, H> ResponseFuture<Fut, S, R, A, H> {
     pub(crate) fn called(
         future: Fut,
-        refund: Option<Refund<A>>,
-        note: Option<(H, RateLimitInfo)>,
+        refund: Option<Box<Refund<A>>>,
+        note: Option<Box<(H, RateLimitInfo)>>,
     ) -> Self {
         Self {
             state: State::Called { future },
@@ -117,8 +118,8 @@ impl<Fut, S, R, A, H> ResponseFuture<Fut, S, R, A, H> {
         inner: S,
         req: R,
         booking: Booking,
-        refund: Option<Refund<A>>,
-        note: Option<(H, RateLimitInfo)>,
+        refund: Option<Box<Refund<A>>>,
+        note: Option<Box<(H, RateLimitInfo)>>,
     ) -> Self {
         Self {
             state: State::Waiting {
@@ -159,8 +160,9 @@ where
             match this.state.project() {
                 StateProj::Called { future } => {
                     let mut outcome = ready!(future.poll(cx));
-                    if let (Ok(response), Some((annotate, info))) = (&mut outcome, this.note.take()) {
-                        annotate.annotate(response, &info);
+                    if let (Ok(response), Some(note)) = (&mut outcome, this.note.take()) {
+                        let (annotate, info) = &*note;
+                        annotate.annotate(response, info);
                     }
                     return Poll::Ready(settle(this.refund, outcome));
                 }
@@ -190,7 +192,7 @@ fn polled_after_completion() -> BoxError {
 
 /// Give the capacity back if the outcome does not count, and box the error.
 fn settle<Res, E, A>(
-    refund: &mut Option<Refund<A>>,
+    refund: &mut Option<Box<Refund<A>>>,
     outcome: Result<Res, E>,
 ) -> Result<Res, BoxError>
 where

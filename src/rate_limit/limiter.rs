@@ -93,6 +93,67 @@ fn name_id(name: &str) -> u64 {
     BuildHasherDefault::<DefaultHasher>::default().hash_one(name)
 }
 
+/// What the quotas said, decided while their states were held.
+enum Verdict {
+    /// Refused: the longest wait, and which quota needed it.
+    Refused { wait: Nanos, slowest: usize },
+    /// Booked at `at` in every quota; with what remains of the tightest
+    /// (units, time to whole, quota index) when asked.
+    Booked {
+        at: Nanos,
+        grants: SmallVec<[Grant; 2]>,
+        remaining: Option<(u32, Nanos, usize)>,
+    },
+}
+
+/// Decide on held quota states: the earliest instant all admit, booked if
+/// it is within `max_wait`.
+#[inline]
+fn judge(
+    held: &mut [Held<'_>],
+    now: Nanos,
+    cost: u32,
+    horizon: Nanos,
+    max_wait: Nanos,
+    info: bool,
+) -> Verdict {
+    let mut at = now;
+    let mut slowest = 0;
+    for (i, h) in held.iter_mut().enumerate() {
+        let earliest = h.earliest(now, cost, horizon);
+        if earliest > at {
+            at = earliest;
+            slowest = i;
+        }
+    }
+    if at - now > max_wait {
+        return Verdict::Refused {
+            wait: at - now,
+            slowest,
+        };
+    }
+    let mut grants = SmallVec::new();
+    for h in held.iter_mut() {
+        grants.push(h.book(now, at, cost));
+    }
+    // The quota with the least left is the one a client must heed.
+    let remaining = info.then(|| {
+        let mut tightest = (u32::MAX, 0, 0);
+        for (i, h) in held.iter_mut().enumerate() {
+            let (left, reset) = h.remaining(now);
+            if left < tightest.0 || (left == tightest.0 && reset > tightest.1) {
+                tightest = (left, reset, i);
+            }
+        }
+        tightest
+    });
+    Verdict::Booked {
+        at,
+        grants,
+        remaining,
+    }
+}
+
 pub(crate) struct Limiter {
     timeline: Timeline,
     seed: KeySeed,
@@ -190,64 +251,62 @@ impl Limiter {
         let max_wait = saturating_nanos(max_wait);
         let horizon = self.horizon_for(max_wait);
         // Look at every quota, holding them all, then book at the latest
-        // instant any of them allows: all admit, or nothing is consumed.
-        let mut held: SmallVec<[Held<'_>; 2]> =
-            rule.tables.iter().map(|t| t.lock(key, now)).collect();
-        let (at, slowest) = held
-            .iter_mut()
-            .enumerate()
-            .map(|(i, h)| (h.earliest(now, cost, horizon), i))
-            .max()
-            .unwrap_or((now, 0));
-        let wait = at - now;
+        // instant any of them allows: all admit, or nothing is consumed. One
+        // quota (the common case) skips the collection.
+        let verdict = match rule.tables.as_slice() {
+            [table] => judge(
+                &mut [table.lock(key, now)],
+                now,
+                cost,
+                horizon,
+                max_wait,
+                info,
+            ),
+            tables => {
+                let mut held: SmallVec<[Held<'_>; 4]> =
+                    tables.iter().map(|t| t.lock(key, now)).collect();
+                judge(&mut held, now, cost, horizon, max_wait, info)
+            }
+        };
         let dry_run = rule.dry_run || self.dry_run.load(Ordering::Relaxed);
-        if wait > max_wait {
-            drop(held);
-            let retry_after = Duration::from_nanos(wait);
-            if dry_run {
-                self.stats.record(key, Event::WouldReject, &text);
-                self.stats.record(key, Event::Admitted, &text);
-                tracing::debug!(key = %text(), ?retry_after, "rate limit (dry run): would refuse");
-                return Decision::Now {
-                    ticket: None,
-                    info: None,
+        let (at, grants, remaining) = match verdict {
+            Verdict::Booked {
+                at,
+                grants,
+                remaining,
+            } => (at, grants, remaining),
+            Verdict::Refused { wait, slowest } => {
+                let retry_after = Duration::from_nanos(wait);
+                if dry_run {
+                    self.stats.record(key, Event::WouldReject, &text);
+                    self.stats.record(key, Event::Admitted, &text);
+                    tracing::debug!(key = %text(), ?retry_after, "rate limit (dry run): would refuse");
+                    return Decision::Now {
+                        ticket: None,
+                        info: None,
+                    };
+                }
+                self.stats.record(key, Event::Rejected, &text);
+                return Decision::Denied {
+                    retry_after,
+                    quota: rule.quotas[slowest],
+                    policy: rule.name.clone(),
                 };
             }
-            self.stats.record(key, Event::Rejected, &text);
-            return Decision::Denied {
-                retry_after,
-                quota: rule.quotas[slowest],
-                policy: rule.name.clone(),
-            };
-        }
-        let grants = held.iter_mut().map(|h| h.book(now, at, cost)).collect();
-        let info = info.then(|| {
-            // The quota with the least left is the one a client must heed.
-            let (remaining, reset, i) = held
-                .iter_mut()
-                .enumerate()
-                .map(|(i, h)| {
-                    let (remaining, reset) = h.remaining(now);
-                    (remaining, std::cmp::Reverse(reset), i)
-                })
-                .min()
-                .map(|(r, std::cmp::Reverse(t), i)| (r, t, i))
-                .unwrap_or((u32::MAX, 0, 0));
-            RateLimitInfo {
-                policy: rule.name.clone(),
-                quota: rule.quotas.get(i).copied(),
-                remaining,
-                reset: Duration::from_nanos(reset),
-            }
+        };
+        let info = remaining.map(|(remaining, reset, i)| RateLimitInfo {
+            policy: rule.name.clone(),
+            quota: rule.quotas.get(i).copied(),
+            remaining,
+            reset: Duration::from_nanos(reset),
         });
-        drop(held);
         let ticket = Ticket {
             key,
             generation: policy.generation,
             rule: index as u32,
             grants,
         };
-        if wait == 0 || dry_run {
+        if at == now || dry_run {
             self.stats.record(key, Event::Admitted, &text);
             return Decision::Now {
                 ticket: Some(ticket),
@@ -311,7 +370,7 @@ impl Limiter {
             // The key spent under another rule; how much is not known here,
             // so it starts its new rule with nothing, never a free burst.
             for table in &policy.compiled[index].tables {
-                table.lock(key, now).start_spent(now);
+                table.start_spent(key, now);
             }
         }
         index
@@ -367,11 +426,10 @@ impl Limiter {
     /// only, which starts the key's new turn).
     pub(crate) fn forget(&self, key: KeyHash, turns_only: bool) {
         let policy = self.policy.load();
-        let now = self.timeline.now();
         for rule in &policy.compiled {
             for (quota, table) in rule.quotas.iter().zip(&rule.tables) {
                 if !turns_only || quota.algorithm() == Kind::TurnBudget {
-                    table.lock(key, now).forget();
+                    table.forget(key);
                 }
             }
         }

@@ -149,14 +149,18 @@ where
         let cost = shared.cost.cost(&req);
         let parts = || shared.key_parts(&req);
         let refund = |ticket| {
-            (!shared.counts.always()).then(|| Refund {
-                limiter: shared.limiter.clone(),
-                ticket,
-                counts: shared.counts.clone(),
+            (!shared.counts.always()).then(|| {
+                Box::new(Refund {
+                    limiter: shared.limiter.clone(),
+                    ticket,
+                    counts: shared.counts.clone(),
+                })
             })
         };
         let annotate = shared.annotate.wanted();
-        let note = |info: Option<RateLimitInfo>| info.map(|info| (shared.annotate.clone(), info));
+        let note = |info: Option<RateLimitInfo>| {
+            info.map(|info| Box::new((shared.annotate.clone(), info)))
+        };
         match shared
             .limiter
             .acquire(key, cost, shared.max_wait, &parts, annotate)

@@ -4,7 +4,7 @@ use super::algorithm::{Algorithm, FixedWindow, Gcra, Grant, SlidingWindow, TurnB
 use super::quota::{Algorithm as Kind, Quota};
 use crate::clock::{Nanos, saturating_nanos};
 use crate::key::KeyHash;
-use crate::store::{Idle, Locked, Store};
+use crate::store::{Idle, Slot, Store};
 
 /// A quota's states for every key, under one algorithm.
 pub(crate) enum Table {
@@ -28,10 +28,10 @@ macro_rules! each {
 
 /// One key's state in one table, locked.
 pub(crate) enum Held<'a> {
-    TokenBucket(Locked<'a, <Gcra as Algorithm>::State, Gcra>),
-    SlidingWindow(Locked<'a, <SlidingWindow as Algorithm>::State, SlidingWindow>),
-    FixedWindow(Locked<'a, <FixedWindow as Algorithm>::State, FixedWindow>),
-    TurnBudget(Locked<'a, <TurnBudget as Algorithm>::State, TurnBudget>),
+    TokenBucket(Slot<'a, <Gcra as Algorithm>::State, Gcra>),
+    SlidingWindow(Slot<'a, <SlidingWindow as Algorithm>::State, SlidingWindow>),
+    FixedWindow(Slot<'a, <FixedWindow as Algorithm>::State, FixedWindow>),
+    TurnBudget(Slot<'a, <TurnBudget as Algorithm>::State, TurnBudget>),
 }
 
 /// The parameters a quota's algorithm runs with.
@@ -105,10 +105,10 @@ impl Table {
     #[inline]
     pub(crate) fn lock(&self, key: KeyHash, now: Nanos) -> Held<'_> {
         match self {
-            Self::TokenBucket(s) => Held::TokenBucket(s.lock(key, now)),
-            Self::SlidingWindow(s) => Held::SlidingWindow(s.lock(key, now)),
-            Self::FixedWindow(s) => Held::FixedWindow(s.lock(key, now)),
-            Self::TurnBudget(s) => Held::TurnBudget(s.lock(key, now)),
+            Self::TokenBucket(s) => Held::TokenBucket(s.slot(key, now)),
+            Self::SlidingWindow(s) => Held::SlidingWindow(s.slot(key, now)),
+            Self::FixedWindow(s) => Held::FixedWindow(s.slot(key, now)),
+            Self::TurnBudget(s) => Held::TurnBudget(s.slot(key, now)),
         }
     }
 
@@ -128,6 +128,18 @@ impl Table {
         each!(self, Table, |s| s
             .with_existing(key, |_, state| in_use = !state.is_idle(now)));
         in_use
+    }
+
+    /// For a key that arrives from another rule: start it with nothing
+    /// available, unless it already has state here.
+    pub(crate) fn start_spent(&self, key: KeyHash, now: Nanos) {
+        each!(self, Table, |s| s
+            .insert_if_absent(key, |alg| alg.spent(now)))
+    }
+
+    /// Forget the key's state (a reset, or a new turn).
+    pub(crate) fn forget(&self, key: KeyHash) {
+        each!(self, Table, |s| s.remove(key))
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -162,16 +174,5 @@ impl Held<'_> {
             let (alg, state) = h.get();
             alg.remaining(state, now)
         })
-    }
-
-    /// For a key that arrives from another rule: start it with nothing
-    /// available, unless it already has state here.
-    pub(crate) fn start_spent(&mut self, now: Nanos) {
-        each!(self, Held, |h| h.insert_if_absent(|alg| alg.spent(now)))
-    }
-
-    /// Forget the key's state (a reset, or a new turn).
-    pub(crate) fn forget(&mut self) {
-        each!(self, Held, |h| h.remove())
     }
 }

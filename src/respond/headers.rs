@@ -82,7 +82,11 @@ impl RateLimitHeaders {
                 "ratelimit-policy",
                 format!("{name};q={};w={window}", quota.limit()),
             );
-            insert(headers, "ratelimit", format!("{name};r={remaining};t={reset}"));
+            insert(
+                headers,
+                "ratelimit",
+                format!("{name};r={remaining};t={reset}"),
+            );
         }
         if self.legacy {
             insert(headers, "x-ratelimit-limit", quota.limit().to_string());

@@ -42,5 +42,7 @@ mod layer;
 mod rejection;
 
 pub use headers::RateLimitHeaders;
-pub use layer::{JsonBody, MakeResponse, ThrottleResponse, ThrottleResponseFuture, ThrottleResponseLayer};
+pub use layer::{
+    JsonBody, MakeResponse, ThrottleResponse, ThrottleResponseFuture, ThrottleResponseLayer,
+};
 pub use rejection::Rejection;

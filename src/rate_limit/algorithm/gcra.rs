@@ -103,7 +103,10 @@ impl Algorithm for Gcra {
     fn remaining(&self, tat: &Tat, now: Nanos) -> (u32, Nanos) {
         let owed = tat.0.saturating_sub(now);
         let free = self.tolerance.saturating_sub(owed) / self.emission.max(1);
-        (u32::try_from(free).unwrap_or(u32::MAX).min(self.burst), owed)
+        (
+            u32::try_from(free).unwrap_or(u32::MAX).min(self.burst),
+            owed,
+        )
     }
 
     fn spent(&self, now: Nanos) -> Tat {

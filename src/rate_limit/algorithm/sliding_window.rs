@@ -128,7 +128,10 @@ impl Algorithm for SlidingWindow {
             .map(|&(_, c)| u64::from(c))
             .sum::<u64>();
         let free = u64::from(self.limit).saturating_sub(live);
-        (u32::try_from(free).unwrap_or(0), log.expires.saturating_sub(now))
+        (
+            u32::try_from(free).unwrap_or(0),
+            log.expires.saturating_sub(now),
+        )
     }
 
     fn spent(&self, now: Nanos) -> Log {
