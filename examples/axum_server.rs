@@ -57,8 +57,12 @@ async fn main() -> Result<(), BoxError> {
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;
     println!("listening on http://{addr}");
-    println!("limits: 120/min per client IP; 60/min per API key and path; 5/min on POST /expensive");
-    println!("try:    for i in $(seq 7); do curl -si -X POST -H 'x-api-key: demo' http://{addr}/expensive | head -1; done");
+    println!(
+        "limits: 120/min per client IP; 60/min per API key and path; 5/min on POST /expensive"
+    );
+    println!(
+        "try:    for i in $(seq 7); do curl -si -X POST -H 'x-api-key: demo' http://{addr}/expensive | head -1; done"
+    );
     println!("        curl -si -H 'x-api-key: demo' http://{addr}/   # see the RateLimit headers");
     axum::serve(
         listener,

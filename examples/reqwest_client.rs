@@ -22,8 +22,8 @@ use axum::response::IntoResponse;
 use axum::routing::post;
 use parking_lot::Mutex;
 use tokio::time::Instant;
-use tower::{ServiceBuilder, ServiceExt};
 use tower::util::BoxCloneService;
+use tower::{ServiceBuilder, ServiceExt};
 use tower_throttle::backoff::Backoff429Layer;
 use tower_throttle::concurrency::ConcurrencyLayer;
 use tower_throttle::error::BoxError;
@@ -57,7 +57,11 @@ pub async fn start_upstream() -> Result<(String, tokio::task::JoinHandle<()>), B
                 let times = seen.entry(model).or_default();
                 times.retain(|t| now - *t < Duration::from_secs(1));
                 if times.len() >= limit {
-                    return (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "slow down")
+                    return (
+                        StatusCode::TOO_MANY_REQUESTS,
+                        [("retry-after", "1")],
+                        "slow down",
+                    )
                         .into_response();
                 }
                 times.push(now);
@@ -96,7 +100,11 @@ type Stack = BoxCloneService<reqwest::Request, reqwest::Response, BoxError>;
 /// Two waves through one stack: `per_model` requests for each model at
 /// once, then 2 more each once the first wave is done. Returns each
 /// request's wave, model and outcome, in order.
-pub async fn run(url: &str, models: &[&str], per_model: usize) -> Result<Vec<(u8, String, Outcome)>, BoxError> {
+pub async fn run(
+    url: &str,
+    models: &[&str],
+    per_model: usize,
+) -> Result<Vec<(u8, String, Outcome)>, BoxError> {
     let stack = stack()?;
     let mut outcomes = Vec::new();
     for (wave, count) in [(1, per_model), (2, 2)] {
@@ -107,7 +115,12 @@ pub async fn run(url: &str, models: &[&str], per_model: usize) -> Result<Vec<(u8
     Ok(outcomes)
 }
 
-async fn burst(stack: &Stack, url: &str, models: &[&str], per_model: usize) -> Result<Vec<(String, Outcome)>, BoxError> {
+async fn burst(
+    stack: &Stack,
+    url: &str,
+    models: &[&str],
+    per_model: usize,
+) -> Result<Vec<(String, Outcome)>, BoxError> {
     let client = reqwest::Client::new();
     let start = Instant::now();
     let mut calls = Vec::new();
@@ -153,13 +166,18 @@ async fn burst(stack: &Stack, url: &str, models: &[&str], per_model: usize) -> R
 async fn main() -> Result<(), BoxError> {
     let (url, server) = start_upstream().await?;
     println!("upstream: {url} (4/s per model, 1/s for `big`, else 429 Retry-After: 1)");
-    println!("client:   2 in flight + 4 queued, 3/s per model waiting up to 400 ms, cooldown after a 429\n");
+    println!(
+        "client:   2 in flight + 4 queued, 3/s per model waiting up to 400 ms, cooldown after a 429\n"
+    );
     for (wave, model, outcome) in run(&url, &["small", "big"], 8).await? {
         print!("wave {wave} ");
         match outcome {
             Outcome::Answered(200, at) => println!("{model:>5}: 200 at {:>4} ms", at.as_millis()),
             Outcome::Answered(status, at) => {
-                println!("{model:>5}: {status} at {:>4} ms  (upstream refused: route cools down)", at.as_millis())
+                println!(
+                    "{model:>5}: {status} at {:>4} ms  (upstream refused: route cools down)",
+                    at.as_millis()
+                )
             }
             Outcome::Refused(code) => println!("{model:>5}: refused by the client stack: {code}"),
         }

@@ -104,6 +104,9 @@ async fn hyper_util_client_is_limited_and_its_errors_are_typed() {
     // Matched without knowing which layer refused.
     let rejection = Rejection::of(&err).expect("one of the crate's refusals");
     assert_eq!(rejection.code(), "rate_limited");
-    assert_eq!(rejection.retry_after(), err.downcast_ref::<RateLimited>().map(|e| e.retry_after));
+    assert_eq!(
+        rejection.retry_after(),
+        err.downcast_ref::<RateLimited>().map(|e| e.retry_after)
+    );
     let _ = stop.send(());
 }

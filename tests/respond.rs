@@ -40,13 +40,16 @@ fn header(res: &reqwest::Response, name: &str) -> String {
 
 #[tokio::test]
 async fn a_refusal_is_a_429_with_retry_after_headers_and_json() {
-    let limit = RateLimitLayer::new(Quota::per_minute(2).unwrap(), HeaderKey::new("x-api-key").unwrap())
-        .with_rule(
-            Rule::new("strict", KeyPattern::text("trial").unwrap())
-                .with_quota(Quota::per_hour(1).unwrap()),
-        )
-        .unwrap()
-        .with_response_headers(RateLimitHeaders::both());
+    let limit = RateLimitLayer::new(
+        Quota::per_minute(2).unwrap(),
+        HeaderKey::new("x-api-key").unwrap(),
+    )
+    .with_rule(
+        Rule::new("strict", KeyPattern::text("trial").unwrap())
+            .with_quota(Quota::per_hour(1).unwrap()),
+    )
+    .unwrap()
+    .with_response_headers(RateLimitHeaders::both());
     let app = Router::new().route("/", get(|| async { "hello" })).layer(
         ServiceBuilder::new()
             .layer(ThrottleResponseLayer::new().with_headers(RateLimitHeaders::both()))
@@ -59,7 +62,10 @@ async fn a_refusal_is_a_429_with_retry_after_headers_and_json() {
     let first = get("alice").await.unwrap();
     assert_eq!(first.status(), 200);
     // Admitted responses say what remains.
-    assert_eq!(header(&first, "ratelimit-policy"), r#""(default)";q=2;w=60"#);
+    assert_eq!(
+        header(&first, "ratelimit-policy"),
+        r#""(default)";q=2;w=60"#
+    );
     assert_eq!(header(&first, "ratelimit"), r#""(default)";r=1;t=30"#);
     assert_eq!(header(&first, "x-ratelimit-remaining"), "1");
     assert_eq!(first.text().await.unwrap(), "hello");
@@ -77,12 +83,20 @@ async fn a_refusal_is_a_429_with_retry_after_headers_and_json() {
     assert_eq!(body["error"]["code"], "rate_limited");
     let retry = body["error"]["retry_after"].as_f64().unwrap();
     assert!(retry > 29.0 && retry <= 30.0, "{retry}");
-    assert!(body["error"]["message"].as_str().unwrap().contains("`alice`"));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("`alice`")
+    );
 
     // The stricter rule's policy and window.
     assert_eq!(get("trial").await.unwrap().status(), 200);
     let refused = get("trial").await.unwrap();
-    assert_eq!(header(&refused, "ratelimit-policy"), r#""strict";q=1;w=3600"#);
+    assert_eq!(
+        header(&refused, "ratelimit-policy"),
+        r#""strict";q=1;w=3600"#
+    );
     assert_eq!(header(&refused, "retry-after"), "3600");
 
     // No key: 400, saying what is missing.
@@ -102,7 +116,10 @@ async fn a_closure_can_build_the_whole_response() {
                     http::Response::builder()
                         .status(rejection.status())
                         .header("content-type", "text/plain")
-                        .body(axum::body::Body::from(format!("slow down ({})", rejection.code())))
+                        .body(axum::body::Body::from(format!(
+                            "slow down ({})",
+                            rejection.code()
+                        )))
                         .unwrap()
                 },
             ))
@@ -136,19 +153,44 @@ async fn client_ip_keys_trust_forwarded_headers_only_when_told() {
     let client = reqwest::Client::new();
     // Not trusted: a client cannot spread itself over made-up addresses.
     let (base, stop) = serve(app(0)).await;
-    let from = |ip: &str| client.get(&base).header("x-forwarded-for", ip.to_owned()).send();
+    let from = |ip: &str| {
+        client
+            .get(&base)
+            .header("x-forwarded-for", ip.to_owned())
+            .send()
+    };
     assert_eq!(from("203.0.113.1").await.unwrap().status(), 200);
     assert_eq!(from("203.0.113.2").await.unwrap().status(), 429);
     let _ = stop.send(());
     // Behind one trusted proxy: the address it appended is the client.
     let (base, stop) = serve(app(1)).await;
-    let from = |ip: &str| client.get(&base).header("x-forwarded-for", ip.to_owned()).send();
-    assert_eq!(from("198.51.100.9, 203.0.113.1").await.unwrap().status(), 200);
-    assert_eq!(from("198.51.100.9, 203.0.113.2").await.unwrap().status(), 200);
+    let from = |ip: &str| {
+        client
+            .get(&base)
+            .header("x-forwarded-for", ip.to_owned())
+            .send()
+    };
+    assert_eq!(
+        from("198.51.100.9, 203.0.113.1").await.unwrap().status(),
+        200
+    );
+    assert_eq!(
+        from("198.51.100.9, 203.0.113.2").await.unwrap().status(),
+        200
+    );
     let refused = from("10.9.9.9, 203.0.113.1").await.unwrap();
-    assert_eq!(refused.status(), 429, "a spoofed first entry changes nothing");
+    assert_eq!(
+        refused.status(),
+        429,
+        "a spoofed first entry changes nothing"
+    );
     let body: serde_json::Value = serde_json::from_str(&refused.text().await.unwrap()).unwrap();
-    assert!(body["error"]["message"].as_str().unwrap().contains("203.0.113.1"));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("203.0.113.1")
+    );
     let _ = stop.send(());
     tokio::time::sleep(Duration::from_millis(1)).await;
 }

@@ -52,10 +52,22 @@ fn every_error_names_its_field_path() {
             "[rate_limit]\n[[rate_limit.rules]]\nkey = \"a\"\n[[rate_limit.rules]]\nkey = \"b\"\n[[rate_limit.rules]]\nkey = \"c\"\nquotas = [{ limit = 5, period = \"1m\", burst = -1 }]",
             "rate_limit.rules[2].quotas[0].burst",
         ),
-        ("[rate_limit]\nquotas = [{ limit = 5, period = \"fast\" }]", "rate_limit.quotas[0].period"),
-        ("[concurrency]\nmax_in_flight = 0", "concurrency.max_in_flight"),
-        ("[concurrency]\nmax_in_flight = 2\nmax_queue = -5", "concurrency.max_queue"),
-        ("[concurrency]\nmax_in_flight = 2\nqueue_timeout = \"soon\"", "concurrency.queue_timeout"),
+        (
+            "[rate_limit]\nquotas = [{ limit = 5, period = \"fast\" }]",
+            "rate_limit.quotas[0].period",
+        ),
+        (
+            "[concurrency]\nmax_in_flight = 0",
+            "concurrency.max_in_flight",
+        ),
+        (
+            "[concurrency]\nmax_in_flight = 2\nmax_queue = -5",
+            "concurrency.max_queue",
+        ),
+        (
+            "[concurrency]\nmax_in_flight = 2\nqueue_timeout = \"soon\"",
+            "concurrency.queue_timeout",
+        ),
         ("[backoff]\njitter = 1.5", "backoff.jitter"),
         ("[backoff]\nmode = \"pray\"", "backoff.mode"),
         ("[backoff]\nmode = \"wait\"", "backoff.max_wait"),
@@ -66,7 +78,10 @@ fn every_error_names_its_field_path() {
             .and_then(|c| c.validate())
             .expect_err(toml);
         assert_eq!(&err.field, field, "{toml}: {err}");
-        assert!(err.to_string().starts_with(&format!("invalid `{field}`")), "{err}");
+        assert!(
+            err.to_string().starts_with(&format!("invalid `{field}`")),
+            "{err}"
+        );
     }
     // Identity errors carry the identity prefix and name the header.
     let err = StackConfig::from_toml("[[identity.rules]]\nheaders = { \"bad header\" = \"x\" }")
@@ -108,13 +123,25 @@ fn a_later_stack_layer_may_only_tighten() {
     let limits = merged.rate_limit.unwrap();
     assert!(limits.enabled, "switching off is ignored");
     let caps: Vec<_> = limits.default.iter().map(|q| q.limit()).collect();
-    assert_eq!(caps, vec![60, 1000], "raised limit ignored, daily cap added");
+    assert_eq!(
+        caps,
+        vec![60, 1000],
+        "raised limit ignored, daily cap added"
+    );
     assert!(ignored.iter().any(|i| i.field == "enabled"));
     let concurrency = merged.concurrency.unwrap();
     assert_eq!(concurrency.max_in_flight, 4);
     assert_eq!(concurrency.max_queue, Some(10));
     assert_eq!(concurrency.queue_timeout.as_deref(), Some("30s"));
     let backoff = merged.backoff.unwrap();
-    assert_eq!(backoff.max_cooldown.as_deref(), Some("10m"), "a longer cooldown cap tightens");
-    assert_eq!(backoff.initial_backoff.as_deref(), Some("1s"), "a shorter first cooldown is ignored");
+    assert_eq!(
+        backoff.max_cooldown.as_deref(),
+        Some("10m"),
+        "a longer cooldown cap tightens"
+    );
+    assert_eq!(
+        backoff.initial_backoff.as_deref(),
+        Some("1s"),
+        "a shorter first cooldown is ignored"
+    );
 }
