@@ -1,0 +1,209 @@
+//! The program: load the configuration, start the simulator and the
+//! gateway, print where they are, reload on edits, and shut down on a
+//! signal. Exit codes: 0 after a shutdown; 2 for a bad command line or
+//! configuration; 1 when a socket cannot be opened.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+use crate::cli::Cli;
+use crate::config::{self, DEFAULT_CONFIG, DEFAULT_LISTEN, Settings};
+use crate::gateway::{self, Running, StartError};
+use crate::{bench, demo, reload};
+
+/// Exit code for a mistake in the command line or the configuration.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code when the proxy cannot start for another reason.
+pub const EXIT_FAILURE: u8 = 1;
+
+/// A configuration, where it came from, and its bytes (for the watcher).
+pub struct Loaded {
+    /// Checked.
+    pub settings: Settings,
+    /// `--config` path, or "embedded default".
+    pub source: String,
+    /// The file's contents.
+    pub bytes: Vec<u8>,
+}
+
+/// Read and check the configuration: `path`, or the embedded default. The
+/// error is one line naming the file and the field.
+pub fn load(path: Option<&Path>, env: config::Env<'_>) -> Result<Loaded, String> {
+    let Some(path) = path else {
+        let settings = Settings::from_toml(DEFAULT_CONFIG, env)
+            .map_err(|e| format!("the embedded default configuration: {e}"))?;
+        return Ok(Loaded {
+            settings,
+            source: "embedded default".to_owned(),
+            bytes: DEFAULT_CONFIG.as_bytes().to_vec(),
+        });
+    };
+    let bytes =
+        std::fs::read(path).map_err(|e| format!("cannot read --config {}: {e}", path.display()))?;
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|_| format!("{}: the file is not UTF-8", path.display()))?;
+    let settings =
+        Settings::from_toml(text, env).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(Loaded {
+        settings,
+        source: path.display().to_string(),
+        bytes,
+    })
+}
+
+/// Run the proxy until `stop` completes; returns the exit code. `ready`
+/// gets the gateway's URL once it serves.
+pub async fn run(
+    cli: Cli,
+    stop: impl Future<Output = ()>,
+    ready: Option<oneshot::Sender<String>>,
+) -> u8 {
+    let loaded = match load(cli.config.as_deref(), &config::process_env) {
+        Ok(loaded) => loaded,
+        Err(e) => {
+            eprintln!("proxy: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    if cli.bench {
+        if cli.requests == 0 || cli.connections.is_empty() || cli.connections.contains(&0) {
+            eprintln!("proxy: --requests and every --connections must be at least 1");
+            return EXIT_USAGE;
+        }
+        return match bench::run(cli.requests, &cli.connections).await {
+            Ok(report) => {
+                print!("{report}");
+                0
+            }
+            Err(e) => {
+                eprintln!("proxy: load test failed: {e}");
+                EXIT_FAILURE
+            }
+        };
+    }
+    let listen = match cli.listen.or(loaded.settings.gateway.listen) {
+        Some(addr) => addr,
+        None => DEFAULT_LISTEN
+            .parse::<SocketAddr>()
+            .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8080))),
+    };
+    let running = match gateway::start(loaded.settings, listen, loaded.source.clone()).await {
+        Ok(running) => running,
+        Err(e @ StartError::Config(_)) => {
+            eprintln!("proxy: {e}");
+            return EXIT_USAGE;
+        }
+        Err(e @ StartError::Io(_)) => {
+            eprintln!("proxy: {e}");
+            return EXIT_FAILURE;
+        }
+    };
+    print!("{}", banner(&running, cli.config.is_some()));
+    let watcher = cli.config.clone().map(|path| {
+        reload::spawn(
+            path,
+            loaded.bytes,
+            reload::POLL,
+            running.gateway.clone(),
+            Arc::new(config::process_env),
+        )
+    });
+    if let Some(ready) = ready {
+        let _ = ready.send(running.url());
+    }
+    let demo = cli.demo.then(|| {
+        let url = running.url();
+        let gateway = running.gateway.clone();
+        let counts = running.simulator.as_ref().map(|s| s.handle());
+        tokio::spawn(async move {
+            match demo::run(&url, &gateway, counts).await {
+                Ok(report) => println!("{report}\ndemo done; still serving (Ctrl-C to stop)"),
+                Err(e) => eprintln!("demo failed: {e}"),
+            }
+        })
+    });
+    stop.await;
+    tracing::info!("shutting down");
+    if let Some(demo) = demo {
+        demo.abort();
+    }
+    let clean = running.shutdown().await;
+    if let Some(watcher) = watcher {
+        watcher.abort();
+    }
+    tracing::info!(clean, "stopped");
+    0
+}
+
+/// Where everything is, and a request to try.
+pub fn banner(running: &Running, watching: bool) -> String {
+    let url = running.url();
+    let current = running.gateway.current();
+    let mut out = String::new();
+    out.push_str("tower-throttle proxy\n");
+    out.push_str(&format!(
+        "  gateway    {url}   (config: {}",
+        running.gateway.source()
+    ));
+    out.push_str(if watching {
+        ", reloaded on edit)\n"
+    } else {
+        ")\n"
+    });
+    for p in running.gateway.providers() {
+        let unprefixed = if p.default {
+            "  and unprefixed paths"
+        } else {
+            ""
+        };
+        out.push_str(&format!(
+            "  provider   {url}/{}/...  -> {}{unprefixed}\n",
+            p.name, p.upstream
+        ));
+    }
+    if let Some(sim) = &running.simulator {
+        out.push_str(&format!("  simulator  {}   (models: ", sim.url()));
+        let models: Vec<String> = current
+            .settings
+            .simulator
+            .iter()
+            .flat_map(|s| s.models.iter())
+            .map(|m| m.name.clone())
+            .collect();
+        out.push_str(&models.join(", "));
+        out.push_str(")\n");
+    }
+    out.push_str(&format!("  live page  {url}/\n"));
+    out.push_str(&format!(
+        "  stats      {url}/stats   events: {url}/events   metrics: {url}/metrics\n"
+    ));
+    let model = current
+        .settings
+        .simulator
+        .as_ref()
+        .and_then(|s| s.models.first())
+        .map(|m| m.name.clone())
+        .unwrap_or_else(|| "MODEL".to_owned());
+    let path = match current.settings.default_provider() {
+        Some(_) => "/v1/chat/completions".to_owned(),
+        None => format!(
+            "/{}/v1/chat/completions",
+            current
+                .settings
+                .providers
+                .first()
+                .map_or("PROVIDER", |p| &*p.name)
+        ),
+    };
+    out.push_str(&format!(
+        "try:\n  curl -s {url}{path} -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'\n"
+    ));
+    out.push_str(&format!(
+        "  for i in $(seq 30); do curl -s -o /dev/null -w '%{{http_code}} ' {url}{path} -d '{{\"model\":\"{model}\"}}' & done; wait; echo\n"
+    ));
+    out
+}

@@ -1,0 +1,238 @@
+//! `--bench`: a bounded load test on loopback. The same requests are sent
+//! to the simulator directly, through a plain forwarding proxy built on the
+//! same HTTP stack without any layer (the cost of one more HTTP hop), and
+//! through the gateway (all four layers active, with limits far above the
+//! load, so none is hit), with C connections each sending its share one
+//! after another. Prints throughput and latency percentiles of each, what
+//! the gateway adds to the direct path, and what its layers add to the
+//! plain hop.
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tower_throttle::error::BoxError;
+
+use crate::config::{Settings, process_env};
+use crate::gateway;
+
+/// The gateway for the load test: the simulator answering at once without a
+/// limit, and every layer on with limits the load never reaches.
+pub const BENCH_CONFIG: &str = r#"
+[simulator]
+latency = "0ms"
+models = [{ name = "sim-small", limit = 0, period = "1s" }]
+
+[[providers]]
+name = "sim"
+base_url = "simulator"
+
+[rate_limit]
+quotas = [{ limit = 100000000, period = "1s" }]
+
+[concurrency]
+max_in_flight = 100000
+
+[backoff]
+initial_backoff = "1s"
+
+[[identity.rules]]
+host = "127.0.0.1"
+user_agent = "tower-throttle-proxy-bench/0.1"
+request_id = true
+"#;
+
+const BODY: &str = r#"{"model":"sim-small","messages":[{"role":"user","content":"hello"}]}"#;
+
+/// One run's numbers.
+#[derive(Clone, Debug)]
+pub struct Run {
+    /// Requests per second.
+    pub throughput: f64,
+    /// Median latency, µs.
+    pub p50: u64,
+    /// 99th percentile, µs.
+    pub p99: u64,
+    /// Non-200 answers or failures.
+    pub errors: u64,
+}
+
+type LoadClient = Client<HttpConnector, Full<Bytes>>;
+
+/// `requests` POSTs to `url` over `connections` connections.
+pub async fn load(
+    client: &LoadClient,
+    url: &str,
+    requests: u64,
+    connections: usize,
+) -> Result<Run, BoxError> {
+    let per = requests.div_ceil(connections as u64);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..connections {
+        let client = client.clone();
+        let url: http::Uri = url.parse()?;
+        tasks.push(tokio::spawn(async move {
+            let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+            let mut errors = 0u64;
+            for _ in 0..per {
+                let request = http::Request::post(url.clone())
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from_static(BODY.as_bytes())))?;
+                let sent = Instant::now();
+                match client.request(request).await {
+                    Ok(response) => {
+                        let ok = response.status() == 200;
+                        let read = response.into_body().collect().await;
+                        if !ok || read.is_err() {
+                            errors += 1;
+                        }
+                    }
+                    Err(_) => errors += 1,
+                }
+                let micros = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
+                hist.saturating_record(micros.max(1));
+            }
+            Ok::<_, BoxError>((hist, errors))
+        }));
+    }
+    let mut all = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let mut errors = 0;
+    for task in tasks {
+        let (hist, e) = task.await??;
+        all.add(&hist)?;
+        errors += e;
+    }
+    let elapsed = start.elapsed();
+    Ok(Run {
+        throughput: all.len() as f64 / elapsed.as_secs_f64(),
+        p50: all.value_at_quantile(0.5),
+        p99: all.value_at_quantile(0.99),
+        errors,
+    })
+}
+
+/// A forwarding proxy to `upstream` with nothing but hyper and axum: the
+/// floor under any gateway's cost. Returns its URL.
+async fn plain_proxy(upstream: String, client: LoadClient) -> Result<String, BoxError> {
+    let app = Router::new().fallback(move |req: Request<Body>| {
+        let client = client.clone();
+        let upstream = upstream.clone();
+        async move {
+            let (parts, body) = req.into_parts();
+            let Ok(bytes) = axum::body::to_bytes(body, 4 << 20).await else {
+                return StatusCode::BAD_REQUEST.into_response();
+            };
+            let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+            let Ok(uri) = format!("{upstream}{path}").parse::<http::Uri>() else {
+                return StatusCode::BAD_REQUEST.into_response();
+            };
+            let mut headers = parts.headers;
+            headers.remove(header::HOST);
+            headers.remove(header::CONTENT_LENGTH);
+            let mut out = http::Request::new(Full::new(bytes));
+            *out.method_mut() = parts.method;
+            *out.uri_mut() = uri;
+            *out.headers_mut() = headers;
+            match client.request(out).await {
+                Ok(response) => response.map(Body::new),
+                Err(_) => Response::builder()
+                    .status(StatusCode::BAD_GATEWAY)
+                    .body(Body::empty())
+                    .unwrap_or_default(),
+            }
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(url)
+}
+
+/// Run the comparison and return the report.
+pub async fn run(requests: u64, connections: &[usize]) -> Result<String, BoxError> {
+    let settings = Settings::from_toml(BENCH_CONFIG, &process_env)?;
+    let running = gateway::start(settings, ([127, 0, 0, 1], 0).into(), "bench")
+        .await
+        .map_err(|e| e.to_string())?;
+    let direct = format!(
+        "{}/v1/chat/completions",
+        running
+            .simulator
+            .as_ref()
+            .map(|s| s.url())
+            .unwrap_or_default()
+    );
+    let through = format!("{}/v1/chat/completions", running.url());
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let most = connections.iter().copied().max().unwrap_or(1);
+    let client: LoadClient = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(most * 2)
+        .build(connector);
+    let simulator = running
+        .simulator
+        .as_ref()
+        .map(|s| s.url())
+        .unwrap_or_default();
+    let plain = format!(
+        "{}/v1/chat/completions",
+        plain_proxy(simulator, client.clone()).await?
+    );
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "load test: {requests} requests per run, loopback, no limit hit"
+    );
+    let _ = writeln!(
+        out,
+        "| connections | path | req/s | p50 µs | p99 µs | errors |\n|---:|---|---:|---:|---:|---:|"
+    );
+    let mut summary = String::new();
+    for &c in connections {
+        // Warm every path up: connections, pools, caches.
+        for url in [&direct, &plain, &through] {
+            load(&client, url, 500.min(requests), c).await?;
+        }
+        let d = load(&client, &direct, requests, c).await?;
+        let p = load(&client, &plain, requests, c).await?;
+        let g = load(&client, &through, requests, c).await?;
+        for (name, r) in [
+            ("simulator direct", &d),
+            ("plain proxy, no layers", &p),
+            ("the gateway, four layers", &g),
+        ] {
+            let _ = writeln!(
+                out,
+                "| {c} | {name} | {:.0} | {} | {} | {} |",
+                r.throughput, r.p50, r.p99, r.errors
+            );
+        }
+        let share = |a: &Run, b: &Run| 100.0 * a.throughput / b.throughput.max(f64::MIN_POSITIVE);
+        let _ = writeln!(
+            summary,
+            "  {c} connection(s): the gateway adds {} µs at p50 and {} µs at p99 to the direct path and keeps {:.0}% of its throughput;\n    its layers add {} µs at p50 and {} µs at p99 to a plain proxy hop and keep {:.0}% of its throughput",
+            g.p50.saturating_sub(d.p50),
+            g.p99.saturating_sub(d.p99),
+            share(&g, &d),
+            g.p50.saturating_sub(p.p50),
+            g.p99.saturating_sub(p.p99),
+            share(&g, &p),
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    out.push_str(&summary);
+    running.shutdown().await;
+    Ok(out)
+}

@@ -1,0 +1,53 @@
+//! The command line.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// An LLM API gateway: per-(provider, model) rate limits, concurrency caps
+/// and upstream-429 cooldowns in front of OpenAI-compatible upstreams, with
+/// live stats. Without --config it runs the embedded default: a built-in
+/// upstream simulator behind limits tighter than its own.
+#[derive(Debug, Parser)]
+#[command(name = "proxy")]
+pub struct Cli {
+    /// Configuration file (TOML; see examples/proxy/proxy.toml). Edits are
+    /// applied while running.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Address the gateway listens on [default: [gateway] listen, else
+    /// 127.0.0.1:8080].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+
+    /// Also drive a short load through the gateway and print what each
+    /// layer did; then keep serving.
+    #[arg(long, conflicts_with = "bench")]
+    pub demo: bool,
+
+    /// Load test on loopback: the gateway in front of the simulator against
+    /// the simulator alone, no limit hit; print throughput and latency, exit.
+    #[arg(long)]
+    pub bench: bool,
+
+    /// Requests per load-test run.
+    #[arg(long, value_name = "N", default_value_t = 20_000, requires = "bench")]
+    pub requests: u64,
+
+    /// Connections of the load-test runs, comma-separated.
+    #[arg(
+        long,
+        value_name = "C,...",
+        default_value = "1,32",
+        value_delimiter = ',',
+        requires = "bench"
+    )]
+    pub connections: Vec<usize>,
+
+    /// Log filter: a level (`info`, `debug`) or `target=level` pairs
+    /// [default: $RUST_LOG, else info].
+    #[arg(long, value_name = "FILTER")]
+    pub log: Option<String>,
+}

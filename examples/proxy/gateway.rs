@@ -1,0 +1,1008 @@
+//! The gateway: finds a request's provider and model, and sends it upstream
+//! through the client stack of all four layers.
+//!
+//! ```text
+//! axum handler: provider from the path, body buffered (max_body_bytes),
+//!               model from the body's JSON "model", Route put in extensions
+//!   ThrottleResponseLayer   refusals -> 429/503 + Retry-After (+ RateLimit headers)
+//!   map_result              transport errors -> 502/504; body -> axum Body
+//!   Backoff429Layer         route cooling after an upstream 429: refuse or hold
+//!   ConcurrencyLayer        N in flight per route; the permit lives in the body
+//!   RateLimitLayer          per-route quotas and rules; refuse, or wait in FIFO
+//!   IdentityHeaderLayer     User-Agent, x-request-id by URL rules
+//!   Timeout                 upstream_timeout, to the response headers
+//!   Upstream                API key added here, last; Bytes -> Full; hyper client
+//! ```
+//!
+//! The layers run on `http::Request<Bytes>`: the body is buffered once (LLM
+//! requests are small and must be whole before a JSON field can be read),
+//! and converted to hyper's `Full<Bytes>` only in the innermost service. The
+//! response is never buffered: hyper's `Incoming` body goes back to the
+//! client chunk by chunk inside a `ConcurrencyBody`, so a streamed answer
+//! holds its route's permit until its last chunk.
+//!
+//! The backoff layer is outermost of the three so that a cooling route is
+//! refused before it takes a permit or a rate slot; the concurrency layer is
+//! outside the rate limiter so that rate admissions are the instants
+//! requests reach the upstream (see the crate's `concurrency` docs).
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, Request, Response, StatusCode, Uri, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use bytes::Bytes;
+use http::uri::Authority;
+use http_body_util::{Full, LengthLimitError};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use parking_lot::Mutex;
+use serde::Serialize;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tower::util::BoxCloneSyncService;
+use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_throttle::backoff::{Backoff429Layer, BackoffHandle};
+use tower_throttle::concurrency::{ConcurrencyBody, ConcurrencyHandle, ConcurrencyLayer};
+use tower_throttle::error::{BoxError, ConfigError, MissingKey};
+use tower_throttle::identity::{IdentityHeaderLayer, StableIds};
+use tower_throttle::key::{JsonFieldKey, KeyBuilder, KeyExtractor, key_parts};
+use tower_throttle::rate_limit::{CountAll, Limits, OneUnit, RateLimitHandle, RateLimitLayer};
+use tower_throttle::respond::{RateLimitHeaders, Rejection, ThrottleResponseLayer};
+
+use crate::config::{Credential, MAX_MODEL_LEN, Settings, Upstream as UpstreamKind};
+use crate::simulator::Simulator;
+use crate::stats;
+
+/// Concurrency without a `[concurrency]` section: the layer still counts
+/// requests in flight per route, it just never makes one wait.
+const UNLIMITED: usize = 1 << 30;
+
+/// The model part of a route whose body names none (`GET /v1/models`).
+pub const NO_MODEL: &str = "(none)";
+
+/// A request's route, put in its extensions by the handler: the key every
+/// layer counts it under.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Route {
+    /// The provider's name.
+    pub provider: Arc<str>,
+    /// The body's `"model"`, or [`NO_MODEL`].
+    pub model: Arc<str>,
+}
+
+impl fmt::Display for Route {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.provider, self.model)
+    }
+}
+
+/// Keys a request by its [`Route`]: two parts, so rules can match
+/// `provider` and `model` patterns.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RouteKey;
+
+impl<B> KeyExtractor<http::Request<B>> for RouteKey {
+    fn extract(&self, req: &http::Request<B>, key: &mut KeyBuilder<'_>) -> Result<(), MissingKey> {
+        let route = req
+            .extensions()
+            .get::<Route>()
+            .ok_or_else(|| MissingKey::new("route"))?;
+        key.push_str(&route.provider);
+        key.push_str(&route.model);
+        Ok(())
+    }
+}
+
+/// The provider's API key, riding in the request's extensions to the
+/// innermost service, which alone puts it in a header.
+#[derive(Clone)]
+struct Outbound(Credential);
+
+impl fmt::Debug for Outbound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Outbound(<redacted>)")
+    }
+}
+
+/// What upstreams answered, per route and in all.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct UpstreamCounts {
+    /// Responses received (any status).
+    pub responses: u64,
+    /// 2xx and 3xx.
+    pub ok: u64,
+    /// 429.
+    pub rate_limited: u64,
+    /// Other 4xx.
+    pub client_errors: u64,
+    /// 5xx.
+    pub server_errors: u64,
+    /// No response: unreachable, reset, or too slow.
+    pub failed: u64,
+}
+
+impl UpstreamCounts {
+    fn add(&mut self, status: Option<StatusCode>) {
+        let Some(status) = status else {
+            self.failed += 1;
+            return;
+        };
+        self.responses += 1;
+        match status.as_u16() {
+            429 => self.rate_limited += 1,
+            400..=499 => self.client_errors += 1,
+            500..=599 => self.server_errors += 1,
+            _ => self.ok += 1,
+        }
+    }
+}
+
+/// Wakes the stats hub when something not counted by the layers moves; a
+/// burst of changes wakes it once (the first change after it looked).
+#[derive(Debug, Default)]
+pub struct Changed {
+    dirty: AtomicBool,
+    epoch: AtomicU64,
+    notify: Notify,
+}
+
+impl Changed {
+    /// Something moved.
+    pub fn touch(&self) {
+        // In a burst the flag is already set: one load, nothing else.
+        if !self.dirty.load(Ordering::Relaxed) && !self.dirty.swap(true, Ordering::AcqRel) {
+            self.epoch.fetch_add(1, Ordering::Release);
+            self.notify.notify_waiters();
+        }
+    }
+
+    /// Wait until something moved since `seen`.
+    pub async fn wait(&self, seen: &mut u64) {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let epoch = self.epoch.load(Ordering::Acquire);
+            if epoch != *seen {
+                *seen = epoch;
+                self.dirty.store(false, Ordering::Release);
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Upstream answers by route, up to `max` routes apart.
+#[derive(Debug)]
+pub struct UpstreamCounters {
+    max: usize,
+    table: Mutex<(UpstreamCounts, HashMap<Route, UpstreamCounts>)>,
+    /// Touched on every answer.
+    pub changed: Changed,
+}
+
+impl UpstreamCounters {
+    fn new(max: usize) -> Self {
+        Self {
+            max,
+            table: Mutex::new(Default::default()),
+            changed: Changed::default(),
+        }
+    }
+
+    fn record(&self, route: Option<&Route>, status: Option<StatusCode>) {
+        {
+            let mut table = self.table.lock();
+            table.0.add(status);
+            if let Some(route) = route {
+                let full = table.1.len() >= self.max;
+                match table.1.get_mut(route) {
+                    Some(counts) => counts.add(status),
+                    None if !full => table.1.entry(route.clone()).or_default().add(status),
+                    None => {}
+                }
+            }
+        }
+        self.changed.touch();
+    }
+
+    /// The totals and the routes (`provider/model`), sorted.
+    pub fn snapshot(&self) -> (UpstreamCounts, Vec<(String, UpstreamCounts)>) {
+        let table = self.table.lock();
+        let mut routes: Vec<_> = table
+            .1
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        routes.sort_by(|a, b| a.0.cmp(&b.0));
+        (table.0.clone(), routes)
+    }
+}
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// The innermost service: adds the API key, hands the request to hyper,
+/// counts the answer.
+#[derive(Clone)]
+pub struct Upstream {
+    client: HttpClient,
+    counters: Arc<UpstreamCounters>,
+}
+
+impl fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Upstream").finish_non_exhaustive()
+    }
+}
+
+/// The plain-HTTP client every request goes out through. For https
+/// upstreams, this is the one place to give it a TLS connector (e.g.
+/// `hyper-rustls`'s `HttpsConnector` around this `HttpConnector`).
+fn http_client() -> HttpClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(Duration::from_secs(10)));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .build(connector)
+}
+
+impl Service<http::Request<Bytes>> for Upstream {
+    type Response = http::Response<Body>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        // hyper's pooled client is always ready; it connects per request.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<Bytes>) -> Self::Future {
+        let (mut parts, body) = req.into_parts();
+        let route = parts.extensions.get::<Route>().cloned();
+        if let Some(Outbound(credential)) = parts.extensions.remove::<Outbound>() {
+            parts.headers.insert(credential.header, credential.value);
+        }
+        let future = self
+            .client
+            .request(http::Request::from_parts(parts, Full::new(body)));
+        let counters = self.counters.clone();
+        Box::pin(async move {
+            let result = future.await;
+            counters.record(route.as_ref(), result.as_ref().ok().map(|r| r.status()));
+            // hyper's body, boxed as is: frames still pass one by one.
+            result.map(|r| r.map(Body::new)).map_err(|e| {
+                let route = route.map(|r| r.to_string()).unwrap_or_default();
+                tracing::warn!(%route, error = %error_chain(&e), "upstream request failed");
+                Box::new(e) as BoxError
+            })
+        })
+    }
+}
+
+/// An error and its sources, on one line.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// The whole client stack, boxed so a reload can swap it.
+pub type ProxyService = BoxCloneSyncService<http::Request<Bytes>, Response<Body>, Infallible>;
+
+/// The stateful layers, built once: their limiters, permits and cooldowns
+/// outlive every reload. Each reload layers clones of them (sharing that
+/// state) with the new waits and queue limits.
+struct Layers {
+    rate: RateLimitLayer<RouteKey, OneUnit, CountAll, RateLimitHeaders>,
+    concurrency: ConcurrencyLayer<RouteKey>,
+    backoff: Backoff429Layer<RouteKey>,
+    /// The identity layer's client/project/session ids, kept across reloads.
+    stable: Mutex<Option<StableIds>>,
+}
+
+/// Live control and stats of the three stateful layers.
+#[derive(Clone, Debug)]
+pub struct Handles {
+    /// The rate limiter: retune, switch, stats.
+    pub rate: RateLimitHandle,
+    /// Requests in flight and queued.
+    pub concurrency: ConcurrencyHandle,
+    /// Cooldowns.
+    pub backoff: BackoffHandle,
+}
+
+/// One provider, resolved to where requests go.
+#[derive(Clone, Debug)]
+struct Target {
+    name: Arc<str>,
+    authority: Authority,
+    base_path: String,
+    credential: Option<Credential>,
+    default: bool,
+}
+
+/// A provider as `/stats` shows it: never its key.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProviderInfo {
+    /// Its name.
+    pub name: String,
+    /// Where it is.
+    pub upstream: String,
+    /// Whether it serves unprefixed paths.
+    pub default: bool,
+    /// Whether the gateway sends it an API key.
+    pub authenticated: bool,
+}
+
+/// The configuration in force, swapped whole by a reload.
+pub struct Current {
+    /// The settings it was built from.
+    pub settings: Arc<Settings>,
+    targets: Vec<Target>,
+    service: ProxyService,
+    /// 1 at start, one more per applied reload.
+    pub generation: u64,
+}
+
+struct Inner {
+    current: ArcSwap<Current>,
+    layers: Layers,
+    handles: Handles,
+    upstream: Upstream,
+    counters: Arc<UpstreamCounters>,
+    simulator: Option<SocketAddr>,
+    source: String,
+    config_changed: Changed,
+    event_clients: AtomicUsize,
+    hub: watch::Sender<stats::Published>,
+    /// The last publication's sequence number and body, for the hub.
+    last_published: Mutex<(u64, String)>,
+    shutdown: watch::Sender<bool>,
+    started: SystemTime,
+    model_key: JsonFieldKey,
+}
+
+/// The gateway's shared state; cheap to clone.
+#[derive(Clone)]
+pub struct Gateway {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gateway")
+            .field("source", &self.inner.source)
+            .field("generation", &self.current().generation)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a reload did.
+#[derive(Debug)]
+pub struct Applied {
+    /// The new configuration's generation.
+    pub generation: u64,
+    /// Fields that changed but take effect on restart only.
+    pub restart_only: Vec<&'static str>,
+}
+
+fn parse_duration(field: &str, text: Option<&str>) -> Result<Option<Duration>, ConfigError> {
+    text.map(|t| {
+        humantime::parse_duration(t.trim())
+            .map_err(|e| ConfigError::new(field, format!("`{t}` is not a duration ({e})")))
+    })
+    .transpose()
+}
+
+impl Gateway {
+    /// A gateway for `settings`; `simulator` is where the built-in upstream
+    /// listens, if it runs. `source` says where the configuration came from.
+    pub fn new(
+        settings: Settings,
+        simulator: Option<SocketAddr>,
+        source: impl Into<String>,
+    ) -> Result<Self, ConfigError> {
+        let routes = settings.gateway.max_routes;
+        let rate = RateLimitLayer::with_quotas(Vec::new(), RouteKey)
+            .with_key_stats(routes)
+            .with_response_headers(RateLimitHeaders::ietf());
+        let limits = settings.stack.rate_limit.clone().unwrap_or_default();
+        rate.handle()
+            .apply(&limits)
+            .map_err(|e| e.within("rate_limit"))?;
+        let (max_in_flight, release_at_headers) = match &settings.file.concurrency {
+            Some(c) => (
+                usize::try_from(c.max_in_flight).unwrap_or(1).max(1),
+                c.release_at_headers == Some(true),
+            ),
+            None => (UNLIMITED, false),
+        };
+        let mut concurrency = ConcurrencyLayer::new(max_in_flight, RouteKey)
+            .map_err(|e| e.within("concurrency"))?
+            .with_key_stats(routes);
+        if release_at_headers {
+            concurrency = concurrency.release_at_headers();
+        }
+        let backoff = settings
+            .stack
+            .backoff_layer(RouteKey)?
+            .unwrap_or_else(|| Backoff429Layer::new(RouteKey))
+            .with_key_stats(routes);
+        let handles = Handles {
+            rate: rate.handle(),
+            concurrency: concurrency.handle(),
+            backoff: backoff.handle(),
+        };
+        let counters = Arc::new(UpstreamCounters::new(routes));
+        let upstream = Upstream {
+            client: http_client(),
+            counters: counters.clone(),
+        };
+        let layers = Layers {
+            rate,
+            concurrency,
+            backoff,
+            stable: Mutex::new(None),
+        };
+        let current = build(&layers, &upstream, simulator, settings, 1)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                current: ArcSwap::from_pointee(current),
+                layers,
+                handles,
+                upstream,
+                counters,
+                simulator,
+                source: source.into(),
+                config_changed: Changed::default(),
+                event_clients: AtomicUsize::new(0),
+                hub: watch::Sender::new(stats::Published::default()),
+                last_published: Mutex::new((0, String::new())),
+                shutdown: watch::Sender::new(false),
+                started: SystemTime::now(),
+                model_key: JsonFieldKey::new("model"),
+            }),
+        })
+    }
+
+    /// Apply a new configuration without a restart: rate limits through the
+    /// limiter's handle (spent capacity stays spent, waiting requests keep
+    /// their turns), the rest by swapping the client stack, whose stateful
+    /// layers are clones of the running ones. Nothing changes on error.
+    pub fn apply(&self, settings: Settings) -> Result<Applied, ConfigError> {
+        let old = self.current();
+        let restart_only = old.settings.restart_only_changes(&settings);
+        let generation = old.generation + 1;
+        let limits = settings.stack.rate_limit.clone().unwrap_or_default();
+        // Everything that can fail is done before anything changes.
+        let current = build(
+            &self.inner.layers,
+            &self.inner.upstream,
+            self.inner.simulator,
+            settings,
+            generation,
+        )?;
+        self.inner
+            .handles
+            .rate
+            .apply(&limits)
+            .map_err(|e| e.within("rate_limit"))?;
+        self.inner.current.store(Arc::new(current));
+        self.inner.config_changed.touch();
+        Ok(Applied {
+            generation,
+            restart_only,
+        })
+    }
+
+    /// The configuration in force.
+    pub fn current(&self) -> Arc<Current> {
+        self.inner.current.load_full()
+    }
+
+    /// The layers' handles.
+    pub fn handles(&self) -> &Handles {
+        &self.inner.handles
+    }
+
+    /// Upstream answers by route.
+    pub fn counters(&self) -> &UpstreamCounters {
+        &self.inner.counters
+    }
+
+    /// Touched on every applied reload.
+    pub fn config_changed(&self) -> &Changed {
+        &self.inner.config_changed
+    }
+
+    /// Where the configuration came from.
+    pub fn source(&self) -> &str {
+        &self.inner.source
+    }
+
+    /// When the gateway started, in Unix seconds.
+    pub fn started_unix(&self) -> u64 {
+        self.inner
+            .started
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)
+    }
+
+    /// Clients connected to `/events` now.
+    pub fn event_clients(&self) -> &AtomicUsize {
+        &self.inner.event_clients
+    }
+
+    /// The latest stats published to `/events`.
+    pub fn hub(&self) -> &watch::Sender<stats::Published> {
+        &self.inner.hub
+    }
+
+    /// The last publication, for the hub.
+    pub fn last_published(&self) -> &Mutex<(u64, String)> {
+        &self.inner.last_published
+    }
+
+    /// True once shutdown has begun.
+    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.inner.shutdown.subscribe()
+    }
+
+    /// Begin shutting down: stop accepting, end `/events` streams (each
+    /// gets the final snapshot first), stop watching the config file.
+    pub fn begin_shutdown(&self) {
+        stats::publish(self);
+        self.inner.shutdown.send_replace(true);
+    }
+
+    /// The providers, as `/stats` shows them.
+    pub fn providers(&self) -> Vec<ProviderInfo> {
+        self.current()
+            .targets
+            .iter()
+            .map(|t| ProviderInfo {
+                name: t.name.to_string(),
+                upstream: format!("http://{}{}", t.authority, t.base_path),
+                default: t.default,
+                authenticated: t.credential.is_some(),
+            })
+            .collect()
+    }
+}
+
+/// Resolve the providers and layer the client stack for `settings`.
+fn build(
+    layers: &Layers,
+    upstream: &Upstream,
+    simulator: Option<SocketAddr>,
+    settings: Settings,
+    generation: u64,
+) -> Result<Current, ConfigError> {
+    let mut targets = Vec::new();
+    for (i, p) in settings.providers.iter().enumerate() {
+        let (authority, base_path) = match &p.upstream {
+            UpstreamKind::Http {
+                authority,
+                base_path,
+            } => (authority.clone(), base_path.clone()),
+            UpstreamKind::Simulator => {
+                let addr = simulator.ok_or_else(|| {
+                    ConfigError::new(
+                        format!("providers[{i}].base_url"),
+                        "the simulator is not running; a new [simulator] section takes effect on restart",
+                    )
+                })?;
+                let authority = Authority::try_from(addr.to_string()).map_err(|_| {
+                    ConfigError::new(format!("providers[{i}].base_url"), "bad simulator address")
+                })?;
+                (authority, String::new())
+            }
+        };
+        targets.push(Target {
+            name: p.name.clone(),
+            authority,
+            base_path,
+            credential: p.credential.clone(),
+            default: p.default,
+        });
+    }
+    let rate_wait = settings
+        .stack
+        .rate_limit
+        .as_ref()
+        .map_or(Duration::ZERO, |l: &Limits| l.max_wait);
+    let (max_queue, queue_timeout) = match &settings.file.concurrency {
+        Some(c) => (
+            c.max_queue
+                .map_or(usize::MAX, |q| usize::try_from(q).unwrap_or(usize::MAX)),
+            parse_duration("concurrency.queue_timeout", c.queue_timeout.as_deref())?,
+        ),
+        None => (usize::MAX, None),
+    };
+    let backoff_wait = match &settings.file.backoff {
+        Some(b) if b.mode.as_deref() == Some("wait") => {
+            parse_duration("backoff.max_wait", b.max_wait.as_deref())?.unwrap_or(Duration::ZERO)
+        }
+        _ => Duration::ZERO,
+    };
+    let identity = identity_layer(layers, &settings)?;
+
+    let rate = layers.rate.clone().with_max_wait(rate_wait);
+    let mut concurrency = layers.concurrency.clone().with_max_queue(max_queue);
+    if let Some(timeout) = queue_timeout {
+        concurrency = concurrency.with_queue_timeout(timeout);
+    }
+    let backoff = layers.backoff.clone().with_max_wait(backoff_wait);
+    let service = ServiceBuilder::new()
+        .layer(ThrottleResponseLayer::new())
+        .map_result(finish)
+        .layer(backoff)
+        .layer(concurrency)
+        .layer(rate)
+        .layer(identity)
+        .timeout(settings.gateway.upstream_timeout)
+        .service(upstream.clone());
+    Ok(Current {
+        settings: Arc::new(settings),
+        targets,
+        service: BoxCloneSyncService::new(service),
+        generation,
+    })
+}
+
+/// The identity layer for `settings`, keeping the ids of the first one
+/// unless the file pins its own.
+fn identity_layer(
+    layers: &Layers,
+    settings: &Settings,
+) -> Result<IdentityHeaderLayer, ConfigError> {
+    let mut layer = match settings.stack.identity_layer()? {
+        Some(layer) => layer,
+        None => IdentityHeaderLayer::new([]).map_err(|e| e.within("identity"))?,
+    };
+    let mut stable = layers.stable.lock();
+    match *stable {
+        None => *stable = Some(layer.stable_ids()),
+        Some(ids) => {
+            let pinned = settings.file.identity.as_ref().map(|c| &c.stable_ids);
+            if pinned.is_none_or(|p| p.client.is_none()) {
+                layer = layer.with_client_id(ids.client);
+            }
+            if pinned.is_none_or(|p| p.project.is_none()) {
+                layer = layer.with_project_id(ids.project);
+            }
+            if pinned.is_none_or(|p| p.session.is_none()) {
+                layer = layer.with_session_id(ids.session);
+            }
+        }
+    }
+    Ok(layer)
+}
+
+/// Responses to the client's body type; failures that are not the layers'
+/// refusals (those become 429/503 in `ThrottleResponseLayer`) to 502/504.
+fn finish(
+    result: Result<Response<ConcurrencyBody<Body>>, BoxError>,
+) -> Result<Response<Body>, BoxError> {
+    match result {
+        Ok(response) => Ok(response.map(Body::new)),
+        Err(e) if Rejection::of(&e).is_some() => Err(e),
+        Err(e) if e.is::<tower::timeout::error::Elapsed>() => Ok(json_error(
+            StatusCode::GATEWAY_TIMEOUT,
+            "upstream_timeout",
+            "the upstream did not answer within upstream_timeout",
+        )),
+        Err(_) => Ok(json_error(
+            StatusCode::BAD_GATEWAY,
+            "upstream_unreachable",
+            "the upstream could not be reached",
+        )),
+    }
+}
+
+/// An error in the same shape as the layers' refusals.
+pub fn json_error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
+    let body = serde_json::json!({"error": {"code": code, "message": message}});
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// Request headers that concern one connection, not the request.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Drop hop-by-hop headers, and those the `Connection` header names.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::try_from(n.trim()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+}
+
+/// The router: the stats endpoints, the live page, and everything else
+/// forwarded.
+pub fn router(gateway: Gateway) -> Router {
+    Router::new()
+        .route("/", get(stats::page))
+        // Browsers ask for it with the page; it is not the upstream's.
+        .route("/favicon.ico", get(|| async { StatusCode::NO_CONTENT }))
+        .route("/stats", get(stats::json))
+        .route("/events", get(stats::events))
+        .route("/metrics", get(stats::metrics))
+        .fallback(forward)
+        .with_state(gateway)
+}
+
+/// The provider for `path` and the path to send it, or `None`.
+fn target_for<'a>(targets: &'a [Target], path: &'a str) -> Option<(&'a Target, &'a str)> {
+    let trimmed = path.strip_prefix('/').unwrap_or(path);
+    let (first, rest) = match trimmed.find('/') {
+        Some(i) => (&trimmed[..i], &trimmed[i..]),
+        None => (trimmed, "/"),
+    };
+    if let Some(t) = targets.iter().find(|t| &*t.name == first) {
+        return Some((t, rest));
+    }
+    targets.iter().find(|t| t.default).map(|t| (t, path))
+}
+
+async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response<Body> {
+    let current = gateway.current();
+    let (parts, body) = req.into_parts();
+    let Some((target, rest)) = target_for(&current.targets, parts.uri.path()) else {
+        let names: Vec<&str> = current.targets.iter().map(|t| &*t.name).collect();
+        return json_error(
+            StatusCode::NOT_FOUND,
+            "no_provider",
+            &format!(
+                "no provider for this path; use /PROVIDER/... with one of: {}",
+                names.join(", ")
+            ),
+        );
+    };
+    let max_body = current.settings.gateway.max_body;
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max_body as u64) {
+        return too_large(max_body);
+    }
+    let body = match axum::body::to_bytes(body, max_body).await {
+        Ok(bytes) => bytes,
+        Err(e) if is_length_limit(&e) => return too_large(max_body),
+        Err(_) => {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                "bad_body",
+                "the request body could not be read",
+            );
+        }
+    };
+    let path_and_query = match parts.uri.query() {
+        Some(q) => format!("{}{rest}?{q}", target.base_path),
+        None => format!("{}{rest}", target.base_path),
+    };
+    let uri = Uri::builder()
+        .scheme("http")
+        .authority(target.authority.clone())
+        .path_and_query(path_and_query)
+        .build();
+    let Ok(uri) = uri else {
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            "bad_path",
+            "the request path cannot be forwarded",
+        );
+    };
+    let mut headers = parts.headers;
+    strip_hop_by_hop(&mut headers);
+    headers.remove(header::HOST);
+    headers.remove(header::CONTENT_LENGTH);
+    let mut out = http::Request::new(body);
+    *out.method_mut() = parts.method;
+    *out.uri_mut() = uri;
+    *out.headers_mut() = headers;
+    let model = match key_parts(&gateway.inner.model_key, &out) {
+        Ok(mut parts) => parts.pop().unwrap_or_else(|| NO_MODEL.to_owned()),
+        Err(_) => NO_MODEL.to_owned(),
+    };
+    if model.len() > MAX_MODEL_LEN || model.is_empty() {
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            "bad_model",
+            "the model name is empty or too long",
+        );
+    }
+    let route = Route {
+        provider: target.name.clone(),
+        model: Arc::from(model),
+    };
+    out.extensions_mut().insert(route.clone());
+    if let Some(credential) = &target.credential {
+        out.extensions_mut().insert(Outbound(credential.clone()));
+    }
+    let method = out.method().clone();
+    let response = match current.service.clone().oneshot(out).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    };
+    let (mut parts, body) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    tracing::debug!(%route, %method, status = parts.status.as_u16(), "forwarded");
+    Response::from_parts(parts, body)
+}
+
+fn too_large(max: usize) -> Response<Body> {
+    json_error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        &format!("the request body is larger than max_body_bytes ({max})"),
+    )
+}
+
+fn is_length_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if s.is::<LengthLimitError>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// Why the proxy could not start.
+#[derive(Debug)]
+pub enum StartError {
+    /// The configuration cannot run (exit code 2).
+    Config(ConfigError),
+    /// A socket could not be opened (exit code 1).
+    Io(String),
+}
+
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Config(e) => write!(f, "{e}"),
+            Self::Io(e) => f.write_str(e),
+        }
+    }
+}
+
+/// A gateway serving, with its simulator if it has one.
+pub struct Running {
+    /// The gateway's state.
+    pub gateway: Gateway,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// The built-in upstream, if configured.
+    pub simulator: Option<Simulator>,
+    server: JoinHandle<()>,
+    hub: JoinHandle<()>,
+}
+
+impl fmt::Debug for Running {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Running")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Start the simulator (if configured), then the gateway on `listen`.
+pub async fn start(
+    settings: Settings,
+    listen: SocketAddr,
+    source: impl Into<String>,
+) -> Result<Running, StartError> {
+    let simulator = match &settings.simulator {
+        Some(sim) => Some(Simulator::start(sim.clone()).await.map_err(|e| {
+            StartError::Io(format!("cannot start the simulator on {}: {e}", sim.listen))
+        })?),
+        None => None,
+    };
+    let gateway = Gateway::new(settings, simulator.as_ref().map(Simulator::addr), source)
+        .map_err(StartError::Config)?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| StartError::Io(format!("cannot listen on {listen}: {e}")))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| StartError::Io(format!("cannot listen on {listen}: {e}")))?;
+    let hub = tokio::spawn(stats::run_hub(gateway.clone()));
+    let app = router(gateway.clone());
+    let mut stop = gateway.shutdown_signal();
+    let server = tokio::spawn(async move {
+        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        });
+        if let Err(e) = serve.await {
+            tracing::error!(error = %e, "gateway stopped");
+        }
+    });
+    Ok(Running {
+        gateway,
+        addr,
+        simulator,
+        server,
+        hub,
+    })
+}
+
+impl Running {
+    /// `http://addr`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stop accepting, end `/events` streams, let in-flight requests finish
+    /// for at most `shutdown_grace`, then stop the simulator. True when
+    /// everything finished in time.
+    pub async fn shutdown(mut self) -> bool {
+        let grace = self.gateway.current().settings.gateway.shutdown_grace;
+        self.gateway.begin_shutdown();
+        let clean = tokio::time::timeout(grace, &mut self.server).await.is_ok();
+        if !clean {
+            tracing::warn!(
+                ?grace,
+                "requests still in flight after shutdown_grace; closing them"
+            );
+            self.server.abort();
+        }
+        if let Some(simulator) = self.simulator.take() {
+            simulator.stop(Duration::from_secs(1)).await;
+        }
+        self.hub.abort();
+        clean
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.server.abort();
+        self.hub.abort();
+    }
+}

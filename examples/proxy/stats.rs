@@ -1,0 +1,597 @@
+//! What the layers did, per route and in all: `GET /stats` (JSON),
+//! `GET /events` (server-sent events), `GET /metrics` (Prometheus text) and
+//! `GET /` (a live page fed by `/events`).
+//!
+//! One hub task listens to the three layers' subscriptions, the upstream
+//! counters and config reloads; when something moves it waits
+//! [`COALESCE`] for the rest of the burst, builds one snapshot and publishes
+//! it to every `/events` client through a `watch` channel (a slow client
+//! skips to the latest). With nobody listening it builds nothing.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{Response, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{Html, IntoResponse};
+use futures::Stream;
+use serde::Serialize;
+use tokio::sync::watch;
+use tower_throttle::backoff::CooldownEntry;
+use tower_throttle::stats::KeyStats;
+
+use crate::gateway::{Gateway, ProviderInfo, UpstreamCounts};
+
+/// How long the hub gathers a burst of changes into one event.
+pub const COALESCE: Duration = Duration::from_millis(50);
+
+/// While a route cools down, how often its remaining time is republished
+/// (a cooldown running out is a change nobody is told of).
+const COOLDOWN_TICK: Duration = Duration::from_secs(1);
+
+/// The live page.
+const PAGE: &str = include_str!("page.html");
+
+/// One snapshot as published to `/events`.
+#[derive(Clone, Debug, Default)]
+pub struct Published {
+    /// Rises with every publication; the events' `id`.
+    pub seq: u64,
+    /// The snapshot's JSON.
+    pub json: Arc<str>,
+}
+
+/// Everything `/stats` and `/events` show.
+#[derive(Clone, Debug, Serialize)]
+pub struct Snapshot {
+    /// The publication this belongs to (0 before the first).
+    pub seq: u64,
+    /// When the gateway started, Unix seconds.
+    pub started_unix: u64,
+    /// The configuration in force.
+    pub config: ConfigInfo,
+    /// The providers (never their keys).
+    pub providers: Vec<ProviderInfo>,
+    /// Every route added up.
+    pub aggregate: Aggregate,
+    /// Per (provider, model) route, sorted.
+    pub routes: Vec<RouteStats>,
+    /// Routes beyond `max_routes`, counted in the aggregate only.
+    pub untracked_routes: u64,
+    /// Clients on `/events` now.
+    pub event_clients: usize,
+}
+
+/// Where the configuration came from, and how often it was reloaded.
+#[derive(Clone, Debug, Serialize)]
+pub struct ConfigInfo {
+    /// `--config` path, or "embedded default".
+    pub source: String,
+    /// 1 at start, +1 per applied reload.
+    pub generation: u64,
+}
+
+/// Totals.
+#[derive(Clone, Debug, Serialize)]
+pub struct Aggregate {
+    /// The rate limiter's counters.
+    pub rate_limit: KeyStats,
+    /// The concurrency layer's counters.
+    pub concurrency: KeyStats,
+    /// The backoff layer's counters.
+    pub backoff: KeyStats,
+    /// Cooldowns started since the gateway started.
+    pub cooldowns_started: u64,
+    /// What upstreams answered.
+    pub upstream: UpstreamCounts,
+}
+
+/// One route: what each layer did with its requests.
+#[derive(Clone, Debug, Serialize)]
+pub struct RouteStats {
+    /// `provider/model`.
+    pub route: String,
+    /// The provider.
+    pub provider: String,
+    /// The model.
+    pub model: String,
+    /// Admitted, waited, refused by the rate limiter.
+    pub rate_limit: KeyStats,
+    /// In flight, queued, refused for a full queue or a timeout.
+    pub concurrency: KeyStats,
+    /// Let through, or refused while cooling down.
+    pub backoff: KeyStats,
+    /// The cooldown in force, if any.
+    pub cooldown: Option<CooldownEntry>,
+    /// What the upstream answered.
+    pub upstream: UpstreamCounts,
+}
+
+fn keyed(stats: Vec<KeyStats>) -> BTreeMap<String, KeyStats> {
+    stats.into_iter().map(|k| (k.key.clone(), k)).collect()
+}
+
+/// The counters now.
+pub fn snapshot(gateway: &Gateway, seq: u64) -> Snapshot {
+    let handles = gateway.handles();
+    let rate = handles.rate.stats();
+    let concurrency = handles.concurrency.stats();
+    let backoff = handles.backoff.stats();
+    let (upstream_total, upstream) = gateway.counters().snapshot();
+    let current = gateway.current();
+    let untracked_routes = rate
+        .untracked_keys
+        .max(concurrency.untracked_keys)
+        .max(backoff.requests.untracked_keys);
+    let mut rate_keys = keyed(rate.keys);
+    let mut concurrency_keys = keyed(concurrency.keys);
+    let mut backoff_keys = keyed(backoff.requests.keys);
+    let mut cooldowns: BTreeMap<String, CooldownEntry> = backoff
+        .cooldowns
+        .into_iter()
+        .map(|c| (c.key.clone(), c))
+        .collect();
+    let mut upstream: BTreeMap<String, UpstreamCounts> = upstream.into_iter().collect();
+    let mut names: Vec<String> = rate_keys
+        .keys()
+        .chain(concurrency_keys.keys())
+        .chain(backoff_keys.keys())
+        .chain(cooldowns.keys())
+        .chain(upstream.keys())
+        .cloned()
+        .collect();
+    names.sort();
+    names.dedup();
+    let blank = |key: &str| {
+        let mut stats = KeyStats::default();
+        stats.key = key.to_owned();
+        stats
+    };
+    let routes = names
+        .into_iter()
+        .map(|route| {
+            let (provider, model) = route.split_once('/').unwrap_or((&route, ""));
+            RouteStats {
+                provider: provider.to_owned(),
+                model: model.to_owned(),
+                rate_limit: rate_keys.remove(&route).unwrap_or_else(|| blank(&route)),
+                concurrency: concurrency_keys
+                    .remove(&route)
+                    .unwrap_or_else(|| blank(&route)),
+                backoff: backoff_keys.remove(&route).unwrap_or_else(|| blank(&route)),
+                cooldown: cooldowns.remove(&route),
+                upstream: upstream.remove(&route).unwrap_or_default(),
+                route,
+            }
+        })
+        .collect();
+    Snapshot {
+        seq,
+        started_unix: gateway.started_unix(),
+        config: ConfigInfo {
+            source: gateway.source().to_owned(),
+            generation: current.generation,
+        },
+        providers: gateway.providers(),
+        aggregate: Aggregate {
+            rate_limit: rate.aggregate,
+            concurrency: concurrency.aggregate,
+            backoff: backoff.requests.aggregate,
+            cooldowns_started: backoff.cooldowns_started,
+            upstream: upstream_total,
+        },
+        routes,
+        untracked_routes,
+        event_clients: gateway.event_clients().load(Ordering::Relaxed),
+    }
+}
+
+fn to_json(snapshot: &Snapshot) -> String {
+    // Plain data; serializing it cannot fail.
+    serde_json::to_string(snapshot).unwrap_or_else(|_| "{}".to_owned())
+}
+
+/// Publish a snapshot to `/events` clients if it differs from the last one
+/// published (a cooldown's remaining time counts as a difference).
+pub fn publish(gateway: &Gateway) {
+    if gateway.hub().receiver_count() == 0 {
+        return;
+    }
+    let mut last = gateway.last_published().lock();
+    let seq = last.0 + 1;
+    let json = to_json(&snapshot(gateway, seq));
+    // The sequence number differs every time; compare without it.
+    let body = json.split_once(',').map_or("", |(_, rest)| rest);
+    if body == last.1 {
+        return;
+    }
+    *last = (seq, body.to_owned());
+    gateway.hub().send_replace(Published {
+        seq,
+        json: Arc::from(json),
+    });
+}
+
+/// Publish a snapshot whenever the counters move, a burst at a time.
+pub async fn run_hub(gateway: Gateway) {
+    let handles = gateway.handles().clone();
+    let mut rate = handles.rate.subscribe();
+    let mut concurrency = handles.concurrency.subscribe();
+    let mut backoff = handles.backoff.subscribe();
+    let mut upstream_seen = 0;
+    let mut config_seen = 0;
+    let mut shutdown = gateway.shutdown_signal();
+    loop {
+        let cooling = !handles.backoff.cooldowns().is_empty();
+        let tick = async {
+            if cooling {
+                tokio::time::sleep(COOLDOWN_TICK).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            _ = rate.changed() => {}
+            _ = concurrency.changed() => {}
+            _ = backoff.changed() => {}
+            _ = gateway.counters().changed.wait(&mut upstream_seen) => {}
+            _ = gateway.config_changed().wait(&mut config_seen) => {}
+            _ = tick => {}
+        }
+        tokio::time::sleep(COALESCE).await;
+        publish(&gateway);
+    }
+}
+
+/// `GET /stats`.
+pub async fn json(State(gateway): State<Gateway>) -> Response<Body> {
+    let seq = gateway.hub().borrow().seq;
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        to_json(&snapshot(&gateway, seq)),
+    )
+        .into_response()
+}
+
+/// `GET /`.
+pub async fn page() -> Html<&'static str> {
+    Html(PAGE)
+}
+
+/// Counts a client on `/events` while its stream lives.
+struct Client(Gateway);
+
+impl Client {
+    fn new(gateway: Gateway) -> Self {
+        gateway.event_clients().fetch_add(1, Ordering::Relaxed);
+        Self(gateway)
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.0.event_clients().fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+struct Feed {
+    first: Option<Published>,
+    rx: watch::Receiver<Published>,
+    shutdown: watch::Receiver<bool>,
+    last: u64,
+    _client: Client,
+}
+
+fn event(p: &Published) -> Event {
+    Event::default().id(p.seq.to_string()).data(&*p.json)
+}
+
+/// The next event of a feed: the snapshot on connect, then each
+/// publication; on shutdown, the latest one not yet sent, then the end.
+async fn next(mut feed: Feed) -> Option<(Result<Event, Infallible>, Feed)> {
+    if let Some(first) = feed.first.take() {
+        feed.last = first.seq;
+        let event = event(&first).retry(Duration::from_secs(2));
+        return Some((Ok(event), feed));
+    }
+    loop {
+        let ending = tokio::select! {
+            biased;
+            changed = feed.rx.changed() => {
+                if changed.is_err() {
+                    return None;
+                }
+                false
+            }
+            _ = feed.shutdown.wait_for(|s| *s) => true,
+        };
+        // On shutdown, the latest publication not yet sent goes out first.
+        let published = feed.rx.borrow_and_update().clone();
+        if published.seq > feed.last {
+            feed.last = published.seq;
+            return Some((Ok(event(&published)), feed));
+        }
+        if ending {
+            return None;
+        }
+    }
+}
+
+/// `GET /events`: a snapshot on connect, then one per burst of changes,
+/// and a heartbeat comment when nothing happens.
+pub async fn events(
+    State(gateway): State<Gateway>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    // Counted before the first snapshot, which then includes this client.
+    let client = Client::new(gateway.clone());
+    let rx = gateway.hub().subscribe();
+    let seq = rx.borrow().seq;
+    let first = Published {
+        seq,
+        json: Arc::from(to_json(&snapshot(&gateway, seq))),
+    };
+    let heartbeat = gateway.current().settings.gateway.events_heartbeat;
+    let feed = Feed {
+        first: Some(first),
+        rx,
+        shutdown: gateway.shutdown_signal(),
+        last: 0,
+        _client: client,
+    };
+    Sse::new(futures::stream::unfold(feed, next))
+        .keep_alive(KeepAlive::new().interval(heartbeat).text("heartbeat"))
+}
+
+/// Prometheus text exposition, one family at a time.
+struct Prom {
+    out: String,
+}
+
+/// A label value with `\`, `"` and newlines escaped.
+fn escape(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+impl Prom {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.out, "# HELP {name} {help}");
+        let _ = writeln!(self.out, "# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        self.out.push_str(name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{k}=\"{}\"", escape(v));
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {value}");
+    }
+
+    /// A family with one sample per route.
+    fn per_route(
+        &mut self,
+        name: &str,
+        kind: &str,
+        help: &str,
+        routes: &[RouteStats],
+        value: impl Fn(&RouteStats) -> Option<f64>,
+    ) {
+        self.family(name, kind, help);
+        for r in routes {
+            if let Some(v) = value(r) {
+                self.sample(name, &[("provider", &r.provider), ("model", &r.model)], v);
+            }
+        }
+    }
+}
+
+/// The snapshot in Prometheus text format (version 0.0.4).
+pub fn prometheus(s: &Snapshot) -> String {
+    let mut p = Prom { out: String::new() };
+    let r = &s.routes;
+    let n = |v: u64| Some(v as f64);
+    p.per_route(
+        "proxy_rate_limit_admitted_total",
+        "counter",
+        "Requests the rate limiter let through.",
+        r,
+        |x| n(x.rate_limit.admitted),
+    );
+    p.per_route(
+        "proxy_rate_limit_rejected_total",
+        "counter",
+        "Requests the rate limiter refused (429).",
+        r,
+        |x| n(x.rate_limit.rejected),
+    );
+    p.per_route(
+        "proxy_rate_limit_would_reject_total",
+        "counter",
+        "Requests a dry-run limit would have refused.",
+        r,
+        |x| n(x.rate_limit.would_reject),
+    );
+    p.per_route(
+        "proxy_rate_limit_waited_total",
+        "counter",
+        "Admitted requests that waited for their turn.",
+        r,
+        |x| n(x.rate_limit.waited),
+    );
+    p.per_route(
+        "proxy_rate_limit_wait_seconds_total",
+        "counter",
+        "Time those requests waited.",
+        r,
+        |x| Some(x.rate_limit.total_wait_ms / 1e3),
+    );
+    p.per_route(
+        "proxy_rate_limit_queued",
+        "gauge",
+        "Requests waiting for their turn now.",
+        r,
+        |x| n(x.rate_limit.queued_now),
+    );
+    p.per_route(
+        "proxy_concurrency_admitted_total",
+        "counter",
+        "Requests given a concurrency permit.",
+        r,
+        |x| n(x.concurrency.admitted),
+    );
+    p.per_route(
+        "proxy_concurrency_rejected_total",
+        "counter",
+        "Requests refused for a full queue or a queue timeout (503).",
+        r,
+        |x| n(x.concurrency.rejected),
+    );
+    p.per_route(
+        "proxy_concurrency_waited_total",
+        "counter",
+        "Requests that waited for a permit.",
+        r,
+        |x| n(x.concurrency.waited),
+    );
+    p.per_route(
+        "proxy_concurrency_wait_seconds_total",
+        "counter",
+        "Time those requests waited.",
+        r,
+        |x| Some(x.concurrency.total_wait_ms / 1e3),
+    );
+    p.per_route(
+        "proxy_concurrency_queued",
+        "gauge",
+        "Requests waiting for a permit now.",
+        r,
+        |x| n(x.concurrency.queued_now),
+    );
+    p.per_route(
+        "proxy_concurrency_in_flight",
+        "gauge",
+        "Requests in flight now, streamed bodies until their end.",
+        r,
+        |x| n(x.concurrency.in_flight.unwrap_or(0)),
+    );
+    p.per_route(
+        "proxy_backoff_admitted_total",
+        "counter",
+        "Requests the backoff layer let through.",
+        r,
+        |x| n(x.backoff.admitted),
+    );
+    p.per_route(
+        "proxy_backoff_rejected_total",
+        "counter",
+        "Requests refused while their route cooled down (503).",
+        r,
+        |x| n(x.backoff.rejected),
+    );
+    p.per_route(
+        "proxy_backoff_waited_total",
+        "counter",
+        "Requests held until a cooldown ended.",
+        r,
+        |x| n(x.backoff.waited),
+    );
+    p.per_route(
+        "proxy_backoff_cooldown_seconds",
+        "gauge",
+        "Time left of the route's cooldown.",
+        r,
+        |x| x.cooldown.as_ref().map(|c| c.remaining.as_secs_f64()),
+    );
+    p.family(
+        "proxy_upstream_responses_total",
+        "counter",
+        "Upstream answers by status class.",
+    );
+    for x in r {
+        let u = &x.upstream;
+        for (class, v) in [
+            ("2xx", u.ok),
+            ("429", u.rate_limited),
+            ("4xx", u.client_errors),
+            ("5xx", u.server_errors),
+        ] {
+            p.sample(
+                "proxy_upstream_responses_total",
+                &[
+                    ("provider", &x.provider),
+                    ("model", &x.model),
+                    ("class", class),
+                ],
+                v as f64,
+            );
+        }
+    }
+    p.per_route(
+        "proxy_upstream_failures_total",
+        "counter",
+        "Upstream requests without an answer.",
+        r,
+        |x| n(x.upstream.failed),
+    );
+    p.family(
+        "proxy_backoff_cooldowns_started_total",
+        "counter",
+        "Cooldowns started.",
+    );
+    p.sample(
+        "proxy_backoff_cooldowns_started_total",
+        &[],
+        s.aggregate.cooldowns_started as f64,
+    );
+    p.family(
+        "proxy_untracked_routes",
+        "gauge",
+        "Routes beyond max_routes, counted in no route's series.",
+    );
+    p.sample("proxy_untracked_routes", &[], s.untracked_routes as f64);
+    p.family(
+        "proxy_config_generation",
+        "gauge",
+        "1 at start, one more per applied reload.",
+    );
+    p.sample("proxy_config_generation", &[], s.config.generation as f64);
+    p.family("proxy_event_clients", "gauge", "Clients on /events now.");
+    p.sample("proxy_event_clients", &[], s.event_clients as f64);
+    p.out
+}
+
+/// `GET /metrics`.
+pub async fn metrics(State(gateway): State<Gateway>) -> Response<Body> {
+    let text = prometheus(&snapshot(&gateway, gateway.hub().borrow().seq));
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
