@@ -366,3 +366,19 @@ async fn a_subscription_fires_on_change_and_coalesces_bursts() {
     send(&mut svc, "a").await.unwrap();
     assert_eq!(again.await.aggregate.admitted, 101);
 }
+
+#[tokio::test(start_paused = true)]
+async fn builder_methods_after_from_limits_keep_the_switches() {
+    let limits = tower_throttle::rate_limit::RateLimitConfig::from_toml(
+        "enabled = false\ndry_run = true\nquotas = [{ limit = 1, period = \"1m\" }]",
+    )
+    .unwrap()
+    .validate()
+    .unwrap();
+    let layer = RateLimitLayer::from_limits(&limits, key()).with_key_stats(10);
+    assert!(!layer.handle().is_enabled(), "with_key_stats switched limiting back on");
+    let mut svc = layer.layer(Inner::new());
+    for _ in 0..3 {
+        send(&mut svc, "a").await.expect("switched off");
+    }
+}

@@ -126,6 +126,9 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
         if let Some((_, key)) = self.shared.fallback.take() {
             self.shared.fallback = Some((limiter.seed().hash_parts(&[&*key]), key));
         }
+        // The switches carry over; only the state starts afresh.
+        limiter.set_enabled(self.shared.limiter.is_enabled());
+        limiter.set_dry_run(self.shared.limiter.is_dry_run());
         self.shared.limiter = Arc::new(limiter);
         self
     }

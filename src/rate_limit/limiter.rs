@@ -444,6 +444,10 @@ impl Limiter {
         self.enabled.load(Ordering::Relaxed)
     }
 
+    pub(crate) fn is_dry_run(&self) -> bool {
+        self.dry_run.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn set_dry_run(&self, dry_run: bool) {
         self.dry_run.store(dry_run, Ordering::Relaxed);
         tracing::info!(dry_run, "rate limit dry run switched");
