@@ -376,7 +376,10 @@ async fn builder_methods_after_from_limits_keep_the_switches() {
     .validate()
     .unwrap();
     let layer = RateLimitLayer::from_limits(&limits, key()).with_key_stats(10);
-    assert!(!layer.handle().is_enabled(), "with_key_stats switched limiting back on");
+    assert!(
+        !layer.handle().is_enabled(),
+        "with_key_stats switched limiting back on"
+    );
     let mut svc = layer.layer(Inner::new());
     for _ in 0..3 {
         send(&mut svc, "a").await.expect("switched off");
