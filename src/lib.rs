@@ -1,9 +1,10 @@
 //! Composable [tower] layers that keep a program inside the limits of the
 //! APIs it calls and the clients it serves.
 //!
-//! - [`RateLimitLayer`](rate_limit::RateLimitLayer): keyed admission by token
-//!   bucket, sliding window or fixed window; refuse at once, or wait in strict
-//!   FIFO order.
+//! - [`rate_limit::RateLimitLayer`]: keyed admission by token bucket, sliding
+//!   window, fixed window or budget per turn; refuse at once, or wait in
+//!   strict FIFO order; rules, several quotas per key, dry run, live retune
+//!   and stats through a handle.
 //! - [`ConcurrencyLayer`](concurrency::ConcurrencyLayer): at most N requests
 //!   in flight per key, the rest in a strict FIFO queue; a streamed response
 //!   holds its permit until its body ends or is dropped.
@@ -14,11 +15,14 @@
 //! - [`IdentityHeaderLayer`](identity::IdentityHeaderLayer): gives selected
 //!   outbound requests a chosen identity (`User-Agent`, ULID request and
 //!   session ids, static headers) by rules matched on the URL.
+//! - [`respond::ThrottleResponseLayer`]: for servers, refusals become 429 or
+//!   503 responses with `Retry-After` and the rate-limit headers.
+//! - [`config::StackConfig`]: one TOML file for a whole stack.
 //!
 //! Every layer works on `http::Request<B>` and, with the `reqwest` feature, on
 //! `reqwest::Request`, through the traits in [`parts`]. Cloned services share
 //! one state, so a limit holds across every clone and task. Errors are typed
-//! and found again by downcasting [`BoxError`](error::BoxError).
+//! and found again by downcasting [`BoxError`].
 //!
 //! ```
 //! use tower_throttle::key::GlobalKey;
