@@ -9,7 +9,8 @@
 //!
 //! The memory report runs first, each limiter in a child process of its own so
 //! that one limiter's freed memory cannot hide the next one's growth. Set
-//! `TT_SKIP_MEMORY=1` to skip it; it is skipped in `--test` / `--list` mode.
+//! `TT_SKIP_MEMORY=1` to skip it; it is skipped in criterion's test mode
+//! (no `--bench` argument, as under `cargo test`; or `--test`, `--list`).
 //!
 //! ```text
 //! cargo bench --bench rate_limit -- --warm-up-time 1 --measurement-time 3
@@ -252,8 +253,15 @@ fn clocks(c: &mut Criterion) {
 
 // ---------------------------------------------------------------- 3: many keys
 
-fn many_keys(c: &mut Criterion) {
-    for n in [10_000u64, 1_000_000] {
+/// `quick`: criterion's test mode (`cargo test --benches`, `--test`), where
+/// each benchmark runs once: fewer keys, so that a debug build stays fast.
+fn many_keys(c: &mut Criterion, quick: bool) {
+    let sizes: [u64; 2] = if quick {
+        [100, 1_000]
+    } else {
+        [10_000, 1_000_000]
+    };
+    for n in sizes {
         let mut g = c.benchmark_group(format!("keys_{n}"));
         let keys = distinct_keys(n, 1_000_000_000);
 
@@ -315,7 +323,7 @@ fn many_keys(c: &mut Criterion) {
             assert_eq!(limiter.len() as u64, n);
             assert!(limiter.check_key(&keys[0]).is_ok());
         }
-        if n == 10_000 {
+        if n == sizes[0] {
             // The same through an `http::Request` carrying the key as an
             // extension: cloning the request (and its extension map) is the
             // same for both, and `bare_http_ext` measures it.
@@ -580,14 +588,18 @@ fn main() {
         memory_probe(&which);
         return;
     }
-    let quick = std::env::args().any(|a| a == "--test" || a == "--list");
+    // Without `--bench` (e.g. under `cargo test`), criterion runs each
+    // benchmark once as a test.
+    let args: Vec<String> = std::env::args().collect();
+    let quick =
+        !args.iter().any(|a| a == "--bench") || args.iter().any(|a| a == "--test" || a == "--list");
     if !quick && std::env::var_os("TT_SKIP_MEMORY").is_none() {
         memory_report();
     }
     let mut c = Criterion::default().configure_from_args();
     hot_key(&mut c);
     clocks(&mut c);
-    many_keys(&mut c);
+    many_keys(&mut c, quick);
     threads(&mut c);
     c.final_summary();
 }

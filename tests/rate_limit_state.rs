@@ -79,6 +79,15 @@ async fn a_clock_that_runs_backwards_never_parks_a_key_shut() {
         let mut svc = layer.layer(numbers());
         clock.advance(Duration::from_secs(10 * 3_600));
         svc.ready().await.unwrap().call(1).await.unwrap();
+        // A clock stepped back a little (or two threads' readings taken in
+        // one order and applied in the other) keeps the limit: no reset.
+        clock.rewind(Duration::from_millis(1));
+        let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
+        assert!(
+            err.is::<RateLimited>(),
+            "{algorithm:?}: a 1 ms step back reset the key"
+        );
+        clock.advance(Duration::from_millis(1));
         let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
         assert!(
             err.downcast_ref::<RateLimited>().unwrap().retry_after <= Duration::from_secs(3_600)
@@ -211,4 +220,56 @@ async fn rate_limited_display_names_the_key_and_the_wait() {
         cooling.to_string(),
         "key `openai/gpt-4o` is cooling down after an upstream refusal; retry after 1.250 s"
     );
+}
+
+/// Requests racing on many threads read the clock in one order and take the
+/// key's lock in another; a state booked by a later reading must not look
+/// like a clock that ran backwards to an earlier one (which would reset the
+/// key and admit a free burst).
+#[test]
+fn racing_threads_never_admit_more_than_the_limit() {
+    for algorithm in ALGORITHMS {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .enable_all()
+            .build()
+            .unwrap();
+        let admitted = runtime.block_on(async {
+            let svc = RateLimitLayer::new(
+                quota(algorithm, 50, Duration::from_secs(3_600)),
+                |_: &u64| Some(0u64),
+            )
+            .layer(tower::service_fn(|_n: u64| {
+                std::future::ready(Ok::<_, Infallible>(()))
+            }));
+            let tasks: Vec<_> = (0..8)
+                .map(|_| {
+                    let svc = svc.clone();
+                    tokio::spawn(async move {
+                        let mut admitted = 0;
+                        for n in 0..2_000u64 {
+                            if svc.clone().oneshot(n).await.is_ok() {
+                                admitted += 1;
+                            }
+                        }
+                        admitted
+                    })
+                })
+                .collect();
+            let mut total = 0;
+            for task in tasks {
+                total += task.await.unwrap();
+            }
+            total
+        });
+        // A fixed window may turn over once during the run (at a wall-clock
+        // hour): then two windows' worth.
+        let most = if algorithm == tower_throttle::rate_limit::Algorithm::FixedWindow {
+            100
+        } else {
+            50
+        };
+        assert!(admitted <= most, "{algorithm:?}: {admitted} admitted");
+        assert!(admitted >= 50, "{algorithm:?}: {admitted} admitted");
+    }
 }

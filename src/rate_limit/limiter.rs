@@ -93,6 +93,9 @@ fn name_id(name: &str) -> u64 {
     BuildHasherDefault::<DefaultHasher>::default().hash_one(name)
 }
 
+/// See [`Limiter::horizon_for`].
+const CLOCK_SLACK: Nanos = 1_000_000_000;
+
 /// What the quotas said, decided while their states were held.
 enum Verdict {
     /// Refused: the longest wait, and which quota needed it.
@@ -253,19 +256,21 @@ impl Limiter {
         // Look at every quota, holding them all, then book at the latest
         // instant any of them allows: all admit, or nothing is consumed. One
         // quota (the common case) skips the collection.
-        let verdict = match rule.tables.as_slice() {
-            [table] => judge(
-                &mut [table.lock(key, now)],
-                now,
-                cost,
-                horizon,
-                max_wait,
-                info,
-            ),
+        // `now` is read again once the key's states are held: read before,
+        // a request that waited for the lock could see a state booked by a
+        // later reading of the clock, mistake it for a clock that ran
+        // backwards, and reset the key.
+        let (verdict, now) = match rule.tables.as_slice() {
+            [table] => {
+                let mut held = [table.lock(key, now)];
+                let now = self.timeline.now();
+                (judge(&mut held, now, cost, horizon, max_wait, info), now)
+            }
             tables => {
                 let mut held: SmallVec<[Held<'_>; 4]> =
                     tables.iter().map(|t| t.lock(key, now)).collect();
-                judge(&mut held, now, cost, horizon, max_wait, info)
+                let now = self.timeline.now();
+                (judge(&mut held, now, cost, horizon, max_wait, info), now)
             }
         };
         let dry_run = rule.dry_run || self.dry_run.load(Ordering::Relaxed);
@@ -321,13 +326,17 @@ impl Limiter {
         }
     }
 
-    /// The longest wait this limiter has allowed, raised to `max_wait`.
+    /// How far ahead of now a key's state may lie before it is taken for the
+    /// mark of a clock that ran backwards: the longest wait this limiter has
+    /// allowed (raised to `max_wait`), plus a second of slack so that clock
+    /// readings racing on several threads, or a clock stepped back a little,
+    /// never reset a key (which would admit a free burst).
     #[inline]
     fn horizon_for(&self, max_wait: Nanos) -> Nanos {
-        let horizon = self.horizon.load(Ordering::Relaxed);
+        let mut horizon = self.horizon.load(Ordering::Relaxed);
         if max_wait > horizon {
             self.horizon.fetch_max(max_wait, Ordering::Relaxed);
-            return max_wait;
+            horizon = max_wait;
         }
         horizon
     }
