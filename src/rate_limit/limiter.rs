@@ -338,7 +338,7 @@ impl Limiter {
             self.horizon.fetch_max(max_wait, Ordering::Relaxed);
             horizon = max_wait;
         }
-        horizon
+        horizon.saturating_add(CLOCK_SLACK)
     }
 
     /// The compiled index of `key`'s rule: cached per key, looked up once
