@@ -12,13 +12,15 @@
 //! cargo bench --bench concurrency -- --warm-up-time 1 --measurement-time 2
 //! ```
 
+mod support;
+
+use support::drive;
+
 use std::convert::Infallible;
 use std::future::{Future, Ready, ready};
-use std::hint::black_box;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use criterion::Criterion;
 use http::{HeaderName, HeaderValue, Request, Response};
 use tokio::sync::Semaphore;
 use tower::{Layer, Service};
@@ -27,24 +29,6 @@ use tower_throttle::key::{GlobalKey, HeaderKey};
 
 const API_KEY: &str = "sk-live-0123456789abcdef01234567";
 const HEADER: HeaderName = HeaderName::from_static("x-api-key");
-
-/// `poll_ready`, `call`, and one poll of the response future, with a no-op
-/// waker. Panics if anything is pending: every contender here is uncontended.
-#[inline(always)]
-fn drive<S: Service<R>, R>(svc: &mut S, req: R) -> Result<S::Response, S::Error> {
-    let mut cx = Context::from_waker(Waker::noop());
-    match svc.poll_ready(&mut cx) {
-        Poll::Ready(Ok(())) => {}
-        Poll::Ready(Err(e)) => return Err(e),
-        Poll::Pending => panic!("service not ready"),
-    }
-    let fut = svc.call(req);
-    let mut fut = std::pin::pin!(fut);
-    match fut.as_mut().poll(&mut cx) {
-        Poll::Ready(out) => out,
-        Poll::Pending => panic!("response future pending"),
-    }
-}
 
 /// The inner service every contender wraps: a ready, empty response.
 fn http_inner() -> impl Service<
@@ -64,7 +48,7 @@ fn request_for(key: &str) -> Request<()> {
         .unwrap()
 }
 
-type Run = Box<dyn FnMut() -> bool>;
+use support::Run;
 
 /// Every contender, by name: one acquire + release each call.
 fn contenders() -> Vec<(&'static str, Run)> {
@@ -176,30 +160,5 @@ fn cycle(requests: Vec<Request<()>>) -> impl FnMut() -> Request<()> {
 }
 
 fn main() {
-    // `TT_CONCURRENCY_COUNT=<name> TT_CONCURRENCY_ITERS=<n>`: run one
-    // contender n times and exit, for an instruction count under valgrind
-    // (two values of n; the difference over the difference in n is its
-    // instructions per request, whatever else the machine is doing).
-    if let Ok(name) = std::env::var("TT_CONCURRENCY_COUNT") {
-        let iters: u64 = std::env::var("TT_CONCURRENCY_ITERS")
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(1_000_000);
-        let mut all = contenders();
-        let (_, run) = all
-            .iter_mut()
-            .find(|(n, _)| *n == name)
-            .unwrap_or_else(|| panic!("no contender named {name}"));
-        for _ in 0..iters {
-            black_box(run());
-        }
-        return;
-    }
-    let mut c = Criterion::default().configure_from_args();
-    let mut g = c.benchmark_group("uncontended");
-    for (name, mut run) in contenders() {
-        g.bench_function(name, |b| b.iter(|| black_box(run())));
-    }
-    g.finish();
-    c.final_summary();
+    support::run_contenders("TT_CONCURRENCY", "uncontended", contenders);
 }

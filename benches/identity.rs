@@ -12,12 +12,14 @@
 //! cargo bench --bench identity -- --warm-up-time 1 --measurement-time 2
 //! ```
 
-use std::convert::Infallible;
-use std::future::{Future, Ready, ready};
-use std::hint::black_box;
-use std::task::{Context, Poll, Waker};
+mod support;
 
-use criterion::Criterion;
+use support::drive;
+
+use std::convert::Infallible;
+use std::future::{Ready, ready};
+use std::hint::black_box;
+
 use http::header::USER_AGENT;
 use http::{HeaderValue, Request, Response};
 use tower::{Layer, Service};
@@ -25,24 +27,6 @@ use tower_http::set_header::SetRequestHeaderLayer;
 use tower_throttle::identity::{IdentityHeaderLayer, Rule};
 
 const UA: &str = "my-agent/1.4";
-
-/// `poll_ready`, `call`, and one poll of the response future, with a no-op
-/// waker. Panics if anything is pending: every contender here is ready.
-#[inline(always)]
-fn drive<S: Service<R>, R>(svc: &mut S, req: R) -> Result<S::Response, S::Error> {
-    let mut cx = Context::from_waker(Waker::noop());
-    match svc.poll_ready(&mut cx) {
-        Poll::Ready(Ok(())) => {}
-        Poll::Ready(Err(e)) => return Err(e),
-        Poll::Pending => panic!("service not ready"),
-    }
-    let fut = svc.call(req);
-    let mut fut = std::pin::pin!(fut);
-    match fut.as_mut().poll(&mut cx) {
-        Poll::Ready(out) => out,
-        Poll::Pending => panic!("response future pending"),
-    }
-}
 
 /// The inner service every contender wraps: drops the request, answers an
 /// empty response.
@@ -176,30 +160,5 @@ fn contenders() -> Vec<Contender> {
 }
 
 fn main() {
-    // `TT_IDENTITY_COUNT=<name> TT_IDENTITY_ITERS=<n>`: run one contender n
-    // times and exit, for `perf stat -e instructions:u` (two values of n,
-    // the difference divided by the difference in n, is its instructions per
-    // request, whatever else the machine is doing).
-    if let Ok(name) = std::env::var("TT_IDENTITY_COUNT") {
-        let iters: u64 = std::env::var("TT_IDENTITY_ITERS")
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(1_000_000);
-        let mut all = contenders();
-        let (_, run) = all
-            .iter_mut()
-            .find(|(n, _)| *n == name)
-            .unwrap_or_else(|| panic!("no contender named {name}"));
-        for _ in 0..iters {
-            black_box(run());
-        }
-        return;
-    }
-    let mut c = Criterion::default().configure_from_args();
-    let mut g = c.benchmark_group("identity");
-    for (name, mut run) in contenders() {
-        g.bench_function(name, |b| b.iter(|| black_box(run())));
-    }
-    g.finish();
-    c.final_summary();
+    support::run_contenders("TT_IDENTITY", "identity", contenders);
 }

@@ -16,12 +16,15 @@
 //! cargo bench --bench rate_limit -- --warm-up-time 1 --measurement-time 3
 //! ```
 
+mod support;
+
+use support::drive;
+
 use std::convert::Infallible;
-use std::future::{Future, Ready, ready};
+use std::future::{Ready, ready};
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::Barrier;
-use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -43,24 +46,6 @@ const PROBE_ENV: &str = "TT_MEMORY_PROBE";
 const MEMORY_KEYS: u64 = 1_000_000;
 
 // ---------------------------------------------------------------- helpers
-
-/// `poll_ready`, `call`, and one poll of the response future, with a no-op
-/// waker. Panics if anything is pending: every contender here is ready.
-#[inline(always)]
-fn drive<S: Service<R>, R>(svc: &mut S, req: R) -> Result<S::Response, S::Error> {
-    let mut cx = Context::from_waker(Waker::noop());
-    match svc.poll_ready(&mut cx) {
-        Poll::Ready(Ok(())) => {}
-        Poll::Ready(Err(e)) => return Err(e),
-        Poll::Pending => panic!("service not ready"),
-    }
-    let fut = svc.call(req);
-    let mut fut = std::pin::pin!(fut);
-    match fut.as_mut().poll(&mut cx) {
-        Poll::Ready(out) => out,
-        Poll::Pending => panic!("response future pending"),
-    }
-}
 
 type HttpResponse = Response<Body>;
 
