@@ -114,6 +114,8 @@ impl<V: Idle, P> Locked<'_, V, P> {
 pub(crate) struct Slot<'a, V, P> {
     state: MappedMutexGuard<'a, V>,
     params: P,
+    /// The shard had grown enough to be swept: see [`Store::tidy`].
+    crowded: bool,
 }
 
 impl<V, P> Slot<'_, V, P> {
@@ -122,16 +124,43 @@ impl<V, P> Slot<'_, V, P> {
     pub(crate) fn get(&mut self) -> (&P, &mut V) {
         (&self.params, &mut self.state)
     }
+
+    /// Pass to [`Store::tidy`] once the slot is released.
+    #[inline]
+    pub(crate) fn crowded(&self) -> bool {
+        self.crowded
+    }
 }
 
 impl<V: Idle, P: Clone> Store<V, P> {
     /// Lock `key`'s state (a fresh one if it had none), looked up once.
+    /// Needs no clock reading, so the caller can read the clock under the
+    /// lock; the sweeping a lock would do is left to [`Store::tidy`].
     #[inline]
-    pub(crate) fn slot(&self, key: KeyHash, now: Nanos) -> Slot<'_, V, P> {
-        let Locked { shard, key } = self.lock(key, now);
+    pub(crate) fn slot(&self, key: KeyHash) -> Slot<'_, V, P> {
+        let shard = self.shard(key).0.lock();
+        let crowded = shard.map.len() >= shard.sweep_at_len;
         let params = shard.params.clone();
-        let state = MutexGuard::map(shard, |s| s.map.entry(key).or_default());
-        Slot { state, params }
+        let state = MutexGuard::map(shard, |s| s.map.entry(key.0).or_default());
+        Slot {
+            state,
+            params,
+            crowded,
+        }
+    }
+
+    /// The sweeping that goes with a [`Store::slot`], after its lock is
+    /// released: the slot's shard if it was crowded, and the round's next
+    /// shard.
+    #[inline]
+    pub(crate) fn tidy(&self, key: KeyHash, now: Nanos, crowded: bool) {
+        if crowded {
+            let mut shard = self.shard(key).0.lock();
+            if shard.map.len() >= shard.sweep_at_len {
+                sweep(&mut shard, now);
+            }
+        }
+        self.sweep_step(now);
     }
 
     /// Put `state` in for `key` if it has none.

@@ -2,6 +2,8 @@
 //! client), against a local server.
 #![cfg(feature = "reqwest")]
 
+mod support;
+
 use std::time::Duration;
 
 use tower::{Layer, Service, ServiceExt};

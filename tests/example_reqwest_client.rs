@@ -1,6 +1,8 @@
 //! The `reqwest_client` example's two waves against its own local upstream.
 #![cfg(feature = "reqwest")]
 
+mod support;
+
 #[path = "../examples/reqwest_client.rs"]
 mod reqwest_client;
 

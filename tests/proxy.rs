@@ -5,6 +5,8 @@
 //!
 //! The example's modules are compiled into this test and driven directly.
 
+mod support;
+
 #[allow(dead_code)]
 #[path = "../examples/proxy/app.rs"]
 mod app;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use support::{ALGORITHMS, Inner, quota, request};
 use tokio::time;
 use tower::{Layer, Service, ServiceExt};
+use tower_throttle::clock::FastClock;
 use tower_throttle::error::{BoxError, CostTooHigh, MissingKey, RateLimited};
 use tower_throttle::key::JsonFieldKey;
 use tower_throttle::key::{GlobalKey, HeaderKey};
@@ -423,5 +424,32 @@ async fn json_body_field_keys_requests_by_model() {
             .await
             .expect_err(bad);
         assert!(err.is::<MissingKey>(), "{bad}: {err}");
+    }
+}
+
+/// The counter clock production uses by default limits the same way; this
+/// test runs in real time, so it only uses quotas that cannot refill while
+/// it runs.
+#[tokio::test]
+async fn the_counter_clock_limits_every_algorithm() {
+    for algorithm in ALGORITHMS {
+        let inner = Inner::new();
+        let hour = 60 * MINUTE;
+        let mut svc = RateLimitLayer::new(quota(algorithm, 3, hour), header_key())
+            .with_clock(FastClock::new())
+            .layer(inner.clone());
+        for seq in 0..3 {
+            send(&mut svc, "a", seq).await.expect("within the limit");
+        }
+        let err = send(&mut svc, "a", 3).await.expect_err("over the limit");
+        let wait = retry_after(&err);
+        assert!(
+            wait > Duration::ZERO && wait <= hour,
+            "{algorithm:?}: {wait:?}"
+        );
+        send(&mut svc, "b", 4)
+            .await
+            .expect("another key has its own quota");
+        assert_eq!(inner.record.calls(), 4, "{algorithm:?}");
     }
 }

@@ -6,6 +6,8 @@
 //! The example's modules are compiled into this test, and its run function
 //! is called directly, with the command line parsed as the binary does.
 
+mod support;
+
 #[allow(dead_code)]
 #[path = "../examples/ratecheck/cli.rs"]
 mod cli;

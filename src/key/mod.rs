@@ -65,6 +65,7 @@ impl fmt::Debug for KeyBuilder<'_> {
 }
 
 impl<'a> KeyBuilder<'a> {
+    #[inline]
     fn new(seed: &KeySeed, text: Option<&'a mut Vec<String>>) -> Self {
         Self {
             hasher: seed.0.build_hasher(),
@@ -74,6 +75,7 @@ impl<'a> KeyBuilder<'a> {
     }
 
     /// Add one part, as raw bytes.
+    #[inline]
     pub fn push_bytes(&mut self, bytes: &[u8]) {
         // The length goes in first so that parts cannot run into each other.
         self.hasher.write_usize(bytes.len());
@@ -85,6 +87,7 @@ impl<'a> KeyBuilder<'a> {
     }
 
     /// Add one part, as text.
+    #[inline]
     pub fn push_str(&mut self, part: &str) {
         self.push_bytes(part.as_bytes());
     }
@@ -94,6 +97,7 @@ impl<'a> KeyBuilder<'a> {
         part.push_to(self);
     }
 
+    #[inline]
     fn finish(&self) -> KeyHash {
         KeyHash(self.hasher.finish())
     }

@@ -19,14 +19,14 @@ use crate::stats::Event;
 /// back.
 pub(crate) struct Booking {
     limiter: Arc<Limiter>,
-    ticket: Ticket,
+    ticket: Box<Ticket>,
     key: KeyHash,
     arrived: Instant,
     armed: bool,
 }
 
 impl Booking {
-    pub(crate) fn new(limiter: Arc<Limiter>, ticket: Ticket, key: KeyHash) -> Self {
+    pub(crate) fn new(limiter: Arc<Limiter>, ticket: Box<Ticket>, key: KeyHash) -> Self {
         Self {
             limiter,
             ticket,
@@ -60,7 +60,7 @@ impl Drop for Booking {
 /// What is needed to give capacity back when the outcome does not count.
 pub(crate) struct Refund<A> {
     pub(crate) limiter: Arc<Limiter>,
-    pub(crate) ticket: Ticket,
+    pub(crate) ticket: Box<Ticket>,
     pub(crate) counts: A,
 }
 
@@ -77,8 +77,8 @@ pin_project! {
     pub struct ResponseFuture<Fut, S, R, A, H> {
         #[pin]
         state: State<Fut, S, R>,
-        // Boxed: rare, and the future stays small to move.
-        refund: Option<Box<Refund<A>>>,
+        // Only with a classifier; small, since its ticket is boxed.
+        refund: Option<Refund<A>>,
         note: Option<Box<(H, RateLimitInfo)>>,
     }
 }
@@ -103,7 +103,7 @@ pin_project! {
 impl<Fut, S, R, A, H> ResponseFuture<Fut, S, R, A, H> {
     pub(crate) fn called(
         future: Fut,
-        refund: Option<Box<Refund<A>>>,
+        refund: Option<Refund<A>>,
         note: Option<Box<(H, RateLimitInfo)>>,
     ) -> Self {
         Self {
@@ -118,7 +118,7 @@ impl<Fut, S, R, A, H> ResponseFuture<Fut, S, R, A, H> {
         inner: S,
         req: R,
         booking: Booking,
-        refund: Option<Box<Refund<A>>>,
+        refund: Option<Refund<A>>,
         note: Option<Box<(H, RateLimitInfo)>>,
     ) -> Self {
         Self {
@@ -192,7 +192,7 @@ fn polled_after_completion() -> BoxError {
 
 /// Give the capacity back if the outcome does not count, and box the error.
 fn settle<Res, E, A>(
-    refund: &mut Option<Box<Refund<A>>>,
+    refund: &mut Option<Refund<A>>,
     outcome: Result<Res, E>,
 ) -> Result<Res, BoxError>
 where

@@ -11,7 +11,7 @@ use super::limiter::Limiter;
 use super::quota::Quota;
 use super::rule::{Rule, check_names};
 use super::service::{RateLimit, Shared};
-use crate::clock::{Clock, ClockSource};
+use crate::clock::{Clock, ClockSource, saturating_nanos};
 use crate::error::ConfigError;
 
 /// What the limiter is built from; kept so that a builder method can build
@@ -76,7 +76,7 @@ impl<X> RateLimitLayer<X> {
         let setup = Setup {
             default: quotas,
             rules: Vec::new(),
-            clock: ClockSource::Tokio,
+            clock: ClockSource::default(),
             key_stats: 0,
         };
         Self {
@@ -91,7 +91,7 @@ impl<X> RateLimitLayer<X> {
                 cost: OneUnit,
                 counts: CountAll,
                 annotate: NoAnnotation,
-                max_wait: Duration::ZERO,
+                max_wait: 0,
                 fallback: None,
             },
             setup,
@@ -159,7 +159,7 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
 
     /// Read the time from `clock` instead of tokio's clock.
     pub fn with_clock(mut self, clock: impl Clock) -> Self {
-        self.setup.clock = ClockSource::Custom(Arc::new(clock));
+        self.setup.clock = ClockSource::of(clock);
         self.rebuild()
     }
 
@@ -167,7 +167,7 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
     /// order per key, if that turn comes within `max_wait`; otherwise it is
     /// refused at once (the wait is known on arrival). Zero means reject mode.
     pub fn with_max_wait(mut self, max_wait: Duration) -> Self {
-        self.shared.max_wait = max_wait;
+        self.shared.max_wait = saturating_nanos(max_wait);
         self
     }
 

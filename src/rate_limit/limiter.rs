@@ -4,7 +4,7 @@
 use std::fmt;
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -16,8 +16,8 @@ use super::algorithm::Grant;
 use super::policy::{Compiled, Policy};
 use super::quota::{Algorithm as Kind, Quota};
 use super::rule::{Rule, check_names};
-use super::table::{Held, Table};
-use crate::clock::{ClockSource, Nanos, Timeline, saturating_nanos};
+use super::table::{Held, One, Table};
+use crate::clock::{ClockSource, Nanos, Timeline};
 use crate::error::ConfigError;
 use crate::key::{KeyHash, KeySeed};
 use crate::stats::{Event, Stats};
@@ -32,29 +32,44 @@ pub(crate) struct Ticket {
     grants: SmallVec<[Grant; 2]>,
 }
 
-/// What the limiter decided for one request.
+/// What a caller of [`Limiter::acquire`] needs back besides the decision.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Want {
+    /// A ticket for an immediate admission, to give its capacity back
+    /// later (a waiter always gets one).
+    pub(crate) ticket: bool,
+    /// What remains of the key's tightest quota.
+    pub(crate) info: bool,
+}
+
+/// What the limiter decided for one request. The rarely present parts are
+/// boxed, so the common decision is small to return.
 #[derive(Debug)]
 pub(crate) enum Decision {
     /// Go now. No ticket when nothing was booked (no quota, or a dry run
     /// that would have refused).
     Now {
-        ticket: Option<Ticket>,
-        info: Option<RateLimitInfo>,
+        ticket: Option<Box<Ticket>>,
+        info: Option<Box<RateLimitInfo>>,
     },
     /// Go at `until`; the capacity is booked.
     Later {
         until: Instant,
-        ticket: Ticket,
-        info: Option<RateLimitInfo>,
+        ticket: Box<Ticket>,
+        info: Option<Box<RateLimitInfo>>,
     },
-    /// Refused; nothing consumed. `quota` is the one with the longest wait.
-    Denied {
-        retry_after: Duration,
-        quota: Quota,
-        policy: Arc<str>,
-    },
+    /// Refused; nothing consumed.
+    Denied(Box<Denied>),
     /// The request costs more than the key can ever admit at once.
     TooCostly { capacity: u32 },
+}
+
+/// A refusal: how long to wait, and the quota with the longest wait.
+#[derive(Debug)]
+pub(crate) struct Denied {
+    pub(crate) retry_after: Duration,
+    pub(crate) quota: Quota,
+    pub(crate) policy: Arc<str>,
 }
 
 /// What remains of a key's tightest quota after an admission: what the
@@ -118,7 +133,7 @@ fn judge(
     cost: u32,
     horizon: Nanos,
     max_wait: Nanos,
-    info: bool,
+    want: Want,
 ) -> Verdict {
     let mut at = now;
     let mut slowest = 0;
@@ -137,10 +152,15 @@ fn judge(
     }
     let mut grants = SmallVec::new();
     for h in held.iter_mut() {
-        grants.push(h.book(now, at, cost));
+        let grant = h.book(now, at, cost);
+        // A waiter's ticket is always kept: its booking is cancelled if it
+        // is dropped.
+        if want.ticket || at > now {
+            grants.push(grant);
+        }
     }
     // The quota with the least left is the one a client must heed.
-    let remaining = info.then(|| {
+    let remaining = want.info.then(|| {
         let mut tightest = (u32::MAX, 0, 0);
         for (i, h) in held.iter_mut().enumerate() {
             let (left, reset) = h.remaining(now);
@@ -161,6 +181,9 @@ pub(crate) struct Limiter {
     timeline: Timeline,
     seed: KeySeed,
     policy: ArcSwap<Policy>,
+    /// `policy`'s generation, stored after it: services cache the policy
+    /// and compare this to theirs.
+    generation: AtomicU32,
     /// Each key's rule, when there are rules.
     rules: Store<RuleSlot, ()>,
     /// The longest wait ever allowed on this limiter, in nanoseconds: how far
@@ -199,6 +222,7 @@ impl Limiter {
             timeline,
             seed: KeySeed::default(),
             policy: ArcSwap::from_pointee(policy),
+            generation: AtomicU32::new(1),
             rules: Store::new((), 60_000_000_000),
             horizon: AtomicU64::new(0),
             enabled: AtomicBool::new(true),
@@ -212,24 +236,37 @@ impl Limiter {
         &self.seed
     }
 
+    /// The policy in force, refreshing `cached` if a retune replaced it:
+    /// one relaxed load per request instead of an `ArcSwap` load.
+    #[inline]
+    pub(crate) fn refresh(&self, cached: &mut Arc<Policy>) {
+        if self.generation.load(Ordering::Acquire) != cached.generation {
+            *cached = self.policy.load_full();
+        }
+    }
+
+    /// The policy in force now, for a service to cache.
+    pub(crate) fn policy(&self) -> Arc<Policy> {
+        self.policy.load_full()
+    }
+
     /// Admit `cost` units on `key` now, or book them at most `max_wait`
-    /// ahead. `parts` renders the key's parts, for rule lookup and per-key
-    /// counters; it is only called when those need it. With `info`, an
-    /// admission also says what remains of the key's tightest quota.
+    /// ahead, under `policy` (see [`Limiter::refresh`]). `parts` renders the
+    /// key's parts, for rule lookup and per-key counters; it is only called
+    /// when those need it. `want` says what the caller needs back.
     #[inline]
     pub(crate) fn acquire(
         &self,
+        policy: &Policy,
         key: KeyHash,
         cost: u32,
-        max_wait: Duration,
+        max_wait: Nanos,
         parts: &dyn Fn() -> Vec<String>,
-        info: bool,
+        want: Want,
     ) -> Decision {
         let text = || parts().join("/");
-        let policy = self.policy.load();
-        let now = self.timeline.now();
         let index = if policy.has_rules() {
-            self.rule_of(&policy, key, now, parts)
+            self.rule_of(policy, key, self.timeline.now(), parts)
         } else {
             0
         };
@@ -251,79 +288,113 @@ impl Limiter {
                 capacity: rule.capacity,
             };
         }
-        let max_wait = saturating_nanos(max_wait);
         let horizon = self.horizon_for(max_wait);
         // Look at every quota, holding them all, then book at the latest
         // instant any of them allows: all admit, or nothing is consumed. One
         // quota (the common case) skips the collection.
-        // `now` is read again once the key's states are held: read before,
-        // a request that waited for the lock could see a state booked by a
+        // The clock is read once the key's states are held: read before, a
+        // request that waited for the lock could see a state booked by a
         // later reading of the clock, mistake it for a clock that ran
         // backwards, and reset the key.
-        let (verdict, now) = match rule.tables.as_slice() {
-            [table] => {
-                let mut held = [table.lock(key, now)];
-                let now = self.timeline.now();
-                (judge(&mut held, now, cost, horizon, max_wait, info), now)
-            }
+        let (at, grants, remaining, now) = match rule.tables.as_slice() {
+            [table] => match table.admit(key, &self.timeline, cost, horizon, max_wait, want.info) {
+                (One::Refused { wait }, now) => {
+                    return self.refused(rule, key, now, wait, 0, &text);
+                }
+                (One::Booked { grant, remaining }, now) => {
+                    let at = grant.at;
+                    let mut grants = SmallVec::new();
+                    // A waiter's ticket is always kept: its booking is
+                    // cancelled if it is dropped.
+                    if want.ticket || at > now {
+                        grants.push(grant);
+                    }
+                    (at, grants, remaining.map(|(n, reset)| (n, reset, 0)), now)
+                }
+            },
             tables => {
                 let mut held: SmallVec<[Held<'_>; 4]> =
-                    tables.iter().map(|t| t.lock(key, now)).collect();
+                    tables.iter().map(|t| t.lock(key)).collect();
                 let now = self.timeline.now();
-                (judge(&mut held, now, cost, horizon, max_wait, info), now)
+                let verdict = judge(&mut held, now, cost, horizon, max_wait, want);
+                let crowded: SmallVec<[bool; 4]> = held.iter().map(Held::crowded).collect();
+                drop(held);
+                for (table, crowded) in tables.iter().zip(crowded) {
+                    table.tidy(key, now, crowded);
+                }
+                match verdict {
+                    Verdict::Booked {
+                        at,
+                        grants,
+                        remaining,
+                    } => (at, grants, remaining, now),
+                    Verdict::Refused { wait, slowest } => {
+                        return self.refused(rule, key, now, wait, slowest, &text);
+                    }
+                }
             }
         };
         let dry_run = rule.dry_run || self.dry_run.load(Ordering::Relaxed);
-        let (at, grants, remaining) = match verdict {
-            Verdict::Booked {
-                at,
-                grants,
+        let info = remaining.map(|(remaining, reset, i)| {
+            Box::new(RateLimitInfo {
+                policy: rule.name.clone(),
+                quota: rule.quotas.get(i).copied(),
                 remaining,
-            } => (at, grants, remaining),
-            Verdict::Refused { wait, slowest } => {
-                let retry_after = Duration::from_nanos(wait);
-                if dry_run {
-                    self.stats.record(key, Event::WouldReject, &text);
-                    self.stats.record(key, Event::Admitted, &text);
-                    tracing::debug!(key = %text(), ?retry_after, "rate limit (dry run): would refuse");
-                    return Decision::Now {
-                        ticket: None,
-                        info: None,
-                    };
-                }
-                self.stats.record(key, Event::Rejected, &text);
-                return Decision::Denied {
-                    retry_after,
-                    quota: rule.quotas[slowest],
-                    policy: rule.name.clone(),
-                };
-            }
-        };
-        let info = remaining.map(|(remaining, reset, i)| RateLimitInfo {
-            policy: rule.name.clone(),
-            quota: rule.quotas.get(i).copied(),
-            remaining,
-            reset: Duration::from_nanos(reset),
+                reset: Duration::from_nanos(reset),
+            })
         });
-        let ticket = Ticket {
-            key,
-            generation: policy.generation,
-            rule: index as u32,
-            grants,
+        let ticket = |grants| {
+            Box::new(Ticket {
+                key,
+                generation: policy.generation,
+                rule: index as u32,
+                grants,
+            })
         };
         if at == now || dry_run {
             self.stats.record(key, Event::Admitted, &text);
             return Decision::Now {
-                ticket: Some(ticket),
+                ticket: want.ticket.then(|| ticket(grants)),
                 info,
             };
         }
+        self.timeline.check_paused_time(now);
         self.stats.record(key, Event::Queued, &text);
         Decision::Later {
             until: self.timeline.instant(at),
-            ticket,
+            ticket: ticket(grants),
             info,
         }
+    }
+
+    /// A refusal (or, in a dry run, the admission that stands in for it).
+    #[cold]
+    fn refused(
+        &self,
+        rule: &Compiled,
+        key: KeyHash,
+        now: Nanos,
+        wait: Nanos,
+        slowest: usize,
+        text: &dyn Fn() -> String,
+    ) -> Decision {
+        self.timeline.check_paused_time(now);
+        let retry_after = Duration::from_nanos(wait);
+        if rule.dry_run || self.dry_run.load(Ordering::Relaxed) {
+            self.stats.record(key, Event::WouldReject, text);
+            self.stats.record(key, Event::Admitted, text);
+            tracing::debug!(key = %text(), ?retry_after, "rate limit (dry run): would refuse");
+            return Decision::Now {
+                ticket: None,
+                info: None,
+            };
+        }
+        self.stats.record(key, Event::Rejected, text);
+        Decision::Denied(Box::new(Denied {
+            retry_after,
+            quota: rule.quotas[slowest],
+            policy: rule.name.clone(),
+        }))
     }
 
     /// How far ahead of now a key's state may lie before it is taken for the
@@ -427,7 +498,9 @@ impl Limiter {
             rules = policy.rules.len(),
             "rate limit retuned"
         );
+        let generation = policy.generation;
         self.policy.store(Arc::new(policy));
+        self.generation.store(generation, Ordering::Release);
         Ok(())
     }
 

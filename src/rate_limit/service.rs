@@ -8,7 +8,9 @@ use tower_service::Service;
 use super::accounting::{Annotate, Cost, Counts};
 use super::future::{Booking, Refund, ResponseFuture};
 use super::handle::RateLimitHandle;
-use super::limiter::{Decision, Limiter, RateLimitInfo};
+use super::limiter::{Decision, Limiter, RateLimitInfo, Want};
+use super::policy::Policy;
+use crate::clock::Nanos;
 use crate::error::{BoxError, CostTooHigh, MissingKey, RateLimited};
 use crate::key::{KeyExtractor, KeyHash, join_parts, key_parts};
 
@@ -19,7 +21,8 @@ pub(crate) struct Shared<X, F, A, H> {
     pub(crate) cost: F,
     pub(crate) counts: A,
     pub(crate) annotate: H,
-    pub(crate) max_wait: Duration,
+    /// In nanoseconds, converted once.
+    pub(crate) max_wait: Nanos,
     pub(crate) fallback: Option<(KeyHash, Arc<str>)>,
 }
 
@@ -45,7 +48,7 @@ impl<X, F, A, H> fmt::Debug for Shared<X, F, A, H> {
             .field("cost", &std::any::type_name::<F>())
             .field("counts", &std::any::type_name::<A>())
             .field("annotate", &std::any::type_name::<H>())
-            .field("max_wait", &self.max_wait)
+            .field("max_wait", &Duration::from_nanos(self.max_wait))
             .field("fallback", &self.fallback.as_ref().map(|(_, key)| key))
             .finish()
     }
@@ -70,11 +73,19 @@ impl<X, F, A, H> Shared<X, F, A, H> {
 pub struct RateLimit<S, X, F, A, H> {
     inner: S,
     shared: Arc<Shared<X, F, A, H>>,
+    /// The limiter's policy as this service last saw it; see
+    /// [`Limiter::refresh`].
+    policy: Arc<Policy>,
 }
 
 impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
     pub(crate) fn new(inner: S, shared: Arc<Shared<X, F, A, H>>) -> Self {
-        Self { inner, shared }
+        let policy = shared.limiter.policy();
+        Self {
+            inner,
+            shared,
+            policy,
+        }
     }
 
     /// The inner service.
@@ -103,6 +114,7 @@ impl<S: Clone, X, F, A, H> Clone for RateLimit<S, X, F, A, H> {
         Self {
             inner: self.inner.clone(),
             shared: self.shared.clone(),
+            policy: self.policy.clone(),
         }
     }
 }
@@ -149,21 +161,23 @@ where
         let cost = shared.cost.cost(&req);
         let parts = || shared.key_parts(&req);
         let refund = |ticket| {
-            (!shared.counts.always()).then(|| {
-                Box::new(Refund {
-                    limiter: shared.limiter.clone(),
-                    ticket,
-                    counts: shared.counts.clone(),
-                })
+            (!shared.counts.always()).then(|| Refund {
+                limiter: shared.limiter.clone(),
+                ticket,
+                counts: shared.counts.clone(),
             })
         };
-        let annotate = shared.annotate.wanted();
-        let note = |info: Option<RateLimitInfo>| {
-            info.map(|info| Box::new((shared.annotate.clone(), info)))
+        let want = Want {
+            ticket: !shared.counts.always(),
+            info: shared.annotate.wanted(),
         };
+        let note = |info: Option<Box<RateLimitInfo>>| {
+            info.map(|info| Box::new((shared.annotate.clone(), *info)))
+        };
+        shared.limiter.refresh(&mut self.policy);
         match shared
             .limiter
-            .acquire(key, cost, shared.max_wait, &parts, annotate)
+            .acquire(&self.policy, key, cost, shared.max_wait, &parts, want)
         {
             Decision::Now { ticket, info } => {
                 let refund = ticket.and_then(refund);
@@ -186,14 +200,12 @@ where
                 let booking = Booking::new(shared.limiter.clone(), ticket, key);
                 ResponseFuture::waiting(until, inner, req, booking, refund, note(info))
             }
-            Decision::Denied {
-                retry_after,
-                quota,
-                policy,
-            } => {
+            Decision::Denied(denied) => {
                 let key = join_parts(&parts());
+                let retry_after = denied.retry_after;
                 tracing::debug!(%key, ?retry_after, "rate limit: refused");
-                let refused = RateLimited::new(key, retry_after).with_quota(quota, &*policy);
+                let refused =
+                    RateLimited::new(key, retry_after).with_quota(denied.quota, &*denied.policy);
                 ResponseFuture::failed(Box::new(refused))
             }
             Decision::TooCostly { capacity } => {

@@ -2,7 +2,7 @@
 
 use super::algorithm::{Algorithm, FixedWindow, Gcra, Grant, SlidingWindow, TurnBudget};
 use super::quota::{Algorithm as Kind, Quota};
-use crate::clock::{Nanos, saturating_nanos};
+use crate::clock::{Nanos, Timeline, saturating_nanos};
 use crate::key::KeyHash;
 use crate::store::{Idle, Slot, Store};
 
@@ -32,6 +32,47 @@ pub(crate) enum Held<'a> {
     SlidingWindow(Slot<'a, <SlidingWindow as Algorithm>::State, SlidingWindow>),
     FixedWindow(Slot<'a, <FixedWindow as Algorithm>::State, FixedWindow>),
     TurnBudget(Slot<'a, <TurnBudget as Algorithm>::State, TurnBudget>),
+}
+
+/// What one quota decided on its own (see [`Table::admit`]).
+pub(crate) enum One {
+    /// Refused: the time until it would admit.
+    Refused { wait: Nanos },
+    /// Booked; with the units left and the time until all are, when asked.
+    Booked {
+        grant: Grant,
+        remaining: Option<(u32, Nanos)>,
+    },
+}
+
+/// The whole decision of a key under one quota, monomorphic: lock, read the
+/// clock under the lock, decide, book, release, tidy. The common case (a
+/// layer with one quota) runs only this.
+#[inline]
+fn admit_in<A: Algorithm>(
+    store: &Store<A::State, A>,
+    key: KeyHash,
+    timeline: &Timeline,
+    cost: u32,
+    horizon: Nanos,
+    max_wait: Nanos,
+    info: bool,
+) -> (One, Nanos) {
+    let mut slot = store.slot(key);
+    let now = timeline.now();
+    let (alg, state) = slot.get();
+    let at = alg.earliest(state, now, cost, horizon);
+    let one = if at - now > max_wait {
+        One::Refused { wait: at - now }
+    } else {
+        let grant = alg.book(state, now, at, cost);
+        let remaining = info.then(|| alg.remaining(state, now));
+        One::Booked { grant, remaining }
+    };
+    let crowded = slot.crowded();
+    drop(slot);
+    store.tidy(key, now, crowded);
+    (one, now)
 }
 
 /// The parameters a quota's algorithm runs with.
@@ -102,14 +143,39 @@ impl Table {
         }
     }
 
+    /// Lock `key`'s state. Pass [`Held::crowded`] to [`Table::tidy`] once
+    /// it is released.
     #[inline]
-    pub(crate) fn lock(&self, key: KeyHash, now: Nanos) -> Held<'_> {
+    pub(crate) fn lock(&self, key: KeyHash) -> Held<'_> {
         match self {
-            Self::TokenBucket(s) => Held::TokenBucket(s.slot(key, now)),
-            Self::SlidingWindow(s) => Held::SlidingWindow(s.slot(key, now)),
-            Self::FixedWindow(s) => Held::FixedWindow(s.slot(key, now)),
-            Self::TurnBudget(s) => Held::TurnBudget(s.slot(key, now)),
+            Self::TokenBucket(s) => Held::TokenBucket(s.slot(key)),
+            Self::SlidingWindow(s) => Held::SlidingWindow(s.slot(key)),
+            Self::FixedWindow(s) => Held::FixedWindow(s.slot(key)),
+            Self::TurnBudget(s) => Held::TurnBudget(s.slot(key)),
         }
+    }
+
+    /// Decide and book on this quota alone; see [`admit_in`]. Returns the
+    /// clock reading it decided at.
+    #[inline]
+    pub(crate) fn admit(
+        &self,
+        key: KeyHash,
+        timeline: &Timeline,
+        cost: u32,
+        horizon: Nanos,
+        max_wait: Nanos,
+        info: bool,
+    ) -> (One, Nanos) {
+        each!(self, Table, |s| admit_in(
+            s, key, timeline, cost, horizon, max_wait, info
+        ))
+    }
+
+    /// Sweeping after a [`Table::lock`]; see [`Store::tidy`].
+    #[inline]
+    pub(crate) fn tidy(&self, key: KeyHash, now: Nanos, crowded: bool) {
+        each!(self, Table, |s| s.tidy(key, now, crowded))
     }
 
     pub(crate) fn refund(&self, key: KeyHash, now: Nanos, grant: &Grant) {
@@ -152,6 +218,11 @@ impl Table {
 }
 
 impl Held<'_> {
+    #[inline]
+    pub(crate) fn crowded(&self) -> bool {
+        each!(self, Held, |h| h.crowded())
+    }
+
     #[inline]
     pub(crate) fn earliest(&mut self, now: Nanos, cost: u32, horizon: Nanos) -> Nanos {
         each!(self, Held, |h| {

@@ -1,6 +1,11 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code, unreachable_pub)]
 
+// The tests drive limiters with paused tokio time, which limiters follow only
+// with the `test-util` feature (see `tower_throttle::clock`).
+#[cfg(not(feature = "test-util"))]
+compile_error!("run the tests with `--all-features` (or `--features test-util`)");
+
 use std::convert::Infallible;
 use std::future::{Ready, ready};
 use std::sync::Arc;
