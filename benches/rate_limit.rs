@@ -35,7 +35,7 @@ use http::{HeaderName, HeaderValue, Request, Response};
 use tower::{Layer, Service};
 use tower_governor::GovernorError;
 use tower_governor::governor::GovernorConfigBuilder;
-use tower_throttle::clock::ManualClock;
+use tower_throttle::clock::{FastClock, ManualClock};
 use tower_throttle::error::MissingKey;
 use tower_throttle::key::{GlobalKey, HeaderKey, KeyBuilder, KeyExtractor};
 use tower_throttle::rate_limit::{Quota, RateLimitLayer};
@@ -219,12 +219,15 @@ fn hot_key(c: &mut Criterion) {
     g.finish();
 }
 
-/// What reading the time costs: ours reads tokio's `Instant::now` (with the
-/// `test-util` feature these dev-dependencies turn on, a thread-local check
-/// for a paused clock first), governor reads quanta's TSC clock.
+/// What reading the time costs. Without the `test-util` feature ours reads
+/// `FastClock` (quanta's TSC counter, scaled from the limiter's origin), as
+/// governor does; with it, tokio's `Instant::now`.
 fn clocks(c: &mut Criterion) {
     use governor::clock::Clock as _;
+    use tower_throttle::clock::Clock as _;
     let mut g = c.benchmark_group("clock");
+    let fast = FastClock::new();
+    g.bench_function("ours_fast_clock_now", |b| b.iter(|| black_box(fast.now())));
     g.bench_function("tokio_instant_now", |b| {
         b.iter(|| black_box(tokio::time::Instant::now()))
     });
@@ -581,6 +584,14 @@ fn main() {
     if !quick && std::env::var_os("TT_SKIP_MEMORY").is_none() {
         memory_report();
     }
+    println!(
+        "limiters read {} by default",
+        if cfg!(feature = "test-util") {
+            "tokio's clock (feature test-util is on)"
+        } else {
+            "FastClock (the TSC counter)"
+        }
+    );
     let mut c = Criterion::default().configure_from_args();
     hot_key(&mut c);
     clocks(&mut c);

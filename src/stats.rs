@@ -1,9 +1,9 @@
 //! Counters every layer keeps, snapshots of them, and a subscription that
 //! wakes when they move.
 //!
-//! The request path only touches relaxed atomics on a stripe chosen by the
-//! key, so two cores counting two keys do not share a cache line; a snapshot
-//! adds the stripes up. A subscriber is woken once per burst of changes, not
+//! The request path only touches relaxed atomics on its thread's stripe, so
+//! two cores counting do not share a cache line; a snapshot adds the stripes
+//! up. A subscriber is woken once per burst of changes, not
 //! once per request: the first change after a subscriber looked sets a flag
 //! and wakes it; further changes only see the flag set.
 //!
@@ -17,10 +17,11 @@
 //! # Ok::<(), tower_throttle::error::ConfigError>(())
 //! ```
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -86,6 +87,26 @@ struct Counters {
 struct Stripe(Counters);
 
 const STRIPES: usize = 16;
+
+/// This thread's stripe: threads take stripes in turn, so two cores count
+/// on two cache lines whatever keys they serve (striping by key made two
+/// threads on many keys share every stripe). Snapshots add the stripes up,
+/// so an event and its reverse may land on different stripes.
+#[inline]
+fn stripe() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    STRIPE.with(|stripe| {
+        let mut i = stripe.get();
+        if i == usize::MAX {
+            i = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+            stripe.set(i);
+        }
+        i
+    })
+}
 
 /// Plain counters for one key in the per-key table.
 #[derive(Clone, Default)]
@@ -165,7 +186,7 @@ impl Stats {
     /// per-key table sees it.
     #[inline]
     pub(crate) fn record(&self, key: KeyHash, event: Event, text: &dyn Fn() -> String) {
-        let c = &self.stripes[(key.0 >> 40) as usize % STRIPES].0;
+        let c = &self.stripes[stripe()].0;
         match event {
             Event::Admitted => c.admitted.fetch_add(1, Ordering::Relaxed),
             Event::Rejected => c.rejected.fetch_add(1, Ordering::Relaxed),

@@ -8,7 +8,7 @@ use support::Inner;
 use tower::{Layer, Service, ServiceExt};
 use tower_throttle::error::{BoxError, RateLimited};
 use tower_throttle::key::{
-    ExtensionKey, GlobalKey, HeaderKey, HostKey, JsonFieldKey, PathPrefixKey, key_text,
+    ExtensionKey, GlobalKey, HeaderKey, HostKey, JsonFieldKey, KeyPart, PathPrefixKey, key_text,
 };
 use tower_throttle::rate_limit::{Quota, RateLimitLayer};
 
@@ -139,6 +139,17 @@ fn extension_and_closure_extractors() {
     assert_eq!(key_text(&by_method, &req).unwrap(), "GET");
     let nothing = |_req: &http::Request<()>| None::<u64>;
     assert!(key_text(&nothing, &req).is_err());
+}
+
+#[test]
+fn integer_parts_are_keyed_by_their_decimal_text() {
+    fn text<T: KeyPart + Copy + Send + Sync + 'static>(value: T) -> String {
+        key_text(&move |_: &()| Some(value), &()).expect("a key")
+    }
+    assert_eq!(text(-42i64), "-42");
+    assert_eq!(text(0u8), "0");
+    assert_eq!(text(i64::MIN), "-9223372036854775808");
+    assert_eq!(text(u128::MAX), "340282366920938463463374607431768211455");
 }
 
 #[test]

@@ -95,6 +95,21 @@ macro_rules! display_part {
     )+};
 }
 
-display_part!(
-    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, char, bool, IpAddr, SocketAddr
+display_part!(char, bool, IpAddr, SocketAddr);
+
+// Integers are formatted by `itoa`: the same text as `Display`, without
+// `core::fmt`'s machinery (a per-request cost with integer keys).
+macro_rules! integer_part {
+    ($($ty:ty),+) => {$(
+        impl KeyPart for $ty {
+            #[inline]
+            fn push_to(&self, key: &mut KeyBuilder<'_>) {
+                key.push_str(itoa::Buffer::new().format(*self));
+            }
+        }
+    )+};
+}
+
+integer_part!(
+    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize
 );
