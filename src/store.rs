@@ -289,3 +289,38 @@ fn sweep<V: Idle, P>(shard: &mut ShardMap<V, P>, now: Nanos) -> usize {
     shard.sweep_at_len = (2 * len).max(MIN_SWEEP_LEN);
     before - len
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A state that goes idle at a set instant.
+    #[derive(Clone, Copy, Default)]
+    struct Until(Nanos);
+
+    impl Idle for Until {
+        fn is_idle(&self, now: Nanos) -> bool {
+            self.0 <= now
+        }
+    }
+
+    #[test]
+    fn a_crowded_shard_is_swept_when_its_slot_is_tidied() {
+        // No sweeping round ever comes due: only crowding sweeps.
+        let store: Store<Until, ()> = Store::new((), Nanos::MAX);
+        let mut now = 0;
+        for key in 0..200_000u64 {
+            now += 1;
+            // Spread the keys over the shards the way seeded hashes do.
+            let key = KeyHash(key.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let mut slot = store.slot(key);
+            // Each key stays busy for 10 ns, then goes idle.
+            *slot.get().1 = Until(now + 10);
+            let crowded = slot.crowded();
+            drop(slot);
+            store.tidy(key, now, crowded);
+        }
+        // Without the crowding sweep all 200,000 would still be held.
+        assert!(store.len() <= SHARDS * 2 * MIN_SWEEP_LEN, "{}", store.len());
+    }
+}

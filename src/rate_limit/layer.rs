@@ -157,7 +157,10 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
         self.rebuild()
     }
 
-    /// Read the time from `clock` instead of tokio's clock.
+    /// Read the time from `clock` instead of the default clock
+    /// ([`FastClock`](crate::clock::FastClock), or
+    /// [`TokioClock`](crate::clock::TokioClock) with the `test-util`
+    /// feature; see [`clock`](crate::clock)).
     pub fn with_clock(mut self, clock: impl Clock) -> Self {
         self.setup.clock = ClockSource::of(clock);
         self.rebuild()
