@@ -191,6 +191,7 @@ fn polled_after_completion() -> BoxError {
 }
 
 /// Give the capacity back if the outcome does not count, and box the error.
+#[inline]
 fn settle<Res, E, A>(
     refund: &mut Option<Refund<A>>,
     outcome: Result<Res, E>,

@@ -312,27 +312,19 @@ impl Limiter {
                     (at, grants, remaining.map(|(n, reset)| (n, reset, 0)), now)
                 }
             },
-            tables => {
-                let mut held: SmallVec<[Held<'_>; 4]> =
-                    tables.iter().map(|t| t.lock(key)).collect();
-                let now = self.timeline.now();
-                let verdict = judge(&mut held, now, cost, horizon, max_wait, want);
-                let crowded: SmallVec<[bool; 4]> = held.iter().map(Held::crowded).collect();
-                drop(held);
-                for (table, crowded) in tables.iter().zip(crowded) {
-                    table.tidy(key, now, crowded);
-                }
-                match verdict {
+            tables => match self.judge_all(tables, key, cost, horizon, max_wait, want) {
+                (
                     Verdict::Booked {
                         at,
                         grants,
                         remaining,
-                    } => (at, grants, remaining, now),
-                    Verdict::Refused { wait, slowest } => {
-                        return self.refused(rule, key, now, wait, slowest, &text);
-                    }
+                    },
+                    now,
+                ) => (at, grants, remaining, now),
+                (Verdict::Refused { wait, slowest }, now) => {
+                    return self.refused(rule, key, now, wait, slowest, &text);
                 }
-            }
+            },
         };
         let dry_run = rule.dry_run || self.dry_run.load(Ordering::Relaxed);
         let info = remaining.map(|(remaining, reset, i)| {
@@ -365,6 +357,29 @@ impl Limiter {
             ticket: ticket(grants),
             info,
         }
+    }
+
+    /// Several quotas: lock them all, read the clock, judge, release. Out of
+    /// line, so that the one-quota path keeps a small stack frame.
+    #[inline(never)]
+    fn judge_all(
+        &self,
+        tables: &[Arc<Table>],
+        key: KeyHash,
+        cost: u32,
+        horizon: Nanos,
+        max_wait: Nanos,
+        want: Want,
+    ) -> (Verdict, Nanos) {
+        let mut held: SmallVec<[Held<'_>; 4]> = tables.iter().map(|t| t.lock(key)).collect();
+        let now = self.timeline.now();
+        let verdict = judge(&mut held, now, cost, horizon, max_wait, want);
+        let crowded: SmallVec<[bool; 4]> = held.iter().map(Held::crowded).collect();
+        drop(held);
+        for (table, crowded) in tables.iter().zip(crowded) {
+            table.tidy(key, now, crowded);
+        }
+        (verdict, now)
     }
 
     /// A refusal (or, in a dry run, the admission that stands in for it).
