@@ -43,7 +43,10 @@ use tower_throttle::rate_limit::{Quota, RateLimitLayer};
 const API_KEY: &str = "sk-live-0123456789abcdef01234567";
 const HEADER: HeaderName = HeaderName::from_static("x-api-key");
 const PROBE_ENV: &str = "TT_MEMORY_PROBE";
-const MEMORY_KEYS: u64 = 1_000_000;
+/// Key counts for the memory report: the issue's million, and one where
+/// equal-share hash tables sit at a good point of their doubling.
+const MEMORY_KEYS: [u64; 2] = [1_000_000, 700_000];
+const KEYS_ENV: &str = "TT_MEMORY_KEYS";
 
 // ---------------------------------------------------------------- helpers
 
@@ -485,10 +488,10 @@ fn rss_bytes() -> u64 {
     pages * 4096
 }
 
-/// In a child process: insert `MEMORY_KEYS` keys into one limiter, let them
-/// go idle, evict them, and print the RSS at each step.
-fn memory_probe(which: &str) {
-    let keys = distinct_keys(MEMORY_KEYS, 1_000_000_000);
+/// In a child process: insert `n` keys into one limiter, let them go idle,
+/// evict them, and print the RSS at each step.
+fn memory_probe(which: &str, n: u64) {
+    let keys = distinct_keys(n, 1_000_000_000);
     let before;
     let inserted;
     let evicted;
@@ -536,36 +539,37 @@ fn memory_probe(which: &str) {
 
 fn memory_report() {
     let exe = std::env::current_exe().expect("current exe");
-    println!(
-        "memory per idle key ({MEMORY_KEYS} keys, RSS from /proc/self/statm, one child process each):"
-    );
-    for which in ["ours", "governor"] {
-        let out = std::process::Command::new(&exe)
-            .env(PROBE_ENV, which)
-            .output()
-            .expect("run memory probe");
-        assert!(out.status.success(), "memory probe {which} failed: {out:?}");
-        let text = String::from_utf8_lossy(&out.stdout);
-        let line = text
-            .lines()
-            .find(|l| l.starts_with(which))
-            .expect("probe output");
-        let f: Vec<i64> = line
-            .split_whitespace()
-            .skip(1)
-            .map(|x| x.parse().unwrap())
-            .collect();
-        let (before, inserted, evicted, live, left) = (f[0], f[1], f[2], f[3], f[4]);
-        let per_key = |after: i64| (after - before) as f64 / MEMORY_KEYS as f64;
-        println!(
-            "memory/{which}: rss before {:.1} MiB, after insert {:.1} MiB ({live} keys, {:.1} B/key), \
-             after evict {:.1} MiB ({left} keys, {:.1} B/key still held)",
-            before as f64 / 1048576.0,
-            inserted as f64 / 1048576.0,
-            per_key(inserted),
-            evicted as f64 / 1048576.0,
-            per_key(evicted),
-        );
+    println!("memory per idle key (RSS from /proc/self/statm, one child process each):");
+    for n in MEMORY_KEYS {
+        for which in ["ours", "governor"] {
+            let out = std::process::Command::new(&exe)
+                .env(PROBE_ENV, which)
+                .env(KEYS_ENV, n.to_string())
+                .output()
+                .expect("run memory probe");
+            assert!(out.status.success(), "memory probe {which} failed: {out:?}");
+            let text = String::from_utf8_lossy(&out.stdout);
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(which))
+                .expect("probe output");
+            let f: Vec<i64> = line
+                .split_whitespace()
+                .skip(1)
+                .map(|x| x.parse().unwrap())
+                .collect();
+            let (before, inserted, evicted, live, left) = (f[0], f[1], f[2], f[3], f[4]);
+            let per_key = |after: i64| (after - before) as f64 / n as f64;
+            println!(
+                "memory/{which}/{n}: rss before {:.1} MiB, after insert {:.1} MiB ({live} keys, {:.1} B/key), \
+                 after evict {:.1} MiB ({left} keys, {:.1} B/key still held)",
+                before as f64 / 1048576.0,
+                inserted as f64 / 1048576.0,
+                per_key(inserted),
+                evicted as f64 / 1048576.0,
+                per_key(evicted),
+            );
+        }
     }
 }
 
@@ -573,7 +577,11 @@ fn memory_report() {
 
 fn main() {
     if let Ok(which) = std::env::var(PROBE_ENV) {
-        memory_probe(&which);
+        let n = std::env::var(KEYS_ENV)
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(MEMORY_KEYS[0]);
+        memory_probe(&which, n);
         return;
     }
     // Without `--bench` (e.g. under `cargo test`), criterion runs each
