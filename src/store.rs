@@ -62,7 +62,7 @@ const fn shard_table() -> [u8; SLICES] {
     while i < SHARDS {
         total += weight;
         cumulative[i] = total;
-        weight = weight * STEP >> 32;
+        weight = (weight * STEP) >> 32;
         i += 1;
     }
     // Slice `s` goes to the shard whose cumulative share its midpoint falls
