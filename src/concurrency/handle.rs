@@ -55,6 +55,9 @@ impl ConcurrencyHandle {
     /// waiting, the last key of each live service, and idle keys not yet
     /// dropped (an idle key is dropped as it goes idle once its shard of
     /// the store holds more than 64 keys, so a few thousand at most stay).
+    /// The one key of a layer keyed by
+    /// [`GlobalKey`](crate::key::GlobalKey) counts while it has a request
+    /// in flight or waiting.
     pub fn key_count(&self) -> usize {
         self.permits.key_count()
     }

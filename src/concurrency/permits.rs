@@ -24,6 +24,10 @@
 //! its shard holds more than a few keys; the store also sweeps a shard that
 //! has doubled. A service remembers the state of the last key it served, so a
 //! hot key skips the store altogether (and stays in it while remembered).
+//!
+//! A layer keyed by [`GlobalKey`](crate::key::GlobalKey) has one key: its
+//! state is made with the permits and is never in the store, so its requests
+//! neither hash a key nor look one up.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -87,8 +91,9 @@ pub(crate) struct KeyState {
     max: usize,
     key: KeyHash,
     stats: Arc<Stats>,
-    /// To drop this state from the store once it is idle.
-    owner: Weak<Permits>,
+    /// To drop this state from the store once it is idle; `None` for the
+    /// single key's state, which is not in the store.
+    owner: Option<Weak<Permits>>,
 }
 
 impl fmt::Debug for KeyState {
@@ -112,10 +117,25 @@ pub(crate) enum Acquire {
 }
 
 impl KeyState {
+    fn new(max: usize, key: KeyHash, stats: Arc<Stats>, owner: Option<Weak<Permits>>) -> Arc<Self> {
+        Arc::new(Self {
+            word: AtomicUsize::new(0),
+            queue: Mutex::new(Queue::default()),
+            max,
+            key,
+            stats,
+            owner,
+        })
+    }
+
     /// Take a permit, or join the queue when it has fewer than `max_queue`
     /// waiters. `text` names the key for per-key counters.
     #[inline]
-    pub(crate) fn acquire(self: Arc<Self>, max_queue: usize, text: &dyn Fn() -> String) -> Acquire {
+    pub(crate) fn acquire(
+        self: &Arc<Self>,
+        max_queue: usize,
+        text: &dyn Fn() -> String,
+    ) -> Acquire {
         let mut word = self.word.load(Ordering::Relaxed);
         // Nobody waiting and a permit free: take it, no lock.
         while word & QUEUED == 0 && word < self.max {
@@ -127,7 +147,9 @@ impl KeyState {
             ) {
                 Ok(_) => {
                     self.stats.record(self.key, Event::Entered, text);
-                    return Acquire::Granted(Permit { state: self });
+                    return Acquire::Granted(Permit {
+                        state: self.clone(),
+                    });
                 }
                 Err(now) => word = now,
             }
@@ -136,7 +158,7 @@ impl KeyState {
     }
 
     #[cold]
-    fn acquire_slow(self: Arc<Self>, max_queue: usize, text: &dyn Fn() -> String) -> Acquire {
+    fn acquire_slow(self: &Arc<Self>, max_queue: usize, text: &dyn Fn() -> String) -> Acquire {
         let mut queue = self.queue.lock();
         let mut word = self.word.load(Ordering::Relaxed);
         loop {
@@ -162,7 +184,9 @@ impl KeyState {
                 Ok(_) if granted => {
                     drop(queue);
                     self.stats.record(self.key, Event::Entered, text);
-                    return Acquire::Granted(Permit { state: self });
+                    return Acquire::Granted(Permit {
+                        state: self.clone(),
+                    });
                 }
                 Ok(_) => break,
                 Err(now) => word = now,
@@ -184,7 +208,7 @@ impl KeyState {
         drop(queue);
         self.stats.record(self.key, Event::Queued, text);
         Acquire::Queued(QueueTicket {
-            state: self,
+            state: self.clone(),
             ticket,
             since,
             armed: true,
@@ -192,7 +216,7 @@ impl KeyState {
     }
 
     /// Give a permit back: to the oldest waiter if there is one, else to the
-    /// count. True when this left the key with nothing out.
+    /// count. True when this left a key in the store with nothing out.
     #[inline]
     fn release(&self) -> bool {
         let mut word = self.word.load(Ordering::Relaxed);
@@ -205,7 +229,7 @@ impl KeyState {
             ) {
                 Ok(_) => {
                     self.stats.record(self.key, Event::Left, &String::new);
-                    return word <= 1;
+                    return word <= 1 && self.owner.is_some();
                 }
                 Err(now) => word = now,
             }
@@ -221,7 +245,7 @@ impl KeyState {
             let before = self.word.fetch_sub(1, Ordering::Release);
             drop(queue);
             self.stats.record(self.key, Event::Left, &String::new);
-            return before & MAX_PERMITS <= 1;
+            return before & MAX_PERMITS <= 1 && self.owner.is_some();
         };
         if queue.waiters.is_empty() {
             self.word.fetch_and(!QUEUED, Ordering::Release);
@@ -295,6 +319,10 @@ impl Idle for Slot {
 pub(crate) struct Permits {
     max: usize,
     store: Store<Slot, ()>,
+    /// The state of the one key of a layer keyed by
+    /// [`GlobalKey`](crate::key::GlobalKey): always at hand, never hashed
+    /// nor looked up, never in the store.
+    single: Arc<KeyState>,
     seed: KeySeed,
     pub(crate) stats: Arc<Stats>,
     me: Weak<Permits>,
@@ -313,13 +341,26 @@ impl Permits {
     /// Permits for at most `max` requests in flight per key (`max > 0`,
     /// checked by the layer); `key_stats` keys counted apart.
     pub(crate) fn new(max: usize, key_stats: usize) -> Arc<Self> {
+        let max = max.min(MAX_PERMITS);
+        let seed = KeySeed::default();
+        let stats = Arc::new(Stats::new(key_stats).tracking_in_flight());
+        // The key with no parts: what `seed.hash` makes of `GlobalKey`.
+        let single = KeyState::new(max, seed.hash_parts::<&str>(&[]), stats.clone(), None);
         Arc::new_cyclic(|me| Self {
-            max: max.min(MAX_PERMITS),
+            max,
             store: Store::new((), NO_ROUNDS),
-            seed: KeySeed::default(),
-            stats: Arc::new(Stats::new(key_stats).tracking_in_flight()),
+            single,
+            seed,
+            stats,
             me: me.clone(),
         })
+    }
+
+    /// The state of the one key of a layer keyed by
+    /// [`GlobalKey`](crate::key::GlobalKey).
+    #[inline]
+    pub(crate) fn single(&self) -> &Arc<KeyState> {
+        &self.single
     }
 
     pub(crate) fn seed(&self) -> &KeySeed {
@@ -336,14 +377,7 @@ impl Permits {
         let ((), slot) = locked.get();
         slot.0
             .get_or_insert_with(|| {
-                Arc::new(KeyState {
-                    word: AtomicUsize::new(0),
-                    queue: Mutex::new(Queue::default()),
-                    max: self.max,
-                    key,
-                    stats: self.stats.clone(),
-                    owner: self.me.clone(),
-                })
+                KeyState::new(self.max, key, self.stats.clone(), Some(self.me.clone()))
             })
             .clone()
     }
@@ -367,9 +401,11 @@ impl Permits {
     }
 
     /// How many keys hold state: those with a request in flight or waiting,
-    /// those a service remembers, and idle ones not yet dropped.
+    /// those a service remembers, and idle ones not yet dropped; the single
+    /// key counts while it has a request in flight or waiting.
     pub(crate) fn key_count(&self) -> usize {
-        self.store.len()
+        let single = self.single.word.load(Ordering::Relaxed) != 0;
+        self.store.len() + usize::from(single)
     }
 
     /// Drop every idle key state now.
@@ -401,7 +437,7 @@ impl Drop for Permit {
 /// (nobody else would notice it is idle).
 fn forget_if_idle(state: &Arc<KeyState>) {
     if Arc::strong_count(state) == 2 && state.word.load(Ordering::Relaxed) == 0 {
-        if let Some(owner) = state.owner.upgrade() {
+        if let Some(owner) = state.owner.as_ref().and_then(Weak::upgrade) {
             owner.forget_if_idle(state);
         }
     }
@@ -415,17 +451,23 @@ pub(crate) struct LastKey(Option<(KeyHash, Arc<KeyState>)>);
 impl LastKey {
     /// `key`'s state: the one kept, or from `permits` (and kept).
     #[inline]
-    pub(crate) fn state(&mut self, key: KeyHash, permits: &Permits) -> Arc<KeyState> {
-        if let Some((last, state)) = &self.0 {
-            if *last == key {
-                return state.clone();
-            }
+    pub(crate) fn state(&mut self, key: KeyHash, permits: &Permits) -> &Arc<KeyState> {
+        if !matches!(&self.0, Some((last, _)) if *last == key) {
+            self.replace(key, permits);
         }
+        // Kept by now: the closure does not run.
+        &self
+            .0
+            .get_or_insert_with(|| (key, permits.key_state(key)))
+            .1
+    }
+
+    #[cold]
+    fn replace(&mut self, key: KeyHash, permits: &Permits) {
         let state = permits.key_state(key);
-        if let Some((_, old)) = self.0.replace((key, state.clone())) {
+        if let Some((_, old)) = self.0.replace((key, state)) {
             forget_if_idle(&old);
         }
-        state
     }
 }
 

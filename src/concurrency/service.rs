@@ -1,3 +1,4 @@
+use std::any::TypeId;
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -10,7 +11,7 @@ use super::handle::ConcurrencyHandle;
 use super::hold::HoldPermit;
 use super::permits::{Acquire, LastKey, Permits};
 use crate::error::{BoxError, MissingKey, QueueFull, QueueTimeout};
-use crate::key::{KeyExtractor, KeyHash, join_parts, key_parts};
+use crate::key::{GlobalKey, KeyExtractor, KeyHash, join_parts, key_parts};
 
 /// Everything a concurrency service reads per request, shared by its clones.
 pub(crate) struct Shared<X> {
@@ -69,7 +70,8 @@ impl<X> Shared<X> {
 ///
 /// Each service remembers the state of the last key it served, so a run of
 /// requests on one key skips the key lookup; that key's state stays in memory
-/// while remembered. A clone starts remembering nothing.
+/// while remembered. A clone starts remembering nothing. With
+/// [`GlobalKey`] there is no lookup at all: the one key's state is at hand.
 pub struct Concurrency<S, X> {
     inner: S,
     shared: Arc<Shared<X>>,
@@ -142,20 +144,20 @@ where
     }
 
     fn call(&mut self, req: R) -> Self::Future {
-        let key = match self
-            .shared
-            .permits
-            .seed()
-            .hash(&*self.shared.extractor, &req)
-        {
-            Ok(key) => key,
-            Err(missing) => match &self.shared.fallback {
-                Some((key, _)) => *key,
-                None => return ResponseFuture::failed(missing_key(missing)),
-            },
-        };
-        let state = self.last.state(key, &self.shared.permits);
         let shared = &*self.shared;
+        let state = if is_global::<X>() {
+            // One key: nothing to read, hash or look up.
+            shared.permits.single()
+        } else {
+            let key = match shared.permits.seed().hash(&*shared.extractor, &req) {
+                Ok(key) => key,
+                Err(missing) => match &shared.fallback {
+                    Some((key, _)) => *key,
+                    None => return ResponseFuture::failed(missing_key(missing)),
+                },
+            };
+            self.last.state(key, &shared.permits)
+        };
         // A zero timeout means no waiting at all: a request that would
         // queue times out at once.
         let no_wait = shared.queue_timeout == Some(Duration::ZERO);
@@ -196,6 +198,13 @@ where
             }
         }
     }
+}
+
+/// Whether `X` is [`GlobalKey`]: decided when `call` is compiled for `X`,
+/// so the check costs nothing at run time.
+#[inline(always)]
+fn is_global<X: 'static>() -> bool {
+    TypeId::of::<X>() == TypeId::of::<GlobalKey>()
 }
 
 fn missing_key(missing: MissingKey) -> BoxError {
