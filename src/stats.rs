@@ -119,9 +119,14 @@ pub(crate) enum Event {
     Left,
 }
 
+/// Counts a layer keeps itself instead of in the stripes, added to the
+/// aggregate at every snapshot: requests admitted, and requests that left.
+pub(crate) type Outside = Box<dyn Fn() -> (u64, u64) + Send + Sync>;
+
 /// The counters of one layer, shared by its services.
 pub(crate) struct Stats {
     stripes: Box<[Stripe]>,
+    outside: Option<Outside>,
     keys: Option<Mutex<HashMap<u64, Tally>>>,
     max_keys: usize,
     untracked: AtomicU64,
@@ -146,6 +151,7 @@ impl Stats {
     pub(crate) fn new(max_keys: usize) -> Self {
         Self {
             stripes: (0..STRIPES).map(|_| Stripe::default()).collect(),
+            outside: None,
             keys: (max_keys > 0).then(|| Mutex::new(HashMap::new())),
             max_keys,
             untracked: AtomicU64::new(0),
@@ -158,6 +164,12 @@ impl Stats {
     /// ([`Event::Entered`] / [`Event::Left`]) in every snapshot.
     pub(crate) fn tracking_in_flight(mut self) -> Self {
         self.tracks_in_flight = true;
+        self
+    }
+
+    /// The same counters, plus those `outside` returns at each snapshot.
+    pub(crate) fn counting_outside(mut self, outside: Outside) -> Self {
+        self.outside = Some(outside);
         self
     }
 
@@ -247,6 +259,11 @@ impl Stats {
                 .saturating_add(c.wait_nanos.load(Ordering::Relaxed));
             all.queued += c.queued.load(Ordering::Relaxed);
             all.left += c.left.load(Ordering::Relaxed);
+        }
+        if let Some(outside) = &self.outside {
+            let (admitted, left) = outside();
+            all.admitted += admitted;
+            all.left += left;
         }
         let mut keys: Vec<KeyStats> = self
             .keys

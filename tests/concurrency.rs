@@ -603,6 +603,73 @@ async fn cancelling_on_threads<X: OneKey>(key: X) {
     assert_eq!(handle.key_count(), 0, "a permit or a place in line leaked");
 }
 
+on_one_key!(
+    #[tokio::test(start_paused = true)]
+    stats_count_admitted_in_flight_and_waited_and_wake_a_subscriber => stats_and_subscription
+);
+
+async fn stats_and_subscription<X: OneKey>(key: X) {
+    let layer = ConcurrencyLayer::new(1, key).unwrap();
+    let handle = layer.handle();
+    let mut svc = layer.layer(Upstream::default());
+    let mut sub = handle.subscribe();
+    let mut next = task::spawn(async move { sub.changed().await });
+    assert_pending!(next.poll(), "nothing has happened yet");
+
+    svc.ready().await.unwrap();
+    let held = svc.call(request("a", 0, &[])).await.unwrap();
+    assert!(
+        next.is_woken(),
+        "a request going in flight wakes the subscriber"
+    );
+    let seen = next.await.aggregate;
+    assert_eq!((seen.admitted, seen.in_flight), (1, Some(1)));
+
+    svc.ready().await.unwrap();
+    let mut waiter = task::spawn(svc.call(request("a", 1, &[])));
+    assert_pending!(waiter.poll());
+    time::advance(SECOND).await;
+    drop(held);
+    let second = assert_ready_ok!(waiter.poll());
+    let stats = handle.stats().aggregate;
+    assert_eq!(
+        (
+            stats.admitted,
+            stats.waited,
+            stats.queued_now,
+            stats.in_flight
+        ),
+        (2, 1, 0, Some(1))
+    );
+    assert!((stats.total_wait_ms - 1_000.0).abs() < 1.0, "{stats:?}");
+    drop(second);
+    assert_eq!(handle.stats().aggregate.in_flight, Some(0));
+}
+
+on_one_key!(
+    #[tokio::test(start_paused = true)]
+    with_key_stats_the_key_is_counted_apart => key_counted_apart
+);
+
+async fn key_counted_apart<X: OneKey>(key: X) {
+    let text = text_of(&key);
+    let layer = ConcurrencyLayer::new(2, key).unwrap().with_key_stats(10);
+    let handle = layer.handle();
+    let mut svc = layer.layer(Upstream::default());
+    svc.ready().await.unwrap();
+    let held = svc.call(request("a", 0, &[])).await.unwrap();
+    svc.ready().await.unwrap();
+    drop(svc.call(request("a", 1, &[])).await.unwrap());
+    let stats = handle.stats();
+    assert_eq!(stats.keys.len(), 1);
+    for counted in [&stats.keys[0], &stats.aggregate] {
+        assert_eq!((counted.admitted, counted.in_flight), (2, Some(1)));
+    }
+    assert_eq!(stats.keys[0].key, text);
+    drop(held);
+    assert_eq!(handle.stats().keys[0].in_flight, Some(0));
+}
+
 // ---------------------------------------------------------------- with RateLimitLayer
 
 /// Five requests at once on one route: the first holds the upstream for five

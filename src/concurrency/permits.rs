@@ -27,11 +27,17 @@
 //!
 //! A layer keyed by [`GlobalKey`](crate::key::GlobalKey) has one key: its
 //! state is made with the permits and is never in the store, so its requests
-//! neither hash a key nor look one up.
+//! neither hash a key nor look one up. Unless keys are counted apart, that
+//! state also counts its admissions in the upper half of its word, in the
+//! same compare-and-swap that takes the permit, and the stats read them from
+//! there at each snapshot: requests in flight are admissions less permits
+//! out, so neither taking nor giving back a permit touches a stats counter.
+//! The count moves to the queue's `carried` under the key's lock once it
+//! reaches 2³⁰, long before it could reach the flag.
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -45,9 +51,20 @@ use crate::stats::{Event, Stats};
 use crate::store::{Idle, Store};
 
 /// Set in a key's word while its queue has waiters.
-const QUEUED: usize = 1 << (usize::BITS - 1);
+const QUEUED: u64 = 1 << 63;
+/// The word's low half: permits out.
+const OUT: u64 = u32::MAX as u64;
 /// The largest number of permits per key the word can count.
-const MAX_PERMITS: usize = QUEUED - 1;
+const MAX_PERMITS: usize = u32::MAX as usize;
+/// One admission, in the count a state that counts its own admissions keeps
+/// in the word's upper half (bits 32 to 62).
+const ADMITTED: u64 = 1 << 32;
+/// Admissions the word holds before they are moved out to
+/// [`Queue::carried`], far from the [`QUEUED`] bit.
+const CARRY: u64 = 1 << 30;
+/// A word at or above this has waiters, or admissions to move out: the
+/// lock-free path stands aside for the locked one.
+const FREE_BELOW: u64 = CARRY * ADMITTED;
 
 /// Idle states go when their last permit does (below), so the store never
 /// needs to sweep on a timer; it still sweeps a shard that has doubled.
@@ -72,6 +89,8 @@ struct Queue {
     next_ticket: u64,
     /// Oldest first; tickets strictly rising.
     waiters: VecDeque<Waiter>,
+    /// Admissions moved out of the word of a state that counts its own.
+    carried: u64,
 }
 
 impl Queue {
@@ -85,10 +104,14 @@ impl Queue {
 /// One key's permits and queue.
 pub(crate) struct KeyState {
     /// Permits out (including ones handed to a waiter that has not yet
-    /// noticed), plus [`QUEUED`] while the queue has waiters.
-    word: AtomicUsize,
+    /// noticed), plus [`QUEUED`] while the queue has waiters; for a state
+    /// that counts its own admissions, plus their number times [`ADMITTED`].
+    word: AtomicU64,
     queue: Mutex<Queue>,
-    max: usize,
+    max: u64,
+    /// What taking a permit adds to the word: one permit out, and one
+    /// admission for a state that counts its own.
+    step: u64,
     key: KeyHash,
     stats: Arc<Stats>,
     /// To drop this state from the store once it is idle; `None` for the
@@ -100,7 +123,7 @@ impl fmt::Debug for KeyState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let word = self.word.load(Ordering::Relaxed);
         f.debug_struct("KeyState")
-            .field("in_flight", &(word & MAX_PERMITS))
+            .field("in_flight", &(word & OUT))
             .field("queued", &(word & QUEUED != 0))
             .finish_non_exhaustive()
     }
@@ -117,15 +140,72 @@ pub(crate) enum Acquire {
 }
 
 impl KeyState {
-    fn new(max: usize, key: KeyHash, stats: Arc<Stats>, owner: Option<Weak<Permits>>) -> Arc<Self> {
+    /// A state for at most `max` permits out (`max <= MAX_PERMITS`). One
+    /// that `counts_itself` counts its admissions and departures in its own
+    /// word rather than in `stats` (see [`Permits::new`]).
+    fn new(
+        max: usize,
+        key: KeyHash,
+        stats: Arc<Stats>,
+        owner: Option<Weak<Permits>>,
+        counts_itself: bool,
+    ) -> Arc<Self> {
         Arc::new(Self {
-            word: AtomicUsize::new(0),
+            word: AtomicU64::new(0),
             queue: Mutex::new(Queue::default()),
-            max,
+            max: max as u64,
+            step: if counts_itself { ADMITTED + 1 } else { 1 },
             key,
             stats,
             owner,
         })
+    }
+
+    fn counts_itself(&self) -> bool {
+        self.step != 1
+    }
+
+    /// Count a request going in flight.
+    #[inline]
+    fn entered(&self, text: &dyn Fn() -> String) {
+        if self.counts_itself() {
+            // Counted in the word already; subscribers still hear of it.
+            self.stats.touch();
+        } else {
+            self.stats.record(self.key, Event::Entered, text);
+        }
+    }
+
+    /// Count a request leaving the flight.
+    #[inline]
+    fn left(&self) {
+        if self.counts_itself() {
+            self.stats.touch();
+        } else {
+            self.stats.record(self.key, Event::Left, &String::new);
+        }
+    }
+
+    /// The word, once admissions due to move out of it have moved to
+    /// `queue.carried` (under the key's lock, which `queue` is). Lock-free
+    /// takers stop at `FREE_BELOW`, and every locked one calls this first, so
+    /// the count stays far below the `QUEUED` bit.
+    fn carry(&self, queue: &mut Queue) -> u64 {
+        let word = self.word.load(Ordering::Relaxed);
+        if word & !QUEUED < FREE_BELOW {
+            return word;
+        }
+        queue.carried += CARRY;
+        self.word.fetch_sub(CARRY * ADMITTED, Ordering::Relaxed) - CARRY * ADMITTED
+    }
+
+    /// Requests admitted and requests that left, for a state that counts
+    /// its own: read under the key's lock, so no carry is seen half done.
+    fn own_counts(&self) -> (u64, u64) {
+        let queue = self.queue.lock();
+        let word = self.word.load(Ordering::Acquire);
+        let admitted = queue.carried + ((word & !QUEUED) >> 32);
+        (admitted, admitted.saturating_sub(word & OUT))
     }
 
     /// Take a permit, or join the queue when it has fewer than `max_queue`
@@ -138,15 +218,15 @@ impl KeyState {
     ) -> Acquire {
         let mut word = self.word.load(Ordering::Relaxed);
         // Nobody waiting and a permit free: take it, no lock.
-        while word & QUEUED == 0 && word < self.max {
+        while word < FREE_BELOW && word & OUT < self.max {
             match self.word.compare_exchange_weak(
                 word,
-                word + 1,
+                word + self.step,
                 Ordering::Acquire,
                 Ordering::Relaxed,
             ) {
                 Ok(_) => {
-                    self.stats.record(self.key, Event::Entered, text);
+                    self.entered(text);
                     return Acquire::Granted(Permit {
                         state: self.clone(),
                     });
@@ -160,14 +240,14 @@ impl KeyState {
     #[cold]
     fn acquire_slow(self: &Arc<Self>, max_queue: usize, text: &dyn Fn() -> String) -> Acquire {
         let mut queue = self.queue.lock();
-        let mut word = self.word.load(Ordering::Relaxed);
+        let mut word = self.carry(&mut queue);
         loop {
             if word & QUEUED != 0 {
                 break;
             }
             // Nobody waits: a permit may have come back since we looked.
-            let (next, granted) = if word < self.max {
-                (word + 1, true)
+            let (next, granted) = if word & OUT < self.max {
+                (word + self.step, true)
             } else if max_queue == 0 {
                 drop(queue);
                 self.stats.record(self.key, Event::Rejected, text);
@@ -183,7 +263,7 @@ impl KeyState {
             {
                 Ok(_) if granted => {
                     drop(queue);
-                    self.stats.record(self.key, Event::Entered, text);
+                    self.entered(text);
                     return Acquire::Granted(Permit {
                         state: self.clone(),
                     });
@@ -223,13 +303,13 @@ impl KeyState {
         while word & QUEUED == 0 {
             match self.word.compare_exchange_weak(
                 word,
-                word.saturating_sub(1),
+                word - u64::from(word & OUT != 0),
                 Ordering::Release,
                 Ordering::Relaxed,
             ) {
                 Ok(_) => {
-                    self.stats.record(self.key, Event::Left, &String::new);
-                    return word <= 1 && self.owner.is_some();
+                    self.left();
+                    return word & OUT <= 1 && self.owner.is_some();
                 }
                 Err(now) => word = now,
             }
@@ -244,22 +324,25 @@ impl KeyState {
             // The last waiter left since we looked, and cleared the flag.
             let before = self.word.fetch_sub(1, Ordering::Release);
             drop(queue);
-            self.stats.record(self.key, Event::Left, &String::new);
-            return before & MAX_PERMITS <= 1 && self.owner.is_some();
+            self.left();
+            return before & OUT <= 1 && self.owner.is_some();
         };
+        // The permit passes on; the count of permits out stays.
+        if self.counts_itself() {
+            self.carry(&mut queue);
+            self.word.fetch_add(ADMITTED, Ordering::Relaxed);
+        }
         if queue.waiters.is_empty() {
             self.word.fetch_and(!QUEUED, Ordering::Release);
         }
         drop(queue);
-        // The permit passes on; the count stays.
-        let stats = &self.stats;
-        stats.record(self.key, Event::Left, &String::new);
-        stats.record(
+        self.left();
+        self.stats.record(
             self.key,
             Event::Dequeued(Some(next.since.elapsed())),
             &String::new,
         );
-        stats.record(self.key, Event::Entered, &String::new);
+        self.entered(&String::new);
         if let Some(waker) = next.waker {
             waker.wake();
         }
@@ -299,7 +382,7 @@ impl KeyState {
     }
 
     fn is_idle(self: &Arc<Self>) -> bool {
-        Arc::strong_count(self) == 1 && self.word.load(Ordering::Acquire) == 0
+        Arc::strong_count(self) == 1 && self.word.load(Ordering::Acquire) & (QUEUED | OUT) == 0
     }
 }
 
@@ -343,16 +426,31 @@ impl Permits {
     pub(crate) fn new(max: usize, key_stats: usize) -> Arc<Self> {
         let max = max.min(MAX_PERMITS);
         let seed = KeySeed::default();
-        let stats = Arc::new(Stats::new(key_stats).tracking_in_flight());
         // The key with no parts: what `seed.hash` makes of `GlobalKey`.
-        let single = KeyState::new(max, seed.hash_parts::<&str>(&[]), stats.clone(), None);
-        Arc::new_cyclic(|me| Self {
-            max,
-            store: Store::new((), NO_ROUNDS),
-            single,
-            seed,
-            stats,
-            me: me.clone(),
+        let global = seed.hash_parts::<&str>(&[]);
+        Arc::new_cyclic(|me: &Weak<Self>| {
+            let mut stats = Stats::new(key_stats).tracking_in_flight();
+            // The single key counts its requests in flight in its own word,
+            // with the atomic operations that take and give back permits,
+            // rather than with two more on the stats; a snapshot adds them
+            // in. Counted apart, its requests go to the per-key table.
+            let counts_itself = key_stats == 0;
+            if counts_itself {
+                let me = me.clone();
+                stats = stats.counting_outside(Box::new(move || {
+                    me.upgrade()
+                        .map_or((0, 0), |permits| permits.single.own_counts())
+                }));
+            }
+            let stats = Arc::new(stats);
+            Self {
+                max,
+                store: Store::new((), NO_ROUNDS),
+                single: KeyState::new(max, global, stats.clone(), None, counts_itself),
+                seed,
+                stats,
+                me: me.clone(),
+            }
         })
     }
 
@@ -377,7 +475,13 @@ impl Permits {
         let ((), slot) = locked.get();
         slot.0
             .get_or_insert_with(|| {
-                KeyState::new(self.max, key, self.stats.clone(), Some(self.me.clone()))
+                KeyState::new(
+                    self.max,
+                    key,
+                    self.stats.clone(),
+                    Some(self.me.clone()),
+                    false,
+                )
             })
             .clone()
     }
@@ -393,7 +497,7 @@ impl Permits {
         let idle = slot.0.as_ref().is_some_and(|held| {
             Arc::ptr_eq(held, state)
                 && Arc::strong_count(held) == 2
-                && held.word.load(Ordering::Acquire) == 0
+                && held.word.load(Ordering::Acquire) & (QUEUED | OUT) == 0
         });
         if idle {
             locked.remove();
@@ -404,7 +508,7 @@ impl Permits {
     /// those a service remembers, and idle ones not yet dropped; the single
     /// key counts while it has a request in flight or waiting.
     pub(crate) fn key_count(&self) -> usize {
-        let single = self.single.word.load(Ordering::Relaxed) != 0;
+        let single = self.single.word.load(Ordering::Relaxed) & (QUEUED | OUT) != 0;
         self.store.len() + usize::from(single)
     }
 
@@ -436,7 +540,7 @@ impl Drop for Permit {
 /// the store would be left holding an idle state, drop it from the store
 /// (nobody else would notice it is idle).
 fn forget_if_idle(state: &Arc<KeyState>) {
-    if Arc::strong_count(state) == 2 && state.word.load(Ordering::Relaxed) == 0 {
+    if Arc::strong_count(state) == 2 && state.word.load(Ordering::Relaxed) & (QUEUED | OUT) == 0 {
         if let Some(owner) = state.owner.as_ref().and_then(Weak::upgrade) {
             owner.forget_if_idle(state);
         }
@@ -547,5 +651,53 @@ impl fmt::Debug for QueueTicket {
         f.debug_struct("QueueTicket")
             .field("ticket", &self.ticket)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn granted(acquire: Acquire) -> Permit {
+        match acquire {
+            Acquire::Granted(permit) => permit,
+            _ => panic!("expected a permit"),
+        }
+    }
+
+    fn queued(acquire: Acquire) -> QueueTicket {
+        match acquire {
+            Acquire::Queued(ticket) => ticket,
+            _ => panic!("expected a place in the queue"),
+        }
+    }
+
+    #[test]
+    fn the_single_key_moves_its_admissions_out_of_its_word_and_loses_none() {
+        let permits = Permits::new(1, 0);
+        let single = permits.single();
+        let text = || String::from("(global)");
+        // As if CARRY - 1 requests had come and gone.
+        single.word.store((CARRY - 1) * ADMITTED, Ordering::Relaxed);
+        let mut admitted = CARRY - 1;
+        for _ in 0..3 {
+            // Lock-free while the count is short of CARRY, then under the
+            // lock; the second request waits and is handed the permit.
+            let first = granted(single.acquire(usize::MAX, &text));
+            let second = queued(single.acquire(usize::MAX, &text));
+            drop(first);
+            let second = second.into_permit();
+            admitted += 2;
+            assert_eq!(single.own_counts(), (admitted, admitted - 1));
+            drop(second);
+            assert_eq!(single.own_counts(), (admitted, admitted));
+        }
+        assert_eq!(single.queue.lock().carried, CARRY);
+        assert!(single.word.load(Ordering::Relaxed) < FREE_BELOW);
+        let stats = permits.stats.snapshot().aggregate;
+        assert_eq!(
+            (stats.admitted, stats.waited, stats.in_flight),
+            (admitted, 3, Some(0))
+        );
     }
 }
