@@ -378,6 +378,7 @@ impl StatsSubscription {
 impl Stats {
     /// Wake subscribers for a change that is not one of the counted events
     /// (a layer's own state, such as a cooldown starting).
+    #[inline]
     pub(crate) fn touch(&self) {
         self.hub.touch();
     }

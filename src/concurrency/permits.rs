@@ -210,7 +210,7 @@ impl KeyState {
 
     /// Take a permit, or join the queue when it has fewer than `max_queue`
     /// waiters. `text` names the key for per-key counters.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn acquire(
         self: &Arc<Self>,
         max_queue: usize,
@@ -238,6 +238,7 @@ impl KeyState {
     }
 
     #[cold]
+    #[inline(never)]
     fn acquire_slow(self: &Arc<Self>, max_queue: usize, text: &dyn Fn() -> String) -> Acquire {
         let mut queue = self.queue.lock();
         let mut word = self.carry(&mut queue);
