@@ -17,6 +17,7 @@
 //! # Ok::<(), tower_throttle::error::ConfigError>(())
 //! ```
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -121,6 +122,8 @@ pub(crate) enum Event {
 
 /// Counts a layer keeps itself instead of in the stripes, added to the
 /// aggregate at every snapshot: requests admitted, and requests that left.
+/// It reads them from state that a subscription keeps alive (see
+/// [`Stats::subscribe_keeping`]).
 pub(crate) type Outside = Box<dyn Fn() -> (u64, u64) + Send + Sync>;
 
 /// The counters of one layer, shared by its services.
@@ -308,6 +311,19 @@ impl Stats {
         StatsSubscription {
             stats: self.clone(),
             seen: self.hub.epoch.load(Ordering::Acquire),
+            _keep: None,
+        }
+    }
+
+    /// A subscription that also keeps `keep` alive: what the counts
+    /// [outside](Self::counting_outside) these are read from.
+    pub(crate) fn subscribe_keeping(
+        self: &Arc<Self>,
+        keep: Arc<dyn Any + Send + Sync>,
+    ) -> StatsSubscription {
+        StatsSubscription {
+            _keep: Some(keep),
+            ..self.subscribe()
         }
     }
 }
@@ -339,6 +355,7 @@ impl Hub {
 pub struct StatsSubscription {
     stats: Arc<Stats>,
     seen: u64,
+    _keep: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 impl fmt::Debug for StatsSubscription {

@@ -648,6 +648,25 @@ async fn stats_and_subscription<X: OneKey>(key: X) {
 
 on_one_key!(
     #[tokio::test(start_paused = true)]
+    a_subscription_outliving_the_layer_still_counts_its_requests => subscription_outliving_the_layer
+);
+
+async fn subscription_outliving_the_layer<X: OneKey>(key: X) {
+    let layer = ConcurrencyLayer::new(1, key).unwrap();
+    let sub = layer.handle().subscribe();
+    let mut svc = layer.layer(Upstream::default());
+    svc.ready().await.unwrap();
+    let held = svc.call(request("a", 0, &[])).await.unwrap();
+    drop((layer, svc));
+    let seen = sub.snapshot().aggregate;
+    assert_eq!((seen.admitted, seen.in_flight), (1, Some(1)));
+    drop(held);
+    let seen = sub.snapshot().aggregate;
+    assert_eq!((seen.admitted, seen.in_flight), (1, Some(0)));
+}
+
+on_one_key!(
+    #[tokio::test(start_paused = true)]
     with_key_stats_the_key_is_counted_apart => key_counted_apart
 );
 

@@ -43,7 +43,8 @@ impl ConcurrencyHandle {
 
     /// A subscription that yields a snapshot whenever the counters move.
     pub fn subscribe(&self) -> StatsSubscription {
-        self.permits.stats.subscribe()
+        // The single key's counts are read through the permits: keep them.
+        self.permits.stats.subscribe_keeping(self.permits.clone())
     }
 
     /// The most requests in flight per key.
