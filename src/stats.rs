@@ -17,6 +17,7 @@
 //! # Ok::<(), tower_throttle::error::ConfigError>(())
 //! ```
 
+use std::any::Any;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::fmt;
@@ -140,9 +141,16 @@ pub(crate) enum Event {
     Left,
 }
 
+/// Counts a layer keeps itself instead of in the stripes, added to the
+/// aggregate at every snapshot: requests admitted, and requests that left.
+/// It reads them from state that a subscription keeps alive (see
+/// [`Stats::subscribe_keeping`]).
+pub(crate) type Outside = Box<dyn Fn() -> (u64, u64) + Send + Sync>;
+
 /// The counters of one layer, shared by its services.
 pub(crate) struct Stats {
     stripes: Box<[Stripe]>,
+    outside: Option<Outside>,
     keys: Option<Mutex<HashMap<u64, Tally>>>,
     max_keys: usize,
     untracked: AtomicU64,
@@ -167,6 +175,7 @@ impl Stats {
     pub(crate) fn new(max_keys: usize) -> Self {
         Self {
             stripes: (0..STRIPES).map(|_| Stripe::default()).collect(),
+            outside: None,
             keys: (max_keys > 0).then(|| Mutex::new(HashMap::new())),
             max_keys,
             untracked: AtomicU64::new(0),
@@ -179,6 +188,12 @@ impl Stats {
     /// ([`Event::Entered`] / [`Event::Left`]) in every snapshot.
     pub(crate) fn tracking_in_flight(mut self) -> Self {
         self.tracks_in_flight = true;
+        self
+    }
+
+    /// The same counters, plus those `outside` returns at each snapshot.
+    pub(crate) fn counting_outside(mut self, outside: Outside) -> Self {
+        self.outside = Some(outside);
         self
     }
 
@@ -269,6 +284,11 @@ impl Stats {
             all.queued += c.queued.load(Ordering::Relaxed);
             all.left += c.left.load(Ordering::Relaxed);
         }
+        if let Some(outside) = &self.outside {
+            let (admitted, left) = outside();
+            all.admitted += admitted;
+            all.left += left;
+        }
         let mut keys: Vec<KeyStats> = self
             .keys
             .as_ref()
@@ -312,6 +332,19 @@ impl Stats {
         StatsSubscription {
             stats: self.clone(),
             seen: self.hub.epoch.load(Ordering::Acquire),
+            _keep: None,
+        }
+    }
+
+    /// A subscription that also keeps `keep` alive: what the counts
+    /// [outside](Self::counting_outside) these are read from.
+    pub(crate) fn subscribe_keeping(
+        self: &Arc<Self>,
+        keep: Arc<dyn Any + Send + Sync>,
+    ) -> StatsSubscription {
+        StatsSubscription {
+            _keep: Some(keep),
+            ..self.subscribe()
         }
     }
 }
@@ -343,6 +376,7 @@ impl Hub {
 pub struct StatsSubscription {
     stats: Arc<Stats>,
     seen: u64,
+    _keep: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 impl fmt::Debug for StatsSubscription {
@@ -382,6 +416,7 @@ impl StatsSubscription {
 impl Stats {
     /// Wake subscribers for a change that is not one of the counted events
     /// (a layer's own state, such as a cooldown starting).
+    #[inline]
     pub(crate) fn touch(&self) {
         self.hub.touch();
     }

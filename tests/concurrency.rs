@@ -21,7 +21,7 @@ use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_throttle::BoxError;
 use tower_throttle::concurrency::{ConcurrencyBody, ConcurrencyLayer};
 use tower_throttle::error::{QueueFull, QueueTimeout};
-use tower_throttle::key::{GlobalKey, HeaderKey};
+use tower_throttle::key::{GlobalKey, HeaderKey, KeyExtractor, key_text};
 use tower_throttle::rate_limit::{Quota, RateLimitLayer};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -178,6 +178,47 @@ fn by_key() -> HeaderKey {
     HeaderKey::new("x-key").expect("valid header name")
 }
 
+/// A key extractor the tests on one key run with.
+trait OneKey: KeyExtractor<http::Request<()>> + Clone {
+    /// Key states an idle layer keeps in its store: the single key of
+    /// `GlobalKey` is not kept there.
+    const STORED: usize;
+}
+
+impl OneKey for GlobalKey {
+    const STORED: usize = 0;
+}
+
+impl OneKey for HeaderKey {
+    const STORED: usize = 1;
+}
+
+/// The text errors give for the key of `request("a", ..)` under `key`.
+fn text_of<X: OneKey>(key: &X) -> String {
+    key_text(key, &request("a", 0, &[])).expect("the test request has a key")
+}
+
+/// A test on one key, run twice: keyed by `GlobalKey` (the layer's
+/// single-key path: no key read, hashed or looked up) and by a header (a
+/// lookup per request). `$body` is an `async fn` taking the extractor.
+macro_rules! on_one_key {
+    ($(#[$attr:meta])* $name:ident => $body:ident) => {
+        mod $name {
+            use super::*;
+
+            $(#[$attr])*
+            async fn global_key() {
+                $body(GlobalKey).await
+            }
+
+            $(#[$attr])*
+            async fn header_key() {
+                $body(by_key()).await
+            }
+        }
+    };
+}
+
 /// Read a body to its end.
 async fn drain<B: Body + Unpin>(mut body: B) -> Result<usize, B::Error> {
     let mut frames = 0;
@@ -257,10 +298,14 @@ async fn third_request_waits_for_the_first_body_to_be_dropped_not_its_headers() 
     drop(third);
 }
 
-#[tokio::test(start_paused = true)]
-async fn thousand_queued_requests_are_granted_in_arrival_order() {
+on_one_key!(
+    #[tokio::test(start_paused = true)]
+    thousand_queued_requests_are_granted_in_arrival_order => thousand_queued
+);
+
+async fn thousand_queued<X: OneKey>(key: X) {
     let upstream = Upstream::default();
-    let layer = ConcurrencyLayer::new(1, GlobalKey).unwrap();
+    let layer = ConcurrencyLayer::new(1, key).unwrap();
     let handle = layer.handle();
     let mut svc = layer.layer(upstream.clone());
     let start = Instant::now();
@@ -299,12 +344,15 @@ async fn thousand_queued_requests_are_granted_in_arrival_order() {
     assert_eq!(stats.in_flight, Some(0));
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_full_queue_refuses_at_once_with_queue_full_and_the_gauge_returns_to_zero() {
+on_one_key!(
+    #[tokio::test(start_paused = true)]
+    a_full_queue_refuses_at_once_with_queue_full_and_the_gauge_returns_to_zero => full_queue
+);
+
+async fn full_queue<X: OneKey>(key: X) {
+    let text = text_of(&key);
     let upstream = Upstream::default();
-    let layer = ConcurrencyLayer::new(1, by_key())
-        .unwrap()
-        .with_max_queue(2);
+    let layer = ConcurrencyLayer::new(1, key).unwrap().with_max_queue(2);
     let handle = layer.handle();
     let mut svc = layer.layer(upstream.clone());
     svc.ready().await.unwrap();
@@ -322,7 +370,7 @@ async fn a_full_queue_refuses_at_once_with_queue_full_and_the_gauge_returns_to_z
     let mut refused = task::spawn(svc.call(request("a", 3, &[])));
     let err = assert_ready!(refused.poll()).unwrap_err();
     let full = err.downcast_ref::<QueueFull>().expect("QueueFull");
-    assert_eq!((full.key.as_str(), full.max_queue), ("a", 2));
+    assert_eq!((full.key.as_str(), full.max_queue), (text.as_str(), 2));
     assert_eq!(upstream.order(), vec![0], "refused before the inner call");
 
     // A waiter that gives up makes room for one more.
@@ -342,10 +390,15 @@ async fn a_full_queue_refuses_at_once_with_queue_full_and_the_gauge_returns_to_z
     assert_eq!(stats.in_flight, Some(0));
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_queue_timeout_gives_up_with_queue_timeout_and_the_gauge_returns_to_zero() {
+on_one_key!(
+    #[tokio::test(start_paused = true)]
+    a_queue_timeout_gives_up_with_queue_timeout_and_the_gauge_returns_to_zero => queue_timeout
+);
+
+async fn queue_timeout<X: OneKey>(key: X) {
+    let text = text_of(&key);
     let upstream = Upstream::default();
-    let layer = ConcurrencyLayer::new(1, by_key())
+    let layer = ConcurrencyLayer::new(1, key)
         .unwrap()
         .with_queue_timeout(Duration::from_secs(5));
     let handle = layer.handle();
@@ -369,7 +422,7 @@ async fn a_queue_timeout_gives_up_with_queue_timeout_and_the_gauge_returns_to_ze
     let timeout = err.downcast_ref::<QueueTimeout>().expect("QueueTimeout");
     assert_eq!(
         (timeout.key.as_str(), timeout.waited),
-        ("a", Duration::from_secs(5))
+        (text.as_str(), Duration::from_secs(5))
     );
     assert_eq!(handle.stats().aggregate.queued_now, 1);
 
@@ -388,12 +441,17 @@ async fn a_queue_timeout_gives_up_with_queue_timeout_and_the_gauge_returns_to_ze
     assert_eq!(stats.in_flight, Some(0));
 }
 
-#[tokio::test(start_paused = true)]
-async fn cancelling_half_the_callers_at_random_points_never_exceeds_n_and_leaks_nothing() {
+on_one_key!(
+    #[tokio::test(start_paused = true)]
+    cancelling_half_the_callers_at_random_points_never_exceeds_n_and_leaks_nothing =>
+        cancelling_half
+);
+
+async fn cancelling_half<X: OneKey>(key: X) {
     const N: usize = 3;
     const CALLERS: u64 = 400;
     let upstream = Upstream::default();
-    let layer = ConcurrencyLayer::new(N, by_key()).unwrap();
+    let layer = ConcurrencyLayer::new(N, key).unwrap();
     let handle = layer.handle();
     let svc = layer.layer(upstream.clone());
     let mut rng = Lcg(0x5eed);
@@ -460,7 +518,7 @@ async fn cancelling_half_the_callers_at_random_points_never_exceeds_n_and_leaks_
     let stats = handle.stats().aggregate;
     assert_eq!((stats.in_flight, stats.queued_now), (Some(0), 0));
     // Nothing holds the key's state any more: no permit, no place in line.
-    assert_eq!(handle.evict_idle(), 1);
+    assert_eq!(handle.evict_idle(), X::STORED);
     assert_eq!(handle.key_count(), 0);
 
     // Every permit is back: N at once, and the next one waits.
@@ -488,12 +546,16 @@ async fn cancelling_half_the_callers_at_random_points_never_exceeds_n_and_leaks_
     assert_eq!(handle.stats().aggregate.in_flight, Some(0));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn cancelling_callers_on_many_threads_never_exceeds_n_and_leaks_nothing() {
+on_one_key!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    cancelling_callers_on_many_threads_never_exceeds_n_and_leaks_nothing => cancelling_on_threads
+);
+
+async fn cancelling_on_threads<X: OneKey>(key: X) {
     // One permit: a permit lost in a race would strand the queue for good.
     const N: usize = 1;
     let upstream = Upstream::default();
-    let layer = ConcurrencyLayer::new(N, by_key()).unwrap();
+    let layer = ConcurrencyLayer::new(N, key).unwrap();
     let handle = layer.handle();
     let svc = layer.layer(upstream.clone());
     let mut tasks = Vec::new();
@@ -539,6 +601,92 @@ async fn cancelling_callers_on_many_threads_never_exceeds_n_and_leaks_nothing() 
     drop(svc);
     handle.evict_idle();
     assert_eq!(handle.key_count(), 0, "a permit or a place in line leaked");
+}
+
+on_one_key!(
+    #[tokio::test(start_paused = true)]
+    stats_count_admitted_in_flight_and_waited_and_wake_a_subscriber => stats_and_subscription
+);
+
+async fn stats_and_subscription<X: OneKey>(key: X) {
+    let layer = ConcurrencyLayer::new(1, key).unwrap();
+    let handle = layer.handle();
+    let mut svc = layer.layer(Upstream::default());
+    let mut sub = handle.subscribe();
+    let mut next = task::spawn(async move { sub.changed().await });
+    assert_pending!(next.poll(), "nothing has happened yet");
+
+    svc.ready().await.unwrap();
+    let held = svc.call(request("a", 0, &[])).await.unwrap();
+    assert!(
+        next.is_woken(),
+        "a request going in flight wakes the subscriber"
+    );
+    let seen = next.await.aggregate;
+    assert_eq!((seen.admitted, seen.in_flight), (1, Some(1)));
+
+    svc.ready().await.unwrap();
+    let mut waiter = task::spawn(svc.call(request("a", 1, &[])));
+    assert_pending!(waiter.poll());
+    time::advance(SECOND).await;
+    drop(held);
+    let second = assert_ready_ok!(waiter.poll());
+    let stats = handle.stats().aggregate;
+    assert_eq!(
+        (
+            stats.admitted,
+            stats.waited,
+            stats.queued_now,
+            stats.in_flight
+        ),
+        (2, 1, 0, Some(1))
+    );
+    assert!((stats.total_wait_ms - 1_000.0).abs() < 1.0, "{stats:?}");
+    drop(second);
+    assert_eq!(handle.stats().aggregate.in_flight, Some(0));
+}
+
+on_one_key!(
+    #[tokio::test(start_paused = true)]
+    a_subscription_outliving_the_layer_still_counts_its_requests => subscription_outliving_the_layer
+);
+
+async fn subscription_outliving_the_layer<X: OneKey>(key: X) {
+    let layer = ConcurrencyLayer::new(1, key).unwrap();
+    let sub = layer.handle().subscribe();
+    let mut svc = layer.layer(Upstream::default());
+    svc.ready().await.unwrap();
+    let held = svc.call(request("a", 0, &[])).await.unwrap();
+    drop((layer, svc));
+    let seen = sub.snapshot().aggregate;
+    assert_eq!((seen.admitted, seen.in_flight), (1, Some(1)));
+    drop(held);
+    let seen = sub.snapshot().aggregate;
+    assert_eq!((seen.admitted, seen.in_flight), (1, Some(0)));
+}
+
+on_one_key!(
+    #[tokio::test(start_paused = true)]
+    with_key_stats_the_key_is_counted_apart => key_counted_apart
+);
+
+async fn key_counted_apart<X: OneKey>(key: X) {
+    let text = text_of(&key);
+    let layer = ConcurrencyLayer::new(2, key).unwrap().with_key_stats(10);
+    let handle = layer.handle();
+    let mut svc = layer.layer(Upstream::default());
+    svc.ready().await.unwrap();
+    let held = svc.call(request("a", 0, &[])).await.unwrap();
+    svc.ready().await.unwrap();
+    drop(svc.call(request("a", 1, &[])).await.unwrap());
+    let stats = handle.stats();
+    assert_eq!(stats.keys.len(), 1);
+    for counted in [&stats.keys[0], &stats.aggregate] {
+        assert_eq!((counted.admitted, counted.in_flight), (2, Some(1)));
+    }
+    assert_eq!(stats.keys[0].key, text);
+    drop(held);
+    assert_eq!(handle.stats().keys[0].in_flight, Some(0));
 }
 
 // ---------------------------------------------------------------- with RateLimitLayer
@@ -617,12 +765,14 @@ fn zero_in_flight_is_a_config_error() {
     assert_eq!(err.field, "max_in_flight");
 }
 
-#[tokio::test(start_paused = true)]
-async fn release_at_headers_frees_the_permit_when_the_response_arrives() {
+on_one_key!(
+    #[tokio::test(start_paused = true)]
+    release_at_headers_frees_the_permit_when_the_response_arrives => release_at_headers
+);
+
+async fn release_at_headers<X: OneKey>(key: X) {
     let upstream = Upstream::default();
-    let layer = ConcurrencyLayer::new(1, GlobalKey)
-        .unwrap()
-        .release_at_headers();
+    let layer = ConcurrencyLayer::new(1, key).unwrap().release_at_headers();
     let mut svc = layer.layer(upstream.clone());
     svc.ready().await.unwrap();
     let first = svc
@@ -636,13 +786,17 @@ async fn release_at_headers_frees_the_permit_when_the_response_arrives() {
     drop(first);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_failed_response_gives_its_permit_back() {
+on_one_key!(
+    #[tokio::test(start_paused = true)]
+    a_failed_response_gives_its_permit_back => failed_response
+);
+
+async fn failed_response<X: OneKey>(key: X) {
     let upstream = Upstream {
         fail: true,
         ..Upstream::default()
     };
-    let layer = ConcurrencyLayer::new(1, GlobalKey).unwrap();
+    let layer = ConcurrencyLayer::new(1, key).unwrap();
     let handle = layer.handle();
     let mut svc = layer.layer(upstream.clone());
     svc.ready().await.unwrap();
@@ -659,10 +813,14 @@ async fn a_failed_response_gives_its_permit_back() {
     assert_eq!(handle.stats().aggregate.in_flight, Some(0));
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_body_read_to_its_end_gives_the_permit_back() {
+on_one_key!(
+    #[tokio::test(start_paused = true)]
+    a_body_read_to_its_end_gives_the_permit_back => body_read_to_its_end
+);
+
+async fn body_read_to_its_end<X: OneKey>(key: X) {
     let upstream = Upstream::default();
-    let layer = ConcurrencyLayer::new(1, by_key()).unwrap();
+    let layer = ConcurrencyLayer::new(1, key).unwrap();
     let handle = layer.handle();
     let mut svc = layer.layer(upstream.clone());
     svc.ready().await.unwrap();

@@ -160,26 +160,37 @@ where
 {
     type Output = Result<<S::Response as HoldPermit>::Held, BoxError>;
 
+    #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // The common case inline: the inner service was called at once.
+        let this = self.as_mut().project();
+        match this.state.project() {
+            StateProj::Called { future, permit } => {
+                poll_called(future, permit, *this.release_at_headers, cx)
+            }
+            _ => self.poll_rest(cx),
+        }
+    }
+}
+
+impl<Fut, S, R> ResponseFuture<Fut, S, R>
+where
+    S: Service<R, Future = Fut>,
+    Fut: Future<Output = Result<S::Response, S::Error>>,
+    S::Error: Into<BoxError>,
+    S::Response: HoldPermit,
+{
+    /// `poll` for a request that waited for its permit, or failed.
+    #[inline(never)]
+    fn poll_rest(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<<S::Response as HoldPermit>::Held, BoxError>> {
         loop {
             let this = self.as_mut().project();
             match this.state.project() {
                 StateProj::Called { future, permit } => {
-                    let outcome = ready!(future.poll(cx));
-                    let permit = permit.take();
-                    return Poll::Ready(match outcome {
-                        Ok(response) if !*this.release_at_headers => Ok(response.hold(permit)),
-                        Ok(response) => {
-                            drop(permit);
-                            Ok(response.hold(None))
-                        }
-                        // An error ends the request: its permit goes back
-                        // now, not when the future is dropped.
-                        Err(error) => {
-                            drop(permit);
-                            Err(error.into())
-                        }
-                    });
+                    return poll_called(future, permit, *this.release_at_headers, cx);
                 }
                 StateProj::Waiting { waiter } => {
                     let next = match ready!(waiter.poll_call(cx)) {
@@ -197,6 +208,37 @@ where
             }
         }
     }
+}
+
+/// Poll the inner service's response future; a response takes the permit
+/// with it (see [`HoldPermit`]), a failure gives it back.
+#[inline(always)]
+fn poll_called<Fut, T, E>(
+    future: Pin<&mut Fut>,
+    permit: &mut Option<Permit>,
+    release_at_headers: bool,
+    cx: &mut Context<'_>,
+) -> Poll<Result<T::Held, BoxError>>
+where
+    Fut: Future<Output = Result<T, E>>,
+    T: HoldPermit,
+    E: Into<BoxError>,
+{
+    let outcome = ready!(future.poll(cx));
+    let permit = permit.take();
+    Poll::Ready(match outcome {
+        Ok(response) if !release_at_headers => Ok(response.hold(permit)),
+        Ok(response) => {
+            drop(permit);
+            Ok(response.hold(None))
+        }
+        // An error ends the request: its permit goes back now, not when the
+        // future is dropped.
+        Err(error) => {
+            drop(permit);
+            Err(error.into())
+        }
+    })
 }
 
 fn polled_after_completion() -> BoxError {

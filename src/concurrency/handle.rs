@@ -43,7 +43,8 @@ impl ConcurrencyHandle {
 
     /// A subscription that yields a snapshot whenever the counters move.
     pub fn subscribe(&self) -> StatsSubscription {
-        self.permits.stats.subscribe()
+        // The single key's counts are read through the permits: keep them.
+        self.permits.stats.subscribe_keeping(self.permits.clone())
     }
 
     /// The most requests in flight per key.
@@ -55,6 +56,9 @@ impl ConcurrencyHandle {
     /// waiting, the last key of each live service, and idle keys not yet
     /// dropped (an idle key is dropped as it goes idle once its shard of
     /// the store holds more than 64 keys, so a few thousand at most stay).
+    /// The one key of a layer keyed by
+    /// [`GlobalKey`](crate::key::GlobalKey) counts while it has a request
+    /// in flight or waiting.
     pub fn key_count(&self) -> usize {
         self.permits.key_count()
     }

@@ -23,7 +23,8 @@
 //!
 //! While nobody waits on a key, a request takes and gives back its permit
 //! with one atomic operation each, and a service that serves the same key
-//! again skips the key lookup.
+//! again skips the key lookup. With [`GlobalKey`](crate::key::GlobalKey) no
+//! key is read, hashed or looked up at all.
 //!
 //! ```
 //! use tower::{Service, ServiceExt};

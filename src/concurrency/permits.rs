@@ -24,10 +24,20 @@
 //! its shard holds more than a few keys; the store also sweeps a shard that
 //! has doubled. A service remembers the state of the last key it served, so a
 //! hot key skips the store altogether (and stays in it while remembered).
+//!
+//! A layer keyed by [`GlobalKey`](crate::key::GlobalKey) has one key: its
+//! state is made with the permits and is never in the store, so its requests
+//! neither hash a key nor look one up. Unless keys are counted apart, that
+//! state also counts its admissions in the upper half of its word, in the
+//! same compare-and-swap that takes the permit, and the stats read them from
+//! there at each snapshot: requests in flight are admissions less permits
+//! out, so neither taking nor giving back a permit touches a stats counter.
+//! The count moves to the queue's `carried` under the key's lock once it
+//! reaches 2³⁰, long before it could reach the flag.
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -41,9 +51,20 @@ use crate::stats::{Event, Stats};
 use crate::store::{Idle, Store};
 
 /// Set in a key's word while its queue has waiters.
-const QUEUED: usize = 1 << (usize::BITS - 1);
+const QUEUED: u64 = 1 << 63;
+/// The word's low half: permits out.
+const OUT: u64 = u32::MAX as u64;
 /// The largest number of permits per key the word can count.
-const MAX_PERMITS: usize = QUEUED - 1;
+const MAX_PERMITS: usize = u32::MAX as usize;
+/// One admission, in the count a state that counts its own admissions keeps
+/// in the word's upper half (bits 32 to 62).
+const ADMITTED: u64 = 1 << 32;
+/// Admissions the word holds before they are moved out to
+/// [`Queue::carried`], far from the [`QUEUED`] bit.
+const CARRY: u64 = 1 << 30;
+/// A word at or above this has waiters, or admissions to move out: the
+/// lock-free path stands aside for the locked one.
+const FREE_BELOW: u64 = CARRY * ADMITTED;
 
 /// Idle states go when their last permit does (below), so the store never
 /// needs to sweep on a timer; it still sweeps a shard that has doubled.
@@ -68,6 +89,8 @@ struct Queue {
     next_ticket: u64,
     /// Oldest first; tickets strictly rising.
     waiters: VecDeque<Waiter>,
+    /// Admissions moved out of the word of a state that counts its own.
+    carried: u64,
 }
 
 impl Queue {
@@ -81,21 +104,26 @@ impl Queue {
 /// One key's permits and queue.
 pub(crate) struct KeyState {
     /// Permits out (including ones handed to a waiter that has not yet
-    /// noticed), plus [`QUEUED`] while the queue has waiters.
-    word: AtomicUsize,
+    /// noticed), plus [`QUEUED`] while the queue has waiters; for a state
+    /// that counts its own admissions, plus their number times [`ADMITTED`].
+    word: AtomicU64,
     queue: Mutex<Queue>,
-    max: usize,
+    max: u64,
+    /// What taking a permit adds to the word: one permit out, and one
+    /// admission for a state that counts its own.
+    step: u64,
     key: KeyHash,
     stats: Arc<Stats>,
-    /// To drop this state from the store once it is idle.
-    owner: Weak<Permits>,
+    /// To drop this state from the store once it is idle; `None` for the
+    /// single key's state, which is not in the store.
+    owner: Option<Weak<Permits>>,
 }
 
 impl fmt::Debug for KeyState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let word = self.word.load(Ordering::Relaxed);
         f.debug_struct("KeyState")
-            .field("in_flight", &(word & MAX_PERMITS))
+            .field("in_flight", &(word & OUT))
             .field("queued", &(word & QUEUED != 0))
             .finish_non_exhaustive()
     }
@@ -112,22 +140,96 @@ pub(crate) enum Acquire {
 }
 
 impl KeyState {
+    /// A state for at most `max` permits out (`max <= MAX_PERMITS`). One
+    /// that `counts_itself` counts its admissions and departures in its own
+    /// word rather than in `stats` (see [`Permits::new`]).
+    fn new(
+        max: usize,
+        key: KeyHash,
+        stats: Arc<Stats>,
+        owner: Option<Weak<Permits>>,
+        counts_itself: bool,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            word: AtomicU64::new(0),
+            queue: Mutex::new(Queue::default()),
+            max: max as u64,
+            step: if counts_itself { ADMITTED + 1 } else { 1 },
+            key,
+            stats,
+            owner,
+        })
+    }
+
+    fn counts_itself(&self) -> bool {
+        self.step != 1
+    }
+
+    /// Count a request going in flight.
+    #[inline]
+    fn entered(&self, text: &dyn Fn() -> String) {
+        if self.counts_itself() {
+            // Counted in the word already; subscribers still hear of it.
+            self.stats.touch();
+        } else {
+            self.stats.record(self.key, Event::Entered, text);
+        }
+    }
+
+    /// Count a request leaving the flight.
+    #[inline]
+    fn left(&self) {
+        if self.counts_itself() {
+            self.stats.touch();
+        } else {
+            self.stats.record(self.key, Event::Left, &String::new);
+        }
+    }
+
+    /// The word, once admissions due to move out of it have moved to
+    /// `queue.carried` (under the key's lock, which `queue` is). Lock-free
+    /// takers stop at `FREE_BELOW`, and every locked one calls this first, so
+    /// the count stays far below the `QUEUED` bit.
+    fn carry(&self, queue: &mut Queue) -> u64 {
+        let word = self.word.load(Ordering::Relaxed);
+        if word & !QUEUED < FREE_BELOW {
+            return word;
+        }
+        queue.carried += CARRY;
+        self.word.fetch_sub(CARRY * ADMITTED, Ordering::Relaxed) - CARRY * ADMITTED
+    }
+
+    /// Requests admitted and requests that left, for a state that counts
+    /// its own: read under the key's lock, so no carry is seen half done.
+    fn own_counts(&self) -> (u64, u64) {
+        let queue = self.queue.lock();
+        let word = self.word.load(Ordering::Acquire);
+        let admitted = queue.carried + ((word & !QUEUED) >> 32);
+        (admitted, admitted.saturating_sub(word & OUT))
+    }
+
     /// Take a permit, or join the queue when it has fewer than `max_queue`
     /// waiters. `text` names the key for per-key counters.
-    #[inline]
-    pub(crate) fn acquire(self: Arc<Self>, max_queue: usize, text: &dyn Fn() -> String) -> Acquire {
+    #[inline(always)]
+    pub(crate) fn acquire(
+        self: &Arc<Self>,
+        max_queue: usize,
+        text: &dyn Fn() -> String,
+    ) -> Acquire {
         let mut word = self.word.load(Ordering::Relaxed);
         // Nobody waiting and a permit free: take it, no lock.
-        while word & QUEUED == 0 && word < self.max {
+        while word < FREE_BELOW && word & OUT < self.max {
             match self.word.compare_exchange_weak(
                 word,
-                word + 1,
+                word + self.step,
                 Ordering::Acquire,
                 Ordering::Relaxed,
             ) {
                 Ok(_) => {
-                    self.stats.record(self.key, Event::Entered, text);
-                    return Acquire::Granted(Permit { state: self });
+                    self.entered(text);
+                    return Acquire::Granted(Permit {
+                        state: self.clone(),
+                    });
                 }
                 Err(now) => word = now,
             }
@@ -136,16 +238,17 @@ impl KeyState {
     }
 
     #[cold]
-    fn acquire_slow(self: Arc<Self>, max_queue: usize, text: &dyn Fn() -> String) -> Acquire {
+    #[inline(never)]
+    fn acquire_slow(self: &Arc<Self>, max_queue: usize, text: &dyn Fn() -> String) -> Acquire {
         let mut queue = self.queue.lock();
-        let mut word = self.word.load(Ordering::Relaxed);
+        let mut word = self.carry(&mut queue);
         loop {
             if word & QUEUED != 0 {
                 break;
             }
             // Nobody waits: a permit may have come back since we looked.
-            let (next, granted) = if word < self.max {
-                (word + 1, true)
+            let (next, granted) = if word & OUT < self.max {
+                (word + self.step, true)
             } else if max_queue == 0 {
                 drop(queue);
                 self.stats.record(self.key, Event::Rejected, text);
@@ -161,8 +264,10 @@ impl KeyState {
             {
                 Ok(_) if granted => {
                     drop(queue);
-                    self.stats.record(self.key, Event::Entered, text);
-                    return Acquire::Granted(Permit { state: self });
+                    self.entered(text);
+                    return Acquire::Granted(Permit {
+                        state: self.clone(),
+                    });
                 }
                 Ok(_) => break,
                 Err(now) => word = now,
@@ -184,7 +289,7 @@ impl KeyState {
         drop(queue);
         self.stats.record(self.key, Event::Queued, text);
         Acquire::Queued(QueueTicket {
-            state: self,
+            state: self.clone(),
             ticket,
             since,
             armed: true,
@@ -192,20 +297,20 @@ impl KeyState {
     }
 
     /// Give a permit back: to the oldest waiter if there is one, else to the
-    /// count. True when this left the key with nothing out.
+    /// count. True when this left a key in the store with nothing out.
     #[inline]
     fn release(&self) -> bool {
         let mut word = self.word.load(Ordering::Relaxed);
         while word & QUEUED == 0 {
             match self.word.compare_exchange_weak(
                 word,
-                word.saturating_sub(1),
+                word - u64::from(word & OUT != 0),
                 Ordering::Release,
                 Ordering::Relaxed,
             ) {
                 Ok(_) => {
-                    self.stats.record(self.key, Event::Left, &String::new);
-                    return word <= 1;
+                    self.left();
+                    return word & OUT <= 1 && self.owner.is_some();
                 }
                 Err(now) => word = now,
             }
@@ -220,22 +325,25 @@ impl KeyState {
             // The last waiter left since we looked, and cleared the flag.
             let before = self.word.fetch_sub(1, Ordering::Release);
             drop(queue);
-            self.stats.record(self.key, Event::Left, &String::new);
-            return before & MAX_PERMITS <= 1;
+            self.left();
+            return before & OUT <= 1 && self.owner.is_some();
         };
+        // The permit passes on; the count of permits out stays.
+        if self.counts_itself() {
+            self.carry(&mut queue);
+            self.word.fetch_add(ADMITTED, Ordering::Relaxed);
+        }
         if queue.waiters.is_empty() {
             self.word.fetch_and(!QUEUED, Ordering::Release);
         }
         drop(queue);
-        // The permit passes on; the count stays.
-        let stats = &self.stats;
-        stats.record(self.key, Event::Left, &String::new);
-        stats.record(
+        self.left();
+        self.stats.record(
             self.key,
             Event::Dequeued(Some(next.since.elapsed())),
             &String::new,
         );
-        stats.record(self.key, Event::Entered, &String::new);
+        self.entered(&String::new);
         if let Some(waker) = next.waker {
             waker.wake();
         }
@@ -275,7 +383,7 @@ impl KeyState {
     }
 
     fn is_idle(self: &Arc<Self>) -> bool {
-        Arc::strong_count(self) == 1 && self.word.load(Ordering::Acquire) == 0
+        Arc::strong_count(self) == 1 && self.word.load(Ordering::Acquire) & (QUEUED | OUT) == 0
     }
 }
 
@@ -295,6 +403,10 @@ impl Idle for Slot {
 pub(crate) struct Permits {
     max: usize,
     store: Store<Slot, ()>,
+    /// The state of the one key of a layer keyed by
+    /// [`GlobalKey`](crate::key::GlobalKey): always at hand, never hashed
+    /// nor looked up, never in the store.
+    single: Arc<KeyState>,
     seed: KeySeed,
     pub(crate) stats: Arc<Stats>,
     me: Weak<Permits>,
@@ -313,13 +425,41 @@ impl Permits {
     /// Permits for at most `max` requests in flight per key (`max > 0`,
     /// checked by the layer); `key_stats` keys counted apart.
     pub(crate) fn new(max: usize, key_stats: usize) -> Arc<Self> {
-        Arc::new_cyclic(|me| Self {
-            max: max.min(MAX_PERMITS),
-            store: Store::new((), NO_ROUNDS),
-            seed: KeySeed::default(),
-            stats: Arc::new(Stats::new(key_stats).tracking_in_flight()),
-            me: me.clone(),
+        let max = max.min(MAX_PERMITS);
+        let seed = KeySeed::default();
+        // The key with no parts: what `seed.hash` makes of `GlobalKey`.
+        let global = seed.hash_parts::<&str>(&[]);
+        Arc::new_cyclic(|me: &Weak<Self>| {
+            let mut stats = Stats::new(key_stats).tracking_in_flight();
+            // The single key counts its requests in flight in its own word,
+            // with the atomic operations that take and give back permits,
+            // rather than with two more on the stats; a snapshot adds them
+            // in. Counted apart, its requests go to the per-key table.
+            let counts_itself = key_stats == 0;
+            if counts_itself {
+                let me = me.clone();
+                stats = stats.counting_outside(Box::new(move || {
+                    me.upgrade()
+                        .map_or((0, 0), |permits| permits.single.own_counts())
+                }));
+            }
+            let stats = Arc::new(stats);
+            Self {
+                max,
+                store: Store::new((), NO_ROUNDS),
+                single: KeyState::new(max, global, stats.clone(), None, counts_itself),
+                seed,
+                stats,
+                me: me.clone(),
+            }
         })
+    }
+
+    /// The state of the one key of a layer keyed by
+    /// [`GlobalKey`](crate::key::GlobalKey).
+    #[inline]
+    pub(crate) fn single(&self) -> &Arc<KeyState> {
+        &self.single
     }
 
     pub(crate) fn seed(&self) -> &KeySeed {
@@ -336,14 +476,13 @@ impl Permits {
         let ((), slot) = locked.get();
         slot.0
             .get_or_insert_with(|| {
-                Arc::new(KeyState {
-                    word: AtomicUsize::new(0),
-                    queue: Mutex::new(Queue::default()),
-                    max: self.max,
+                KeyState::new(
+                    self.max,
                     key,
-                    stats: self.stats.clone(),
-                    owner: self.me.clone(),
-                })
+                    self.stats.clone(),
+                    Some(self.me.clone()),
+                    false,
+                )
             })
             .clone()
     }
@@ -359,7 +498,7 @@ impl Permits {
         let idle = slot.0.as_ref().is_some_and(|held| {
             Arc::ptr_eq(held, state)
                 && Arc::strong_count(held) == 2
-                && held.word.load(Ordering::Acquire) == 0
+                && held.word.load(Ordering::Acquire) & (QUEUED | OUT) == 0
         });
         if idle {
             locked.remove();
@@ -367,9 +506,11 @@ impl Permits {
     }
 
     /// How many keys hold state: those with a request in flight or waiting,
-    /// those a service remembers, and idle ones not yet dropped.
+    /// those a service remembers, and idle ones not yet dropped; the single
+    /// key counts while it has a request in flight or waiting.
     pub(crate) fn key_count(&self) -> usize {
-        self.store.len()
+        let single = self.single.word.load(Ordering::Relaxed) & (QUEUED | OUT) != 0;
+        self.store.len() + usize::from(single)
     }
 
     /// Drop every idle key state now.
@@ -400,8 +541,8 @@ impl Drop for Permit {
 /// the store would be left holding an idle state, drop it from the store
 /// (nobody else would notice it is idle).
 fn forget_if_idle(state: &Arc<KeyState>) {
-    if Arc::strong_count(state) == 2 && state.word.load(Ordering::Relaxed) == 0 {
-        if let Some(owner) = state.owner.upgrade() {
+    if Arc::strong_count(state) == 2 && state.word.load(Ordering::Relaxed) & (QUEUED | OUT) == 0 {
+        if let Some(owner) = state.owner.as_ref().and_then(Weak::upgrade) {
             owner.forget_if_idle(state);
         }
     }
@@ -415,17 +556,23 @@ pub(crate) struct LastKey(Option<(KeyHash, Arc<KeyState>)>);
 impl LastKey {
     /// `key`'s state: the one kept, or from `permits` (and kept).
     #[inline]
-    pub(crate) fn state(&mut self, key: KeyHash, permits: &Permits) -> Arc<KeyState> {
-        if let Some((last, state)) = &self.0 {
-            if *last == key {
-                return state.clone();
-            }
+    pub(crate) fn state(&mut self, key: KeyHash, permits: &Permits) -> &Arc<KeyState> {
+        if !matches!(&self.0, Some((last, _)) if *last == key) {
+            self.replace(key, permits);
         }
+        // Kept by now: the closure does not run.
+        &self
+            .0
+            .get_or_insert_with(|| (key, permits.key_state(key)))
+            .1
+    }
+
+    #[cold]
+    fn replace(&mut self, key: KeyHash, permits: &Permits) {
         let state = permits.key_state(key);
-        if let Some((_, old)) = self.0.replace((key, state.clone())) {
+        if let Some((_, old)) = self.0.replace((key, state)) {
             forget_if_idle(&old);
         }
-        state
     }
 }
 
@@ -505,5 +652,53 @@ impl fmt::Debug for QueueTicket {
         f.debug_struct("QueueTicket")
             .field("ticket", &self.ticket)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn granted(acquire: Acquire) -> Permit {
+        match acquire {
+            Acquire::Granted(permit) => permit,
+            _ => panic!("expected a permit"),
+        }
+    }
+
+    fn queued(acquire: Acquire) -> QueueTicket {
+        match acquire {
+            Acquire::Queued(ticket) => ticket,
+            _ => panic!("expected a place in the queue"),
+        }
+    }
+
+    #[test]
+    fn the_single_key_moves_its_admissions_out_of_its_word_and_loses_none() {
+        let permits = Permits::new(1, 0);
+        let single = permits.single();
+        let text = || String::from("(global)");
+        // As if CARRY - 1 requests had come and gone.
+        single.word.store((CARRY - 1) * ADMITTED, Ordering::Relaxed);
+        let mut admitted = CARRY - 1;
+        for _ in 0..3 {
+            // Lock-free while the count is short of CARRY, then under the
+            // lock; the second request waits and is handed the permit.
+            let first = granted(single.acquire(usize::MAX, &text));
+            let second = queued(single.acquire(usize::MAX, &text));
+            drop(first);
+            let second = second.into_permit();
+            admitted += 2;
+            assert_eq!(single.own_counts(), (admitted, admitted - 1));
+            drop(second);
+            assert_eq!(single.own_counts(), (admitted, admitted));
+        }
+        assert_eq!(single.queue.lock().carried, CARRY);
+        assert!(single.word.load(Ordering::Relaxed) < FREE_BELOW);
+        let stats = permits.stats.snapshot().aggregate;
+        assert_eq!(
+            (stats.admitted, stats.waited, stats.in_flight),
+            (admitted, 3, Some(0))
+        );
     }
 }

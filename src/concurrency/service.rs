@@ -1,3 +1,4 @@
+use std::any::TypeId;
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -8,9 +9,9 @@ use tower_service::Service;
 use super::future::ResponseFuture;
 use super::handle::ConcurrencyHandle;
 use super::hold::HoldPermit;
-use super::permits::{Acquire, LastKey, Permits};
+use super::permits::{Acquire, LastKey, Permits, QueueTicket};
 use crate::error::{BoxError, MissingKey, QueueFull, QueueTimeout};
-use crate::key::{KeyExtractor, KeyHash, join_parts, key_parts};
+use crate::key::{GlobalKey, KeyExtractor, KeyHash, join_parts, key_parts};
 
 /// Everything a concurrency service reads per request, shared by its clones.
 pub(crate) struct Shared<X> {
@@ -51,6 +52,36 @@ impl<X> fmt::Debug for Shared<X> {
 }
 
 impl<X> Shared<X> {
+    /// A zero timeout means no waiting at all: a request that would queue
+    /// times out at once.
+    fn no_wait(&self) -> bool {
+        self.queue_timeout == Some(Duration::ZERO)
+    }
+
+    /// Most requests that may wait per key.
+    #[inline]
+    fn max_queue(&self) -> usize {
+        if self.no_wait() { 0 } else { self.max_queue }
+    }
+
+    /// The error for `req`, refused because its key's queue is full (or no
+    /// waiting is allowed).
+    #[inline(never)]
+    fn refusal<R>(&self, req: &R) -> BoxError
+    where
+        X: KeyExtractor<R>,
+    {
+        let key = self.key_text(req);
+        if self.no_wait() {
+            tracing::debug!(%key, "concurrency: no permit free and no wait allowed");
+            Box::new(QueueTimeout::new(key, Duration::ZERO))
+        } else {
+            let max_queue = self.max_queue;
+            tracing::debug!(%key, max_queue, "concurrency: queue full");
+            Box::new(QueueFull::new(key, max_queue))
+        }
+    }
+
     /// The text of `req`'s key, for errors, logs and per-key counters.
     fn key_text<R>(&self, req: &R) -> String
     where
@@ -69,7 +100,8 @@ impl<X> Shared<X> {
 ///
 /// Each service remembers the state of the last key it served, so a run of
 /// requests on one key skips the key lookup; that key's state stays in memory
-/// while remembered. A clone starts remembering nothing.
+/// while remembered. A clone starts remembering nothing. With
+/// [`GlobalKey`] there is no lookup at all: the one key's state is at hand.
 pub struct Concurrency<S, X> {
     inner: S,
     shared: Arc<Shared<X>>,
@@ -141,61 +173,59 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
+    #[inline]
     fn call(&mut self, req: R) -> Self::Future {
-        let key = match self
-            .shared
-            .permits
-            .seed()
-            .hash(&*self.shared.extractor, &req)
-        {
-            Ok(key) => key,
-            Err(missing) => match &self.shared.fallback {
-                Some((key, _)) => *key,
-                None => return ResponseFuture::failed(missing_key(missing)),
-            },
-        };
-        let state = self.last.state(key, &self.shared.permits);
         let shared = &*self.shared;
-        // A zero timeout means no waiting at all: a request that would
-        // queue times out at once.
-        let no_wait = shared.queue_timeout == Some(Duration::ZERO);
-        let max_queue = if no_wait { 0 } else { shared.max_queue };
-        let text = || shared.key_text(&req);
-        match state.acquire(max_queue, &text) {
+        let state = if is_global::<X>() {
+            // One key: nothing to read, hash or look up.
+            shared.permits.single()
+        } else {
+            let key = match shared.permits.seed().hash(&*shared.extractor, &req) {
+                Ok(key) => key,
+                Err(missing) => match &shared.fallback {
+                    Some((key, _)) => *key,
+                    None => return ResponseFuture::failed(missing_key(missing)),
+                },
+            };
+            self.last.state(key, &shared.permits)
+        };
+        match state.acquire(shared.max_queue(), &|| shared.key_text(&req)) {
             Acquire::Granted(permit) => {
                 ResponseFuture::called(self.inner.call(req), permit, shared.release_at_headers)
             }
-            Acquire::Queued(ticket) => {
-                let key_text = text();
-                tracing::debug!(key = %key_text, "concurrency: waiting for a permit");
-                let deadline = shared
-                    .queue_timeout
-                    .and_then(|timeout| ticket.since().checked_add(timeout));
-                // The ready inner service goes with the waiting request; this
-                // service keeps a fresh clone, to be polled ready again.
-                let clone = self.inner.clone();
-                let inner = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::waiting(
-                    inner,
-                    req,
-                    ticket,
-                    deadline,
-                    key_text,
-                    shared.release_at_headers,
-                )
-            }
-            Acquire::Full if no_wait => {
-                let key = text();
-                tracing::debug!(%key, "concurrency: no permit free and no wait allowed");
-                ResponseFuture::failed(Box::new(QueueTimeout::new(key, Duration::ZERO)))
-            }
-            Acquire::Full => {
-                let key = text();
-                tracing::debug!(%key, max_queue, "concurrency: queue full");
-                ResponseFuture::failed(Box::new(QueueFull::new(key, max_queue)))
-            }
+            Acquire::Queued(ticket) => self.wait(req, ticket),
+            Acquire::Full => ResponseFuture::failed(shared.refusal(&req)),
         }
     }
+}
+
+impl<S, X> Concurrency<S, X> {
+    /// The response future of a request that waits in its key's queue.
+    #[inline(never)]
+    fn wait<R>(&mut self, req: R, ticket: QueueTicket) -> ResponseFuture<S::Future, S, R>
+    where
+        S: Service<R> + Clone,
+        X: KeyExtractor<R>,
+    {
+        let shared = &*self.shared;
+        let key = shared.key_text(&req);
+        tracing::debug!(%key, "concurrency: waiting for a permit");
+        let deadline = shared
+            .queue_timeout
+            .and_then(|timeout| ticket.since().checked_add(timeout));
+        // The ready inner service goes with the waiting request; this
+        // service keeps a fresh clone, to be polled ready again.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::waiting(inner, req, ticket, deadline, key, shared.release_at_headers)
+    }
+}
+
+/// Whether `X` is [`GlobalKey`]: decided when `call` is compiled for `X`,
+/// so the check costs nothing at run time.
+#[inline(always)]
+fn is_global<X: 'static>() -> bool {
+    TypeId::of::<X>() == TypeId::of::<GlobalKey>()
 }
 
 fn missing_key(missing: MissingKey) -> BoxError {
