@@ -160,6 +160,10 @@ where
             match this.state.project() {
                 StateProj::Called { future } => {
                     let mut outcome = ready!(future.poll(cx));
+                    if this.refund.is_none() && this.note.is_none() {
+                        // The common case: nothing to give back or add.
+                        return Poll::Ready(outcome.map_err(Into::into));
+                    }
                     if let (Ok(response), Some(note)) = (&mut outcome, this.note.take()) {
                         let (annotate, info) = &*note;
                         annotate.annotate(response, info);
