@@ -3,7 +3,9 @@
 //!
 //! The request path only touches relaxed atomics on its thread's stripe, so
 //! two cores counting do not share a cache line; a snapshot adds the stripes
-//! up. A subscriber is woken once per burst of changes, not
+//! up. A request may be counted in on one thread and out on another, so
+//! while requests are moving the gauges (`queued_now`, `in_flight`) are
+//! approximate; the totals are exact, and the gauges are once things settle. A subscriber is woken once per burst of changes, not
 //! once per request: the first change after a subscriber looked sets a flag
 //! and wakes it; further changes only see the flag set.
 //!

@@ -11,7 +11,7 @@ use tokio_test::{assert_pending, task};
 use tower::{Layer, Service, ServiceExt};
 use tower_throttle::error::{BoxError, RateLimited};
 use tower_throttle::key::HeaderKey;
-use tower_throttle::rate_limit::{KeyPattern, Quota, RateLimitLayer, Rule};
+use tower_throttle::rate_limit::{Algorithm, KeyPattern, Quota, RateLimitLayer, Rule};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -173,6 +173,33 @@ async fn retuning_never_mints_a_free_burst() {
     send(&mut svc, "fresh").await.unwrap();
     send(&mut svc, "fresh").await.unwrap();
     assert!(send(&mut svc, "fresh").await.is_err(), "burst lowered to 2");
+}
+
+#[tokio::test(start_paused = true)]
+async fn services_made_before_a_retune_follow_it() {
+    let layer = RateLimitLayer::new(Quota::per_minute(100).unwrap(), key());
+    let handle = layer.handle();
+    let mut svc = layer.layer(Inner::new());
+    // Never called before the retune, as a server's template service is.
+    let template = svc.clone();
+    send(&mut svc, "a").await.unwrap();
+    // Another algorithm: the default's table is replaced, not retuned.
+    handle.set_default(vec![
+        Quota::per_minute(1)
+            .unwrap()
+            .with_algorithm(Algorithm::SlidingWindow),
+    ]);
+    send(&mut svc, "b").await.unwrap();
+    assert!(
+        send(&mut svc, "b").await.is_err(),
+        "a service kept the policy it had before the retune"
+    );
+    let mut clone = template.clone();
+    send(&mut clone, "c").await.unwrap();
+    assert!(
+        send(&mut clone, "c").await.is_err(),
+        "a clone of an older service kept the old policy"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -47,7 +47,7 @@ pub(crate) struct Want {
 #[derive(Debug)]
 pub(crate) enum Decision {
     /// Go now. No ticket when nothing was booked (no quota, or a dry run
-    /// that would have refused).
+    /// that would have refused), or when the caller did not want one.
     Now {
         ticket: Option<Box<Ticket>>,
         info: Option<Box<RateLimitInfo>>,
@@ -237,7 +237,7 @@ impl Limiter {
     }
 
     /// The policy in force, refreshing `cached` if a retune replaced it:
-    /// one relaxed load per request instead of an `ArcSwap` load.
+    /// one atomic load per request instead of an `ArcSwap` load.
     #[inline]
     pub(crate) fn refresh(&self, cached: &mut Arc<Policy>) {
         if self.generation.load(Ordering::Acquire) != cached.generation {
@@ -295,7 +295,8 @@ impl Limiter {
         // The clock is read once the key's states are held: read before, a
         // request that waited for the lock could see a state booked by a
         // later reading of the clock, mistake it for a clock that ran
-        // backwards, and reset the key.
+        // backwards, and reset the key. (With rules, the rule lookup reads
+        // it once more before, only to date the key's rule.)
         let (at, grants, remaining, now) = match rule.tables.as_slice() {
             [table] => match table.admit(key, &self.timeline, cost, horizon, max_wait, want.info) {
                 (One::Refused { wait }, now) => {

@@ -73,8 +73,10 @@ impl<X, F, A, H> Shared<X, F, A, H> {
 pub struct RateLimit<S, X, F, A, H> {
     inner: S,
     shared: Arc<Shared<X, F, A, H>>,
-    /// The limiter's policy as this service last saw it; see
-    /// [`Limiter::refresh`].
+    /// The limiter's policy as this service last saw it, checked against
+    /// the limiter's generation on every call (see [`Limiter::refresh`]). A
+    /// service that is never called keeps the policy it last saw, and the
+    /// quota tables of that policy, until it is called or dropped.
     policy: Arc<Policy>,
 }
 
@@ -111,10 +113,15 @@ impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
 
 impl<S: Clone, X, F, A, H> Clone for RateLimit<S, X, F, A, H> {
     fn clone(&self) -> Self {
+        // A clone starts from the policy in force, not from whatever this
+        // service last saw: a server's template service is cloned per
+        // connection or request and may never be called itself.
+        let mut policy = self.policy.clone();
+        self.shared.limiter.refresh(&mut policy);
         Self {
             inner: self.inner.clone(),
             shared: self.shared.clone(),
-            policy: self.policy.clone(),
+            policy,
         }
     }
 }

@@ -102,6 +102,11 @@ impl Params {
 }
 
 impl Table {
+    #[cfg(test)]
+    fn is_locked(&self, key: KeyHash) -> bool {
+        each!(self, Table, |s| s.is_locked(key))
+    }
+
     pub(crate) fn new(params: Params, sweep_every: Nanos) -> Self {
         match params {
             Params::TokenBucket(p) => Self::TokenBucket(Store::new(p, sweep_every)),
@@ -245,5 +250,56 @@ impl Held<'_> {
             let (alg, state) = h.get();
             alg.remaining(state, now)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, OnceLock};
+
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::clock::{Clock, ClockSource};
+
+    /// A clock that notes whether the key's shard was locked when it was
+    /// read.
+    #[derive(Default)]
+    struct LockProbe {
+        table: OnceLock<Arc<Table>>,
+        locked: AtomicBool,
+    }
+
+    impl std::fmt::Debug for LockProbe {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("LockProbe")
+        }
+    }
+
+    const KEY: KeyHash = KeyHash(42 << 32);
+
+    impl Clock for Arc<LockProbe> {
+        fn now(&self) -> Instant {
+            if let Some(table) = self.table.get() {
+                self.locked.store(table.is_locked(KEY), Ordering::SeqCst);
+            }
+            Instant::now()
+        }
+    }
+
+    #[test]
+    fn the_clock_is_read_while_the_key_is_held() {
+        // Read before the lock, a request that waited for it could see a
+        // state booked by a later reading and take it for a clock that ran
+        // backwards.
+        let probe = Arc::new(LockProbe::default());
+        let timeline = Timeline::new(ClockSource::of(probe.clone()));
+        let quota = Quota::per_second(10).expect("valid quota");
+        let table = Arc::new(Table::new(Params::of(&quota, 0), Nanos::MAX));
+        assert!(probe.table.set(table.clone()).is_ok());
+        let (one, _) = table.admit(KEY, &timeline, 1, 0, 0, false);
+        assert!(matches!(one, One::Booked { .. }));
+        assert!(probe.locked.load(Ordering::SeqCst), "read outside the lock");
     }
 }
