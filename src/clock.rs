@@ -86,22 +86,24 @@ impl Clock for TokioClock {
 /// one origin and one anchoring.
 #[derive(Clone, Debug)]
 pub struct FastClock {
-    inner: Arc<Counter>,
+    // Read on every request: kept inline, not behind the shared pointer.
+    clock: quanta::Clock,
+    origin_raw: u64,
+    anchor: Arc<Anchor>,
 }
 
+/// What clones of a [`FastClock`] share: the origin and the anchoring.
 #[derive(Debug)]
-struct Counter {
-    clock: quanta::Clock,
+struct Anchor {
     /// The same instant as `origin_raw`, as tokio and the OS read it.
     origin: Instant,
     os_origin: std::time::Instant,
-    origin_raw: u64,
     /// Nanoseconds to add to the counter's reading since the origin to get
     /// the operating system's (may be negative).
     correction: AtomicI64,
     /// The counter's reading, in nanoseconds since the origin, at which to
     /// anchor again.
-    next_anchor: AtomicU64,
+    next: AtomicU64,
 }
 
 /// How often a counter reading is anchored to the operating system's clock.
@@ -115,13 +117,13 @@ impl FastClock {
         let os_origin = std::time::Instant::now();
         let origin_raw = clock.raw();
         Self {
-            inner: Arc::new(Counter {
-                clock,
+            clock,
+            origin_raw,
+            anchor: Arc::new(Anchor {
                 origin,
                 os_origin,
-                origin_raw,
                 correction: AtomicI64::new(0),
-                next_anchor: AtomicU64::new(ANCHOR_EVERY),
+                next: AtomicU64::new(ANCHOR_EVERY),
             }),
         }
     }
@@ -130,22 +132,24 @@ impl FastClock {
     /// system's clock.
     #[inline]
     fn elapsed_nanos(&self) -> Nanos {
-        let c = &*self.inner;
-        let counted = c.clock.delta_as_nanos(c.origin_raw, c.clock.raw());
-        if counted >= c.next_anchor.load(Ordering::Relaxed) {
+        let counted = self.clock.delta_as_nanos(self.origin_raw, self.clock.raw());
+        let anchor = &*self.anchor;
+        if counted >= anchor.next.load(Ordering::Relaxed) {
             self.anchor(counted);
         }
-        counted.saturating_add_signed(c.correction.load(Ordering::Relaxed))
+        counted.saturating_add_signed(anchor.correction.load(Ordering::Relaxed))
     }
 
     /// Set the correction from one paired reading of the counter and the
     /// operating system's clock. One thread does it per period.
     #[cold]
+    #[inline(never)]
     fn anchor(&self, counted: Nanos) {
-        let c = &*self.inner;
-        let due = c.next_anchor.load(Ordering::Relaxed);
+        let anchor = &*self.anchor;
+        let due = anchor.next.load(Ordering::Relaxed);
         if counted < due
-            || c.next_anchor
+            || anchor
+                .next
                 .compare_exchange(
                     due,
                     counted + ANCHOR_EVERY,
@@ -156,18 +160,18 @@ impl FastClock {
         {
             return;
         }
-        let before = c.clock.raw();
-        let os = saturating_nanos(c.os_origin.elapsed());
-        let after = c.clock.raw();
+        let before = self.clock.raw();
+        let os = saturating_nanos(anchor.os_origin.elapsed());
+        let after = self.clock.raw();
         // A pair torn by a preemption between the reads is not used; the
         // next period tries again.
-        if c.clock.delta_as_nanos(before, after) > 20_000 {
+        if self.clock.delta_as_nanos(before, after) > 20_000 {
             return;
         }
-        let counted = c.clock.delta_as_nanos(c.origin_raw, before);
+        let counted = self.clock.delta_as_nanos(self.origin_raw, before);
         let correction = i128::from(os) - i128::from(counted);
         let correction = i64::try_from(correction).unwrap_or(0);
-        c.correction.store(correction, Ordering::Relaxed);
+        anchor.correction.store(correction, Ordering::Relaxed);
     }
 }
 
@@ -180,7 +184,7 @@ impl Default for FastClock {
 impl Clock for FastClock {
     fn now(&self) -> Instant {
         let elapsed = Duration::from_nanos(self.elapsed_nanos());
-        let origin = self.inner.origin;
+        let origin = self.anchor.origin;
         origin.checked_add(elapsed).unwrap_or(origin)
     }
 }
@@ -419,11 +423,11 @@ mod tests {
         // As if the counter's calibration had run 5 s fast: the next
         // anchoring must put it back on the operating system's clock.
         clock
-            .inner
+            .anchor
             .correction
             .store(5_000_000_000, Ordering::Relaxed);
         assert!(clock.elapsed_nanos() >= 5_000_000_000);
-        clock.inner.next_anchor.store(0, Ordering::Relaxed);
+        clock.anchor.next.store(0, Ordering::Relaxed);
         // A torn pair (a preemption between the reads) skips one anchoring:
         // try a few periods.
         let mut elapsed = clock.elapsed_nanos();
@@ -431,17 +435,17 @@ mod tests {
             if elapsed < 5_000_000_000 {
                 break;
             }
-            clock.inner.next_anchor.store(0, Ordering::Relaxed);
+            clock.anchor.next.store(0, Ordering::Relaxed);
             elapsed = clock.elapsed_nanos();
         }
-        let os = saturating_nanos(clock.inner.os_origin.elapsed());
+        let os = saturating_nanos(clock.anchor.os_origin.elapsed());
         // Back on the OS clock (within a millisecond; it was 5 s off).
         assert!(
             elapsed <= os + 1_000_000,
             "{elapsed} ns read, {os} ns on the OS clock"
         );
         assert!(
-            clock.inner.next_anchor.load(Ordering::Relaxed) >= ANCHOR_EVERY,
+            clock.anchor.next.load(Ordering::Relaxed) >= ANCHOR_EVERY,
             "the next anchoring is a period away"
         );
     }
