@@ -165,6 +165,10 @@ fn hot_key(c: &mut Criterion) {
         g.bench_function("ours_header", |b| {
             b.iter(|| black_box(drive(&mut svc, req.clone()).is_ok()))
         });
+        // As a server drives it: a clone of a template service per request.
+        g.bench_function("ours_header_clone_per_request", |b| {
+            b.iter(|| black_box(drive(&mut svc.clone(), req.clone()).is_ok()))
+        });
         assert_eq!(layer.key_count(), 1);
     }
     {
@@ -183,6 +187,9 @@ fn hot_key(c: &mut Criterion) {
         );
         g.bench_function("tower_governor_header", |b| {
             b.iter(|| black_box(drive(&mut svc, req.clone()).is_ok()))
+        });
+        g.bench_function("tower_governor_header_clone_per_request", |b| {
+            b.iter(|| black_box(drive(&mut svc.clone(), req.clone()).is_ok()))
         });
         let last = drive(&mut svc, req.clone()).unwrap();
         assert_eq!(
