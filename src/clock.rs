@@ -395,12 +395,20 @@ mod tests {
         let clock = FastClock::new();
         let timeline = Timeline::new(ClockSource::of(clock.clone()));
         let first = timeline.now();
-        // Spin until the counter moves: no sleep, and no bound on how long.
-        let mut later = timeline.now();
-        while later == first {
-            later = timeline.now();
+        // Readings never go back, and the counter moves within a million
+        // readings (a stuck counter fails here rather than hanging).
+        let mut last = first;
+        let mut moved = false;
+        for _ in 0..1_000_000 {
+            let now = timeline.now();
+            assert!(now >= last, "{now} read after {last}");
+            last = now;
+            if now > first {
+                moved = true;
+                break;
+            }
         }
-        assert!(later > first);
+        assert!(moved, "the counter did not move");
         assert!(clock.now() >= timeline.instant(first));
     }
 

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use parking_lot::Mutex;
-use support::Lcg;
+use support::{Lcg, most_in_any_window};
 use tokio::time::{self, Instant, Sleep};
 use tokio_test::{assert_pending, assert_ready, assert_ready_ok, task};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
@@ -227,21 +227,6 @@ async fn drain<B: Body + Unpin>(mut body: B) -> Result<usize, B::Error> {
         frames += 1;
     }
     Ok(frames)
-}
-
-/// The most instants inside any window of `window`.
-fn most_in_any_window(instants: &[Instant], window: Duration) -> usize {
-    let mut sorted = instants.to_vec();
-    sorted.sort();
-    (0..sorted.len())
-        .map(|i| {
-            sorted[i..]
-                .iter()
-                .take_while(|&&t| t - sorted[i] < window)
-                .count()
-        })
-        .max()
-        .unwrap_or(0)
 }
 
 // ---------------------------------------------------------------- the list

@@ -4,7 +4,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{ALGORITHMS, Inner, Lcg, quota, request};
+use support::{ALGORITHMS, Inner, Lcg, most_in_any_window, quota, request};
 use tokio::time::{self, Instant};
 use tokio_test::{assert_pending, assert_ready, assert_ready_ok, task};
 use tower::{Layer, Service, ServiceExt};
@@ -13,21 +13,6 @@ use tower_throttle::key::{GlobalKey, HeaderKey};
 use tower_throttle::rate_limit::{Algorithm, RateLimitLayer};
 
 const SECOND: Duration = Duration::from_secs(1);
-
-/// The most admissions `instants` has inside any window of `window`.
-fn most_in_any_window(instants: &[Instant], window: Duration) -> usize {
-    let mut sorted = instants.to_vec();
-    sorted.sort();
-    (0..sorted.len())
-        .map(|i| {
-            sorted[i..]
-                .iter()
-                .take_while(|&&t| t - sorted[i] < window)
-                .count()
-        })
-        .max()
-        .unwrap_or(0)
-}
 
 /// The most a limit of `limit` per second may admit in a rolling second: a
 /// bucket may spend its burst on top of its rate, fixed windows may fill the

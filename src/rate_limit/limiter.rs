@@ -152,12 +152,7 @@ fn judge(
     }
     let mut grants = SmallVec::new();
     for h in held.iter_mut() {
-        let grant = h.book(now, at, cost);
-        // A waiter's ticket is always kept: its booking is cancelled if it
-        // is dropped.
-        if want.ticket || at > now {
-            grants.push(grant);
-        }
+        grants.push(h.book(now, at, cost));
     }
     // The quota with the least left is the one a client must heed.
     let remaining = want.info.then(|| {
@@ -303,14 +298,9 @@ impl Limiter {
                     return self.refused(rule, key, now, wait, 0, &text);
                 }
                 (One::Booked { grant, remaining }, now) => {
-                    let at = grant.at;
-                    let mut grants = SmallVec::new();
-                    // A waiter's ticket is always kept: its booking is
-                    // cancelled if it is dropped.
-                    if want.ticket || at > now {
-                        grants.push(grant);
-                    }
-                    (at, grants, remaining.map(|(n, reset)| (n, reset, 0)), now)
+                    let grants = SmallVec::from_elem(grant, 1);
+                    let remaining = remaining.map(|(n, reset)| (n, reset, 0));
+                    (grant.at, grants, remaining, now)
                 }
             },
             tables => match self.judge_all(tables, key, cost, horizon, max_wait, want) {
