@@ -298,7 +298,8 @@ impl Limiter {
                     return self.refused(rule, key, now, wait, 0, &text);
                 }
                 (One::Booked { grant, remaining }, now) => {
-                    let grants = SmallVec::from_elem(grant, 1);
+                    let mut grants = SmallVec::new();
+                    grants.push(grant);
                     let remaining = remaining.map(|(n, reset)| (n, reset, 0));
                     (grant.at, grants, remaining, now)
                 }
