@@ -16,8 +16,10 @@
 //! cargo bench --bench rate_limit -- --warm-up-time 1 --measurement-time 3
 //! ```
 
+mod floor;
 mod support;
 
+use floor::{Floor, FloorKey};
 use support::drive;
 
 use std::convert::Infallible;
@@ -209,6 +211,18 @@ fn hot_key(c: &mut Criterion) {
         let mut svc =
             tower::limit::RateLimitLayer::new(u64::MAX, Duration::from_secs(1)).layer(http_inner());
         g.bench_function("tower_limit_rate", |b| {
+            b.iter(|| black_box(drive(&mut svc, req.clone()).is_ok()))
+        });
+    }
+    // The yardstick: the least a keyed limiting layer can do (see
+    // `benches/floor`). What ours costs over it is what its features cost.
+    for (name, key) in [
+        ("floor_global", FloorKey::Global),
+        ("floor_header", FloorKey::Header(HEADER)),
+    ] {
+        let mut svc = Floor::new(http_inner(), key, 1, u64::from(u32::MAX));
+        drive(&mut svc, req.clone()).expect("the floor admits");
+        g.bench_function(name, |b| {
             b.iter(|| black_box(drive(&mut svc, req.clone()).is_ok()))
         });
     }

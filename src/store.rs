@@ -18,6 +18,10 @@
 //! last sweep, and one shard per request is swept in rounds that start once
 //! per `sweep_every`, so a flood of distinct keys gives its memory back once
 //! the keys go quiet.
+//!
+//! A store may keep one key apart from the shards (see [`Store::pinning`]):
+//! the key of a layer keyed by `GlobalKey`, which is then reached with no
+//! shard choice, no hash-table probe and no sweeping.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -118,8 +122,22 @@ pub(crate) struct ShardMap<V, P> {
 #[repr(align(128))]
 struct Shard<V, P>(Mutex<ShardMap<V, P>>);
 
+/// The key kept apart from the shards, with its state (none until used, and
+/// none again once evicted idle) and the parameters it is kept under.
+#[repr(align(128))]
+struct Pinned<V, P> {
+    key: u64,
+    cell: Mutex<PinnedCell<V, P>>,
+}
+
+struct PinnedCell<V, P> {
+    params: P,
+    state: Option<V>,
+}
+
 pub(crate) struct Store<V, P> {
     shards: Box<[Shard<V, P>]>,
+    pinned: Option<Pinned<V, P>>,
     /// When the next sweeping round may start.
     round_due: AtomicU64,
     /// The next shard of the current round; `SHARDS` when no round is on.
@@ -158,8 +176,19 @@ impl<V: Idle, P> Locked<'_, V, P> {
 pub(crate) struct Slot<'a, V, P> {
     state: MappedMutexGuard<'a, V>,
     params: P,
-    /// The shard had grown enough to be swept: see [`Store::tidy`].
-    crowded: bool,
+    /// What [`Store::tidy`] has to do once the slot is released.
+    tidy: Tidy,
+}
+
+/// The sweeping left to [`Store::tidy`] after a [`Slot`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Tidy {
+    /// Nothing: the slot was the pinned key's.
+    Nothing,
+    /// A step of the sweeping round.
+    Step,
+    /// The step, and the slot's shard, which had grown enough to be swept.
+    Crowded,
 }
 
 impl<V, P> Slot<'_, V, P> {
@@ -171,8 +200,8 @@ impl<V, P> Slot<'_, V, P> {
 
     /// Pass to [`Store::tidy`] once the slot is released.
     #[inline]
-    pub(crate) fn crowded(&self) -> bool {
-        self.crowded
+    pub(crate) fn tidy(&self) -> Tidy {
+        self.tidy
     }
 }
 
@@ -182,14 +211,27 @@ impl<V: Idle, P: Clone> Store<V, P> {
     /// lock; the sweeping a lock would do is left to [`Store::tidy`].
     #[inline]
     pub(crate) fn slot(&self, key: KeyHash) -> Slot<'_, V, P> {
+        if let Some(cell) = self.pinned(key) {
+            let cell = cell.lock();
+            let params = cell.params.clone();
+            return Slot {
+                state: MutexGuard::map(cell, |c| c.state.get_or_insert_with(V::default)),
+                params,
+                tidy: Tidy::Nothing,
+            };
+        }
         let shard = self.shard(key).0.lock();
-        let crowded = shard.map.len() >= shard.sweep_at_len;
+        let tidy = if shard.map.len() >= shard.sweep_at_len {
+            Tidy::Crowded
+        } else {
+            Tidy::Step
+        };
         let params = shard.params.clone();
         let state = MutexGuard::map(shard, |s| s.map.entry(key.0).or_default());
         Slot {
             state,
             params,
-            crowded,
+            tidy,
         }
     }
 
@@ -197,8 +239,13 @@ impl<V: Idle, P: Clone> Store<V, P> {
     /// released: the slot's shard if it was crowded, and the round's next
     /// shard.
     #[inline]
-    pub(crate) fn tidy(&self, key: KeyHash, now: Nanos, crowded: bool) {
-        if crowded {
+    pub(crate) fn tidy(&self, key: KeyHash, now: Nanos, tidy: Tidy) {
+        if tidy == Tidy::Nothing {
+            // The pinned key's: other keys (named through a handle) are
+            // swept by their own crowding and by evictions.
+            return;
+        }
+        if tidy == Tidy::Crowded {
             let mut shard = self.shard(key).0.lock();
             if shard.map.len() >= shard.sweep_at_len {
                 sweep(&mut shard, now);
@@ -209,6 +256,17 @@ impl<V: Idle, P: Clone> Store<V, P> {
 
     /// Put `state` in for `key` if it has none.
     pub(crate) fn insert_if_absent(&self, key: KeyHash, state: impl FnOnce(&P) -> V) {
+        if let Some(cell) = self.pinned(key) {
+            let mut cell = cell.lock();
+            let PinnedCell {
+                params,
+                state: held,
+            } = &mut *cell;
+            if held.is_none() {
+                *held = Some(state(params));
+            }
+            return;
+        }
         let mut shard = self.shard(key).0.lock();
         let ShardMap { map, params, .. } = &mut *shard;
         if let Entry::Vacant(slot) = map.entry(key.0) {
@@ -218,6 +276,10 @@ impl<V: Idle, P: Clone> Store<V, P> {
 
     /// Forget `key`'s state.
     pub(crate) fn remove(&self, key: KeyHash) {
+        if let Some(cell) = self.pinned(key) {
+            cell.lock().state = None;
+            return;
+        }
         self.shard(key).0.lock().map.remove(&key.0);
     }
 
@@ -233,9 +295,33 @@ impl<V: Idle, P: Clone> Store<V, P> {
             .collect();
         Self {
             shards,
+            pinned: None,
             round_due: AtomicU64::new(sweep_every),
             cursor: AtomicUsize::new(SHARDS),
             sweep_every: sweep_every.max(1),
+        }
+    }
+
+    /// Keep `key` apart from the shards: its state is then a lock away,
+    /// with no lookup. For a store whose requests mostly or only use one key.
+    /// Such a store is reached through [`Store::slot`], not [`Store::lock`].
+    pub(crate) fn pinning(mut self, key: KeyHash) -> Self {
+        let params = self.shards[0].0.lock().params.clone();
+        self.pinned = Some(Pinned {
+            key: key.0,
+            cell: Mutex::new(PinnedCell {
+                params,
+                state: None,
+            }),
+        });
+        self
+    }
+
+    #[inline]
+    fn pinned(&self, key: KeyHash) -> Option<&Mutex<PinnedCell<V, P>>> {
+        match &self.pinned {
+            Some(pinned) if pinned.key == key.0 => Some(&pinned.cell),
+            _ => None,
         }
     }
 
@@ -250,6 +336,7 @@ impl<V: Idle, P: Clone> Store<V, P> {
     /// in one fixed order.
     #[inline]
     pub(crate) fn lock(&self, key: KeyHash, now: Nanos) -> Locked<'_, V, P> {
+        debug_assert!(self.pinned.is_none(), "a pinning store is reached by slot");
         self.sweep_step(now);
         let mut shard = self.shard(key).0.lock();
         if shard.map.len() >= shard.sweep_at_len {
@@ -260,6 +347,14 @@ impl<V: Idle, P: Clone> Store<V, P> {
 
     /// Run `f` on `key`'s state if it has one.
     pub(crate) fn with_existing(&self, key: KeyHash, f: impl FnOnce(&P, &mut V)) {
+        if let Some(cell) = self.pinned(key) {
+            let mut cell = cell.lock();
+            let PinnedCell { params, state } = &mut *cell;
+            if let Some(state) = state {
+                f(params, state);
+            }
+            return;
+        }
         let mut shard = self.shard(key).0.lock();
         let ShardMap { map, params, .. } = &mut *shard;
         if let Some(state) = map.get_mut(&key.0) {
@@ -276,6 +371,14 @@ impl<V: Idle, P: Clone> Store<V, P> {
                 map, params: old, ..
             } = &mut *shard;
             for state in map.values_mut() {
+                convert(old, params, state);
+            }
+            *old = params.clone();
+        }
+        if let Some(pinned) = &self.pinned {
+            let mut cell = pinned.cell.lock();
+            let PinnedCell { params: old, state } = &mut *cell;
+            if let Some(state) = state {
                 convert(old, params, state);
             }
             *old = params.clone();
@@ -307,24 +410,43 @@ impl<V: Idle, P: Clone> Store<V, P> {
 
     /// Drop every idle state now; returns how many were dropped.
     pub(crate) fn evict_idle(&self, now: Nanos) -> usize {
-        self.shards
+        let pinned = self.pinned.as_ref().map_or(0, |pinned| {
+            let mut cell = pinned.cell.lock();
+            let idle = cell.state.as_ref().is_some_and(|s| s.is_idle(now));
+            if idle {
+                cell.state = None;
+            }
+            usize::from(idle)
+        });
+        let swept: usize = self
+            .shards
             .iter()
             .map(|shard| sweep(&mut shard.0.lock(), now))
-            .sum()
+            .sum();
+        pinned + swept
     }
 
     /// Whether `key`'s shard is locked now.
     #[cfg(test)]
     pub(crate) fn is_locked(&self, key: KeyHash) -> bool {
-        self.shard(key).0.is_locked()
+        match self.pinned(key) {
+            Some(cell) => cell.is_locked(),
+            None => self.shard(key).0.is_locked(),
+        }
     }
 
     /// How many keys hold state.
     pub(crate) fn len(&self) -> usize {
-        self.shards
+        let pinned = self
+            .pinned
+            .as_ref()
+            .is_some_and(|pinned| pinned.cell.lock().state.is_some());
+        let shards: usize = self
+            .shards
             .iter()
             .map(|shard| shard.0.lock().map.len())
-            .sum()
+            .sum();
+        usize::from(pinned) + shards
     }
 }
 
@@ -352,6 +474,41 @@ mod tests {
         fn is_idle(&self, now: Nanos) -> bool {
             self.0 <= now
         }
+    }
+
+    #[test]
+    fn the_pinned_key_lives_apart_and_is_kept_like_any_other() {
+        let pinned = KeyHash(99);
+        let store: Store<Until, u32> = Store::new(1, Nanos::MAX).pinning(pinned);
+        *store.slot(pinned).get().1 = Until(10);
+        assert!(store.shards.iter().all(|s| s.0.lock().map.is_empty()));
+        assert_eq!(store.len(), 1);
+        // A retune converts it and moves it to the new parameters.
+        store.retune(&2, |old, new, state| {
+            assert_eq!((*old, *new), (1, 2));
+            state.0 += 1;
+        });
+        let mut seen = None;
+        store.with_existing(pinned, |params, state| seen = Some((*params, state.0)));
+        assert_eq!(seen, Some((2, 11)));
+        assert_eq!(store.evict_idle(10), 0);
+        assert_eq!(store.evict_idle(11), 1);
+        assert_eq!(store.len(), 0);
+        store.with_existing(pinned, |_, _| panic!("evicted"));
+        store.insert_if_absent(pinned, |params| Until(Nanos::from(*params)));
+        assert_eq!(store.len(), 1);
+        store.remove(pinned);
+        assert_eq!(store.len(), 0);
+        // Other keys still go to the shards.
+        *store.slot(KeyHash(5 << 32)).get().1 = Until(10);
+        assert_eq!(
+            store
+                .shards
+                .iter()
+                .map(|s| s.0.lock().map.len())
+                .sum::<usize>(),
+            1
+        );
     }
 
     #[test]
@@ -398,9 +555,9 @@ mod tests {
             let mut slot = store.slot(key);
             // Each key stays busy for 10 ns, then goes idle.
             *slot.get().1 = Until(now + 10);
-            let crowded = slot.crowded();
+            let tidy = slot.tidy();
             drop(slot);
-            store.tidy(key, now, crowded);
+            store.tidy(key, now, tidy);
         }
         // Without the crowding sweep all 200,000 would still be held.
         assert!(store.len() <= SHARDS * 2 * MIN_SWEEP_LEN, "{}", store.len());

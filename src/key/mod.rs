@@ -129,6 +129,11 @@ impl KeySeed {
         Ok(builder.finish())
     }
 
+    /// The hash of the key with no parts: [`GlobalKey`]'s.
+    pub(crate) fn global(&self) -> KeyHash {
+        KeyBuilder::new(self, None).finish()
+    }
+
     /// The hash of a key given as its parts' texts (a fallback key, or a
     /// key named through a handle).
     pub(crate) fn hash_parts<S: AsRef<str>>(&self, parts: &[S]) -> KeyHash {

@@ -64,35 +64,92 @@ pub(crate) struct Refund<A> {
     pub(crate) counts: A,
 }
 
-/// A request waiting for its instant: the inner service that was ready for
-/// it, and the request itself.
-struct Waiter<S, R> {
-    inner: S,
-    req: Option<R>,
-    booking: Booking,
+/// What is done with a request's outcome besides passing it on: capacity
+/// given back when it does not count (only with a classifier), and the
+/// response annotated (only with response headers).
+pub(crate) struct After<A, H> {
+    pub(crate) refund: Option<Refund<A>>,
+    pub(crate) note: Option<(H, RateLimitInfo)>,
+}
+
+impl<A, H> After<A, H> {
+    /// Nothing to do.
+    pub(crate) fn nothing() -> Self {
+        Self {
+            refund: None,
+            note: None,
+        }
+    }
+
+    fn is_nothing(&self) -> bool {
+        self.refund.is_none() && self.note.is_none()
+    }
+
+    /// Annotate the response, give the capacity back if the outcome does
+    /// not count, and box the error.
+    fn settle<Res, E>(&mut self, mut outcome: Result<Res, E>) -> Result<Res, BoxError>
+    where
+        E: Into<BoxError>,
+        A: Counts<Res, E>,
+        H: Annotate<Res>,
+    {
+        if let (Ok(response), Some((annotate, info))) = (&mut outcome, self.note.take()) {
+            annotate.annotate(response, &info);
+        }
+        if let Some(refund) = self.refund.take() {
+            if !refund.counts.counts(&outcome) {
+                refund.limiter.give_back(&refund.ticket, false);
+            }
+        }
+        outcome.map_err(Into::into)
+    }
+}
+
+pin_project! {
+    /// An inner future with something to do with its outcome.
+    struct Settling<Fut, A, H> {
+        #[pin]
+        future: Fut,
+        after: After<A, H>,
+    }
+}
+
+pin_project! {
+    /// A request waiting for its instant: the inner service that was ready
+    /// for it, and the request itself.
+    struct Waiting<S, R, A, H> {
+        #[pin]
+        sleep: Sleep,
+        inner: S,
+        req: Option<R>,
+        booking: Booking,
+        after: After<A, H>,
+    }
 }
 
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit).
     pub struct ResponseFuture<Fut, S, R, A, H> {
         #[pin]
-        state: State<Fut, S, R>,
-        // Only with a classifier; small, since its ticket is boxed.
-        refund: Option<Refund<A>>,
-        note: Option<Box<(H, RateLimitInfo)>>,
+        state: State<Fut, S, R, A, H>,
     }
 }
 
 pin_project! {
+    // Every state but the common one is boxed: a request admitted at once,
+    // with nothing to do with its outcome, has a future no bigger than the
+    // inner one, which keeps it cheap to move.
     #[project = StateProj]
-    enum State<Fut, S, R> {
-        Waiting {
-            sleep: Pin<Box<Sleep>>,
-            waiter: Box<Waiter<S, R>>,
-        },
+    enum State<Fut, S, R, A, H> {
         Called {
             #[pin]
             future: Fut,
+        },
+        Settling {
+            settling: Pin<Box<Settling<Fut, A, H>>>,
+        },
+        Waiting {
+            waiting: Pin<Box<Waiting<S, R, A, H>>>,
         },
         Failed {
             error: Option<BoxError>,
@@ -100,16 +157,23 @@ pin_project! {
     }
 }
 
+impl<Fut, S, R, A, H> State<Fut, S, R, A, H> {
+    fn called(future: Fut, after: After<A, H>) -> Self {
+        if after.is_nothing() {
+            Self::Called { future }
+        } else {
+            Self::Settling {
+                settling: Box::pin(Settling { future, after }),
+            }
+        }
+    }
+}
+
 impl<Fut, S, R, A, H> ResponseFuture<Fut, S, R, A, H> {
-    pub(crate) fn called(
-        future: Fut,
-        refund: Option<Refund<A>>,
-        note: Option<Box<(H, RateLimitInfo)>>,
-    ) -> Self {
+    #[inline]
+    pub(crate) fn called(future: Fut, after: After<A, H>) -> Self {
         Self {
-            state: State::Called { future },
-            refund,
-            note,
+            state: State::called(future, after),
         }
     }
 
@@ -118,28 +182,24 @@ impl<Fut, S, R, A, H> ResponseFuture<Fut, S, R, A, H> {
         inner: S,
         req: R,
         booking: Booking,
-        refund: Option<Refund<A>>,
-        note: Option<Box<(H, RateLimitInfo)>>,
+        after: After<A, H>,
     ) -> Self {
         Self {
             state: State::Waiting {
-                sleep: Box::pin(tokio::time::sleep_until(until)),
-                waiter: Box::new(Waiter {
+                waiting: Box::pin(Waiting {
+                    sleep: tokio::time::sleep_until(until),
                     inner,
                     req: Some(req),
                     booking,
+                    after,
                 }),
             },
-            refund,
-            note,
         }
     }
 
     pub(crate) fn failed(error: BoxError) -> Self {
         Self {
             state: State::Failed { error: Some(error) },
-            refund: None,
-            note: None,
         }
     }
 }
@@ -156,31 +216,29 @@ where
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         loop {
-            let this = self.as_mut().project();
-            match this.state.project() {
-                StateProj::Called { future } => {
-                    let mut outcome = ready!(future.poll(cx));
-                    if this.refund.is_none() && this.note.is_none() {
-                        // The common case: nothing to give back or add.
-                        return Poll::Ready(outcome.map_err(Into::into));
-                    }
-                    if let (Ok(response), Some(note)) = (&mut outcome, this.note.take()) {
-                        let (annotate, info) = &*note;
-                        annotate.annotate(response, info);
-                    }
-                    return Poll::Ready(settle(this.refund, outcome));
+            match self.as_mut().project().state.project() {
+                StateProj::Called { future } => return future.poll(cx).map_err(Into::into),
+                StateProj::Settling { settling } => {
+                    let settling = settling.as_mut().project();
+                    let outcome = ready!(settling.future.poll(cx));
+                    return Poll::Ready(settling.after.settle(outcome));
                 }
-                StateProj::Waiting { sleep, waiter } => {
-                    ready!(sleep.as_mut().poll(cx));
-                    if let Err(error) = ready!(waiter.inner.poll_ready(cx)) {
-                        return Poll::Ready(settle(this.refund, Err(error)));
+                StateProj::Waiting { waiting } => {
+                    let waiting = waiting.as_mut().project();
+                    ready!(waiting.sleep.poll(cx));
+                    if let Err(error) = ready!(waiting.inner.poll_ready(cx)) {
+                        return Poll::Ready(waiting.after.settle(Err(error)));
                     }
-                    let Some(req) = waiter.req.take() else {
+                    let Some(req) = waiting.req.take() else {
                         return Poll::Ready(Err(polled_after_completion()));
                     };
-                    waiter.booking.used();
-                    let future = waiter.inner.call(req);
-                    self.as_mut().project().state.set(State::Called { future });
+                    waiting.booking.used();
+                    let future = waiting.inner.call(req);
+                    let after = std::mem::replace(waiting.after, After::nothing());
+                    self.as_mut()
+                        .project()
+                        .state
+                        .set(State::called(future, after));
                 }
                 StateProj::Failed { error } => {
                     return Poll::Ready(Err(error.take().unwrap_or_else(polled_after_completion)));
@@ -194,29 +252,11 @@ fn polled_after_completion() -> BoxError {
     "rate limit future polled after completion".into()
 }
 
-/// Give the capacity back if the outcome does not count, and box the error.
-#[inline]
-fn settle<Res, E, A>(
-    refund: &mut Option<Refund<A>>,
-    outcome: Result<Res, E>,
-) -> Result<Res, BoxError>
-where
-    E: Into<BoxError>,
-    A: Counts<Res, E>,
-{
-    if let Some(refund) = refund.take() {
-        if !refund.counts.counts(&outcome) {
-            refund.limiter.give_back(&refund.ticket, false);
-        }
-    }
-    outcome.map_err(Into::into)
-}
-
 impl<Fut, S, R, A, H> fmt::Debug for ResponseFuture<Fut, S, R, A, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Waiting { .. } => "waiting",
-            State::Called { .. } => "called",
+            State::Called { .. } | State::Settling { .. } => "called",
             State::Failed { .. } => "failed",
         };
         f.debug_struct("ResponseFuture")

@@ -21,7 +21,7 @@ use crate::clock::{ClockSource, Nanos, Timeline};
 use crate::error::ConfigError;
 use crate::key::{KeyHash, KeySeed};
 use crate::stats::{Event, Stats};
-use crate::store::{Idle, Store};
+use crate::store::{Idle, Store, Tidy};
 
 /// Capacity booked on one key: enough to give it back.
 #[derive(Clone, Debug)]
@@ -212,10 +212,19 @@ impl Limiter {
         key_stats: usize,
     ) -> Self {
         let timeline = Timeline::new(clock);
-        let policy = Policy::build(1, &default, rules, None, timeline.epoch_offset(), 0);
+        let seed = KeySeed::default();
+        let policy = Policy::build(
+            1,
+            &default,
+            rules,
+            None,
+            timeline.epoch_offset(),
+            0,
+            seed.global(),
+        );
         Self {
             timeline,
-            seed: KeySeed::default(),
+            seed,
             policy: ArcSwap::from_pointee(policy),
             generation: AtomicU32::new(1),
             rules: Store::new((), 60_000_000_000),
@@ -366,10 +375,10 @@ impl Limiter {
         let mut held: SmallVec<[Held<'_>; 4]> = tables.iter().map(|t| t.lock(key)).collect();
         let now = self.timeline.now();
         let verdict = judge(&mut held, now, cost, horizon, max_wait, want);
-        let crowded: SmallVec<[bool; 4]> = held.iter().map(Held::crowded).collect();
+        let tidy: SmallVec<[Tidy; 4]> = held.iter().map(Held::tidy).collect();
         drop(held);
-        for (table, crowded) in tables.iter().zip(crowded) {
-            table.tidy(key, now, crowded);
+        for (table, tidy) in tables.iter().zip(tidy) {
+            table.tidy(key, now, tidy);
         }
         (verdict, now)
     }
@@ -499,6 +508,7 @@ impl Limiter {
             Some(&old),
             self.timeline.epoch_offset(),
             self.timeline.now(),
+            self.seed.global(),
         );
         tracing::info!(
             default = ?policy.compiled[0].quotas,

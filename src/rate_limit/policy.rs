@@ -6,6 +6,7 @@ use super::quota::Quota;
 use super::rule::{Matcher, Rule};
 use super::table::{Params, Table};
 use crate::clock::{Nanos, saturating_nanos};
+use crate::key::KeyHash;
 
 /// A rule (or the default) with the tables its quotas live in.
 pub(crate) struct Compiled {
@@ -46,6 +47,7 @@ impl Policy {
         previous: Option<&Policy>,
         epoch_offset: Nanos,
         now: Nanos,
+        global: KeyHash,
     ) -> Self {
         let mut compiled = Vec::with_capacity(rules.len() + 1);
         let named = std::iter::once((DEFAULT_RULE, default, false)).chain(
@@ -68,7 +70,7 @@ impl Policy {
                             table.retune(&params, now);
                             table.clone()
                         }
-                        _ => Arc::new(Table::new(params, sweep_every(period))),
+                        _ => Arc::new(Table::new(params, sweep_every(period), global)),
                     }
                 })
                 .collect();

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tower_service::Service;
 
 use super::accounting::{Annotate, Cost, Counts};
-use super::future::{Booking, Refund, ResponseFuture};
+use super::future::{After, Booking, Refund, ResponseFuture};
 use super::handle::RateLimitHandle;
 use super::limiter::{Decision, Limiter, RateLimitInfo, Want};
 use super::policy::Policy;
@@ -156,7 +156,7 @@ where
         let shared = &*self.shared;
         if !shared.limiter.is_enabled() {
             // Switched off: not even the key is looked at.
-            return ResponseFuture::called(self.inner.call(req), None, None);
+            return ResponseFuture::called(self.inner.call(req), After::nothing());
         }
         let key = match shared.limiter.seed().hash(&*shared.extractor, &req) {
             Ok(key) => key,
@@ -178,17 +178,19 @@ where
             ticket: !shared.counts.always(),
             info: shared.annotate.wanted(),
         };
-        let note = |info: Option<Box<RateLimitInfo>>| {
-            info.map(|info| Box::new((shared.annotate.clone(), *info)))
-        };
+        let note =
+            |info: Option<Box<RateLimitInfo>>| info.map(|info| (shared.annotate.clone(), *info));
         shared.limiter.refresh(&mut self.policy);
         match shared
             .limiter
             .acquire(&self.policy, key, cost, shared.max_wait, &parts, want)
         {
             Decision::Now { ticket, info } => {
-                let refund = ticket.and_then(refund);
-                ResponseFuture::called(self.inner.call(req), refund, note(info))
+                let after = After {
+                    refund: ticket.and_then(refund),
+                    note: note(info),
+                };
+                ResponseFuture::called(self.inner.call(req), after)
             }
             Decision::Later {
                 until,
@@ -199,13 +201,16 @@ where
                     let wait = until.saturating_duration_since(tokio::time::Instant::now());
                     tracing::debug!(key = %join_parts(&parts()), ?wait, "rate limit: waiting for turn");
                 }
-                let refund = refund(ticket.clone());
+                let after = After {
+                    refund: refund(ticket.clone()),
+                    note: note(info),
+                };
                 // The ready inner service goes with the waiting request; this
                 // service keeps a fresh clone, to be polled ready again.
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
                 let booking = Booking::new(shared.limiter.clone(), ticket, key);
-                ResponseFuture::waiting(until, inner, req, booking, refund, note(info))
+                ResponseFuture::waiting(until, inner, req, booking, after)
             }
             Decision::Denied(denied) => {
                 let key = join_parts(&parts());

@@ -4,7 +4,7 @@ use super::algorithm::{Algorithm, FixedWindow, Gcra, Grant, SlidingWindow, TurnB
 use super::quota::{Algorithm as Kind, Quota};
 use crate::clock::{Nanos, Timeline, saturating_nanos};
 use crate::key::KeyHash;
-use crate::store::{Idle, Slot, Store};
+use crate::store::{Idle, Slot, Store, Tidy};
 
 /// A quota's states for every key, under one algorithm.
 pub(crate) enum Table {
@@ -69,9 +69,9 @@ fn admit_in<A: Algorithm>(
         let remaining = info.then(|| alg.remaining(state, now));
         One::Booked { grant, remaining }
     };
-    let crowded = slot.crowded();
+    let tidy = slot.tidy();
     drop(slot);
-    store.tidy(key, now, crowded);
+    store.tidy(key, now, tidy);
     (one, now)
 }
 
@@ -107,12 +107,16 @@ impl Table {
         each!(self, Table, |s| s.is_locked(key))
     }
 
-    pub(crate) fn new(params: Params, sweep_every: Nanos) -> Self {
+    /// A table with `global` (the key with no parts) kept apart from the
+    /// shards, so that a layer keyed by `GlobalKey` skips the lookup.
+    pub(crate) fn new(params: Params, sweep_every: Nanos, global: KeyHash) -> Self {
         match params {
-            Params::TokenBucket(p) => Self::TokenBucket(Store::new(p, sweep_every)),
-            Params::SlidingWindow(p) => Self::SlidingWindow(Store::new(p, sweep_every)),
-            Params::FixedWindow(p) => Self::FixedWindow(Store::new(p, sweep_every)),
-            Params::TurnBudget(p) => Self::TurnBudget(Store::new(p, sweep_every)),
+            Params::TokenBucket(p) => Self::TokenBucket(Store::new(p, sweep_every).pinning(global)),
+            Params::SlidingWindow(p) => {
+                Self::SlidingWindow(Store::new(p, sweep_every).pinning(global))
+            }
+            Params::FixedWindow(p) => Self::FixedWindow(Store::new(p, sweep_every).pinning(global)),
+            Params::TurnBudget(p) => Self::TurnBudget(Store::new(p, sweep_every).pinning(global)),
         }
     }
 
@@ -148,7 +152,7 @@ impl Table {
         }
     }
 
-    /// Lock `key`'s state. Pass [`Held::crowded`] to [`Table::tidy`] once
+    /// Lock `key`'s state. Pass [`Held::tidy`] to [`Table::tidy`] once
     /// it is released.
     #[inline]
     pub(crate) fn lock(&self, key: KeyHash) -> Held<'_> {
@@ -179,8 +183,8 @@ impl Table {
 
     /// Sweeping after a [`Table::lock`]; see [`Store::tidy`].
     #[inline]
-    pub(crate) fn tidy(&self, key: KeyHash, now: Nanos, crowded: bool) {
-        each!(self, Table, |s| s.tidy(key, now, crowded))
+    pub(crate) fn tidy(&self, key: KeyHash, now: Nanos, tidy: Tidy) {
+        each!(self, Table, |s| s.tidy(key, now, tidy))
     }
 
     pub(crate) fn refund(&self, key: KeyHash, now: Nanos, grant: &Grant) {
@@ -224,8 +228,8 @@ impl Table {
 
 impl Held<'_> {
     #[inline]
-    pub(crate) fn crowded(&self) -> bool {
-        each!(self, Held, |h| h.crowded())
+    pub(crate) fn tidy(&self) -> Tidy {
+        each!(self, Held, |h| h.tidy())
     }
 
     #[inline]
@@ -263,11 +267,11 @@ mod tests {
     use super::*;
     use crate::clock::{Clock, ClockSource};
 
-    /// A clock that notes whether the key's shard was locked when it was
+    /// A clock that notes whether the key's state was locked when it was
     /// read.
-    #[derive(Default)]
     struct LockProbe {
         table: OnceLock<Arc<Table>>,
+        key: KeyHash,
         locked: AtomicBool,
     }
 
@@ -277,12 +281,13 @@ mod tests {
         }
     }
 
-    const KEY: KeyHash = KeyHash(42 << 32);
+    const GLOBAL: KeyHash = KeyHash(7);
 
     impl Clock for Arc<LockProbe> {
         fn now(&self) -> Instant {
             if let Some(table) = self.table.get() {
-                self.locked.store(table.is_locked(KEY), Ordering::SeqCst);
+                self.locked
+                    .store(table.is_locked(self.key), Ordering::SeqCst);
             }
             Instant::now()
         }
@@ -292,14 +297,20 @@ mod tests {
     fn the_clock_is_read_while_the_key_is_held() {
         // Read before the lock, a request that waited for it could see a
         // state booked by a later reading and take it for a clock that ran
-        // backwards.
-        let probe = Arc::new(LockProbe::default());
-        let timeline = Timeline::new(ClockSource::of(probe.clone()));
-        let quota = Quota::per_second(10).expect("valid quota");
-        let table = Arc::new(Table::new(Params::of(&quota, 0), Nanos::MAX));
-        assert!(probe.table.set(table.clone()).is_ok());
-        let (one, _) = table.admit(KEY, &timeline, 1, 0, 0, false);
-        assert!(matches!(one, One::Booked { .. }));
-        assert!(probe.locked.load(Ordering::SeqCst), "read outside the lock");
+        // backwards. A key in a shard, and the pinned global key.
+        for key in [KeyHash(42 << 32), GLOBAL] {
+            let probe = Arc::new(LockProbe {
+                table: OnceLock::new(),
+                key,
+                locked: AtomicBool::new(false),
+            });
+            let timeline = Timeline::new(ClockSource::of(probe.clone()));
+            let quota = Quota::per_second(10).expect("valid quota");
+            let table = Arc::new(Table::new(Params::of(&quota, 0), Nanos::MAX, GLOBAL));
+            assert!(probe.table.set(table.clone()).is_ok());
+            let (one, _) = table.admit(key, &timeline, 1, 0, 0, false);
+            assert!(matches!(one, One::Booked { .. }));
+            assert!(probe.locked.load(Ordering::SeqCst), "read outside the lock");
+        }
     }
 }
