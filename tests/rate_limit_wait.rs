@@ -10,7 +10,7 @@ use tokio_test::{assert_pending, assert_ready, assert_ready_ok, task};
 use tower::{Layer, Service, ServiceExt};
 use tower_throttle::error::RateLimited;
 use tower_throttle::key::{GlobalKey, HeaderKey};
-use tower_throttle::rate_limit::{Algorithm, RateLimitLayer};
+use tower_throttle::rate_limit::{Algorithm, Quota, RateLimitLayer};
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -274,4 +274,85 @@ async fn keys_wait_independently() {
     assert_eq!(inner.record.order(), vec![0, 2]);
     time::advance(SECOND).await;
     assert_ready_ok!(a.poll());
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiters_due_at_one_instant_reach_the_service_in_arrival_order() {
+    // A fixed window opens for several waiters at one instant, and tokio does
+    // not promise in which order timers due together wake their tasks: the
+    // later waiter is polled first here, and must still wait for the
+    // earlier. With one quota, and with two (decided together).
+    let extra = Quota::per_second(1_000).expect("valid quota");
+    for quotas in [vec![], vec![extra]] {
+        let inner = Inner::new();
+        let mut layer = RateLimitLayer::new(
+            quota(Algorithm::FixedWindow, 3, SECOND),
+            HeaderKey::new("x-key").unwrap(),
+        )
+        .with_max_wait(Duration::from_secs(10));
+        for extra in &quotas {
+            layer = layer.with_quota(*extra);
+        }
+        let mut svc = layer.layer(inner.clone());
+        for seq in 0..3 {
+            svc.ready()
+                .await
+                .unwrap()
+                .call(request("k", seq))
+                .await
+                .unwrap();
+        }
+        let mut waiters = Vec::new();
+        for seq in 3..6 {
+            svc.ready().await.unwrap();
+            let mut waiter = task::spawn(svc.call(request("k", seq)));
+            assert_pending!(waiter.poll());
+            waiters.push(waiter);
+        }
+        let [mut first, mut second, third] = <[_; 3]>::try_from(waiters).ok().unwrap();
+        // Past the window's end: all three are due at its first instant.
+        time::advance(SECOND).await;
+        assert_pending!(
+            second.poll(),
+            "{} quotas: went before the first",
+            quotas.len() + 1
+        );
+        assert_eq!(inner.record.calls(), 3);
+        // The third gives up from behind: nobody is woken, nobody held up.
+        drop(third);
+        assert!(!second.is_woken());
+        assert_ready_ok!(first.poll());
+        assert!(second.is_woken(), "the first going wakes the next");
+        assert_ready_ok!(second.poll());
+        assert_eq!(inner.record.order(), vec![0, 1, 2, 3, 4]);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_newcomer_does_not_pass_a_waiter_whose_instant_has_come() {
+    let inner = Inner::new();
+    let mut svc = RateLimitLayer::new(quota(Algorithm::FixedWindow, 2, SECOND), GlobalKey)
+        .with_max_wait(Duration::from_secs(10))
+        .layer(inner.clone());
+    for seq in 0..2 {
+        svc.ready()
+            .await
+            .unwrap()
+            .call(request("k", seq))
+            .await
+            .unwrap();
+    }
+    svc.ready().await.unwrap();
+    let mut waiter = task::spawn(svc.call(request("k", 2)));
+    assert_pending!(waiter.poll());
+    // The next window opens with room for two: the waiter's instant has
+    // come, but its task has not run yet when a newcomer arrives.
+    time::advance(SECOND).await;
+    svc.ready().await.unwrap();
+    let mut newcomer = task::spawn(svc.call(request("k", 3)));
+    assert_pending!(newcomer.poll(), "the newcomer passed the waiter");
+    assert_ready_ok!(waiter.poll());
+    assert!(newcomer.is_woken(), "the waiter going wakes the newcomer");
+    assert_ready_ok!(newcomer.poll());
+    assert_eq!(inner.record.order(), vec![0, 1, 2, 3]);
 }

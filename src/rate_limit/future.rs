@@ -14,26 +14,40 @@ use crate::error::BoxError;
 use crate::key::KeyHash;
 use crate::stats::Event;
 
-/// Capacity booked for a waiting request. Dropped before the request reaches
-/// the inner service, it leaves the queue and gives back what can be given
-/// back.
+/// Capacity booked for a waiting request, and its place in the key's line.
+/// Given up (or dropped) before the request reaches the inner service, it
+/// leaves the line and gives back what can be given back.
 pub(crate) struct Booking {
     limiter: Arc<Limiter>,
     ticket: Box<Ticket>,
     key: KeyHash,
+    turn: Option<u64>,
     arrived: Instant,
     armed: bool,
 }
 
 impl Booking {
-    pub(crate) fn new(limiter: Arc<Limiter>, ticket: Box<Ticket>, key: KeyHash) -> Self {
+    pub(crate) fn new(
+        limiter: Arc<Limiter>,
+        ticket: Box<Ticket>,
+        key: KeyHash,
+        turn: Option<u64>,
+    ) -> Self {
         Self {
             limiter,
             ticket,
             key,
+            turn,
             arrived: Instant::now(),
             armed: true,
         }
+    }
+
+    /// Whether the key's earlier waiters have all gone; if not, the task is
+    /// woken when they have.
+    fn may_go(&self, cx: &Context<'_>) -> bool {
+        self.turn
+            .is_none_or(|turn| self.limiter.lines.is_head(self.key, turn, cx.waker()))
     }
 
     /// The request's turn came and it goes to the inner service.
@@ -43,17 +57,30 @@ impl Booking {
         let stats = &self.limiter.stats;
         stats.record(self.key, Event::Dequeued(Some(waited)), &String::new);
         stats.record(self.key, Event::Admitted, &String::new);
+        self.leave_line();
+    }
+
+    /// The request will not go: give back its capacity and its place.
+    fn give_up(&mut self) {
+        if std::mem::replace(&mut self.armed, false) {
+            self.limiter
+                .stats
+                .record(self.key, Event::Dequeued(None), &String::new);
+            self.limiter.give_back(&self.ticket, true);
+            self.leave_line();
+        }
+    }
+
+    fn leave_line(&mut self) {
+        if let Some(turn) = self.turn.take() {
+            self.limiter.lines.leave(self.key, turn);
+        }
     }
 }
 
 impl Drop for Booking {
     fn drop(&mut self) {
-        if self.armed {
-            self.limiter
-                .stats
-                .record(self.key, Event::Dequeued(None), &String::new);
-            self.limiter.give_back(&self.ticket, true);
-        }
+        self.give_up();
     }
 }
 
@@ -226,7 +253,15 @@ where
                 StateProj::Waiting { waiting } => {
                     let waiting = waiting.as_mut().project();
                     ready!(waiting.sleep.poll(cx));
+                    if !waiting.booking.may_go(cx) {
+                        return Poll::Pending;
+                    }
                     if let Err(error) = ready!(waiting.inner.poll_ready(cx)) {
+                        // The request never went: its booking is cancelled
+                        // now, not to hold up the waiters behind it until
+                        // dropped, and there is nothing left to refund.
+                        waiting.booking.give_up();
+                        waiting.after.refund = None;
                         return Poll::Ready(waiting.after.settle(Err(error)));
                     }
                     let Some(req) = waiting.req.take() else {

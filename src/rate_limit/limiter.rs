@@ -13,10 +13,11 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use super::algorithm::Grant;
+use super::lines::Lines;
 use super::policy::{Compiled, Policy};
 use super::quota::{Algorithm as Kind, Quota};
 use super::rule::{Rule, check_names};
-use super::table::{Held, One, Table};
+use super::table::{Ask, Held, One, Table};
 use crate::clock::{ClockSource, Nanos, Timeline};
 use crate::error::ConfigError;
 use crate::key::{KeyHash, KeySeed};
@@ -52,11 +53,13 @@ pub(crate) enum Decision {
         ticket: Option<Box<Ticket>>,
         info: Option<Box<RateLimitInfo>>,
     },
-    /// Go at `until`; the capacity is booked.
+    /// Go at `until`, and not before the key's earlier waiters: `turn` is
+    /// the place in the key's line. The capacity is booked.
     Later {
         until: Instant,
         ticket: Box<Ticket>,
         info: Option<Box<RateLimitInfo>>,
+        turn: Option<u64>,
     },
     /// Refused; nothing consumed.
     Denied(Box<Denied>),
@@ -116,25 +119,27 @@ enum Verdict {
     /// Refused: the longest wait, and which quota needed it.
     Refused { wait: Nanos, slowest: usize },
     /// Booked at `at` in every quota; with what remains of the tightest
-    /// (units, time to whole, quota index) when asked.
+    /// (units, time to whole, quota index) when asked, and the turn in the
+    /// key's line when booked for later.
     Booked {
         at: Nanos,
         grants: SmallVec<[Grant; 2]>,
         remaining: Option<(u32, Nanos, usize)>,
+        turn: Option<u64>,
     },
 }
 
 /// Decide on held quota states: the earliest instant all admit, booked if
 /// it is within `max_wait`.
 #[inline]
-fn judge(
-    held: &mut [Held<'_>],
-    now: Nanos,
-    cost: u32,
-    horizon: Nanos,
-    max_wait: Nanos,
-    want: Want,
-) -> Verdict {
+fn judge(held: &mut [Held<'_>], key: KeyHash, now: Nanos, ask: Ask<'_>) -> Verdict {
+    let Ask {
+        cost,
+        horizon,
+        max_wait,
+        info,
+        line,
+    } = ask;
     let mut at = now;
     let mut slowest = 0;
     for (i, h) in held.iter_mut().enumerate() {
@@ -155,7 +160,7 @@ fn judge(
         grants.push(h.book(now, at, cost));
     }
     // The quota with the least left is the one a client must heed.
-    let remaining = want.info.then(|| {
+    let remaining = info.then(|| {
         let mut tightest = (u32::MAX, 0, 0);
         for (i, h) in held.iter_mut().enumerate() {
             let (left, reset) = h.remaining(now);
@@ -165,10 +170,17 @@ fn judge(
         }
         tightest
     });
+    // Joined while the key is held, so the line keeps booking order.
+    let turn = match line {
+        Some(line) if at > now => Some(line.join(key)),
+        Some(line) => line.join_if_any(key),
+        None => None,
+    };
     Verdict::Booked {
         at,
         grants,
         remaining,
+        turn,
     }
 }
 
@@ -187,6 +199,8 @@ pub(crate) struct Limiter {
     enabled: AtomicBool,
     dry_run: AtomicBool,
     pub(crate) stats: Arc<Stats>,
+    /// The order waiters go in.
+    pub(crate) lines: Lines,
     /// Retunes one at a time.
     retuning: Mutex<()>,
 }
@@ -232,10 +246,12 @@ impl Limiter {
             enabled: AtomicBool::new(true),
             dry_run: AtomicBool::new(false),
             stats: Arc::new(Stats::new(key_stats)),
+            lines: Lines::default(),
             retuning: Mutex::new(()),
         }
     }
 
+    #[inline]
     pub(crate) fn seed(&self) -> &KeySeed {
         &self.seed
     }
@@ -292,7 +308,16 @@ impl Limiter {
                 capacity: rule.capacity,
             };
         }
-        let horizon = self.horizon_for(max_wait);
+        let ask = Ask {
+            cost,
+            horizon: self.horizon_for(max_wait),
+            max_wait,
+            info: want.info,
+            // Nobody waits in a dry run, nor in reject mode; a request that
+            // cannot wait does not look for a line either.
+            line: (max_wait > 0 && !rule.dry_run && !self.dry_run.load(Ordering::Relaxed))
+                .then_some(&self.lines),
+        };
         // Look at every quota, holding them all, then book at the latest
         // instant any of them allows: all admit, or nothing is consumed. One
         // quota (the common case) skips the collection.
@@ -301,33 +326,48 @@ impl Limiter {
         // later reading of the clock, mistake it for a clock that ran
         // backwards, and reset the key. (With rules, the rule lookup reads
         // it once more before, only to date the key's rule.)
-        let (at, grants, remaining, now) = match rule.tables.as_slice() {
-            [table] => match table.admit(key, &self.timeline, cost, horizon, max_wait, want.info) {
+        let (at, grants, remaining, turn, now) = match rule.tables.as_slice() {
+            [table] => match table.admit(key, &self.timeline, ask) {
                 (One::Refused { wait }, now) => {
                     return self.refused(rule, key, now, wait, 0, &text);
                 }
-                (One::Booked { grant, remaining }, now) => {
+                (
+                    One::Booked {
+                        grant,
+                        remaining,
+                        turn,
+                    },
+                    now,
+                ) => {
+                    if grant.at == now && turn.is_none() && !want.ticket && remaining.is_none() {
+                        // The common case, with nothing to hand back.
+                        self.stats.record(key, Event::Admitted, &text);
+                        return Decision::Now {
+                            ticket: None,
+                            info: None,
+                        };
+                    }
                     let mut grants = SmallVec::new();
                     grants.push(grant);
                     let remaining = remaining.map(|(n, reset)| (n, reset, 0));
-                    (grant.at, grants, remaining, now)
+                    (grant.at, grants, remaining, turn, now)
                 }
             },
-            tables => match self.judge_all(tables, key, cost, horizon, max_wait, want) {
+            tables => match self.judge_all(tables, key, ask) {
                 (
                     Verdict::Booked {
                         at,
                         grants,
                         remaining,
+                        turn,
                     },
                     now,
-                ) => (at, grants, remaining, now),
+                ) => (at, grants, remaining, turn, now),
                 (Verdict::Refused { wait, slowest }, now) => {
                     return self.refused(rule, key, now, wait, slowest, &text);
                 }
             },
         };
-        let dry_run = rule.dry_run || self.dry_run.load(Ordering::Relaxed);
         let info = remaining.map(|(remaining, reset, i)| {
             Box::new(RateLimitInfo {
                 policy: rule.name.clone(),
@@ -344,7 +384,9 @@ impl Limiter {
                 grants,
             })
         };
-        if at == now || dry_run {
+        // Not in a line: go now. (A request in a line waits for the waiters
+        // ahead, even when its instant is now.)
+        if turn.is_none() {
             self.stats.record(key, Event::Admitted, &text);
             return Decision::Now {
                 ticket: want.ticket.then(|| ticket(grants)),
@@ -357,24 +399,17 @@ impl Limiter {
             until: self.timeline.instant(at),
             ticket: ticket(grants),
             info,
+            turn,
         }
     }
 
     /// Several quotas: lock them all, read the clock, judge, release. Out of
     /// line, so that the one-quota path keeps a small stack frame.
     #[inline(never)]
-    fn judge_all(
-        &self,
-        tables: &[Arc<Table>],
-        key: KeyHash,
-        cost: u32,
-        horizon: Nanos,
-        max_wait: Nanos,
-        want: Want,
-    ) -> (Verdict, Nanos) {
+    fn judge_all(&self, tables: &[Arc<Table>], key: KeyHash, ask: Ask<'_>) -> (Verdict, Nanos) {
         let mut held: SmallVec<[Held<'_>; 4]> = tables.iter().map(|t| t.lock(key)).collect();
         let now = self.timeline.now();
-        let verdict = judge(&mut held, now, cost, horizon, max_wait, want);
+        let verdict = judge(&mut held, key, now, ask);
         let tidy: SmallVec<[Tidy; 4]> = held.iter().map(Held::tidy).collect();
         drop(held);
         for (table, tidy) in tables.iter().zip(tidy) {
@@ -539,6 +574,7 @@ impl Limiter {
         tracing::info!(enabled, "rate limit switched");
     }
 
+    #[inline]
     pub(crate) fn is_enabled(&self) -> bool {
         self.enabled.load(Ordering::Relaxed)
     }

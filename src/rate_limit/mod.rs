@@ -41,6 +41,7 @@ mod future;
 mod handle;
 mod layer;
 mod limiter;
+mod lines;
 mod policy;
 mod quota;
 mod rule;

@@ -196,6 +196,7 @@ where
                 until,
                 ticket,
                 info,
+                turn,
             } => {
                 if tracing::enabled!(tracing::Level::DEBUG) {
                     let wait = until.saturating_duration_since(tokio::time::Instant::now());
@@ -209,7 +210,7 @@ where
                 // service keeps a fresh clone, to be polled ready again.
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
-                let booking = Booking::new(shared.limiter.clone(), ticket, key);
+                let booking = Booking::new(shared.limiter.clone(), ticket, key, turn);
                 ResponseFuture::waiting(until, inner, req, booking, after)
             }
             Decision::Denied(denied) => {

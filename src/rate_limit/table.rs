@@ -1,6 +1,7 @@
 //! One quota's keyed state: a store of one algorithm's states.
 
 use super::algorithm::{Algorithm, FixedWindow, Gcra, Grant, SlidingWindow, TurnBudget};
+use super::lines::Lines;
 use super::quota::{Algorithm as Kind, Quota};
 use crate::clock::{Nanos, Timeline, saturating_nanos};
 use crate::key::KeyHash;
@@ -34,14 +35,30 @@ pub(crate) enum Held<'a> {
     TurnBudget(Slot<'a, <TurnBudget as Algorithm>::State, TurnBudget>),
 }
 
+/// What a request asks of its quotas.
+#[derive(Clone, Copy)]
+pub(crate) struct Ask<'a> {
+    pub(crate) cost: u32,
+    /// See [`Limiter::horizon_for`](super::limiter::Limiter).
+    pub(crate) horizon: Nanos,
+    pub(crate) max_wait: Nanos,
+    /// Report what remains.
+    pub(crate) info: bool,
+    /// The line to join if booked for later (none in a dry run, where
+    /// nobody waits).
+    pub(crate) line: Option<&'a Lines>,
+}
+
 /// What one quota decided on its own (see [`Table::admit`]).
 pub(crate) enum One {
     /// Refused: the time until it would admit.
     Refused { wait: Nanos },
-    /// Booked; with the units left and the time until all are, when asked.
+    /// Booked; with the units left and the time until all are, when asked,
+    /// and the turn in the key's line when booked for later.
     Booked {
         grant: Grant,
         remaining: Option<(u32, Nanos)>,
+        turn: Option<u64>,
     },
 }
 
@@ -53,21 +70,28 @@ fn admit_in<A: Algorithm>(
     store: &Store<A::State, A>,
     key: KeyHash,
     timeline: &Timeline,
-    cost: u32,
-    horizon: Nanos,
-    max_wait: Nanos,
-    info: bool,
+    ask: Ask<'_>,
 ) -> (One, Nanos) {
     let mut slot = store.slot(key);
     let now = timeline.now();
     let (alg, state) = slot.get();
-    let at = alg.earliest(state, now, cost, horizon);
-    let one = if at - now > max_wait {
+    let at = alg.earliest(state, now, ask.cost, ask.horizon);
+    let one = if at - now > ask.max_wait {
         One::Refused { wait: at - now }
     } else {
-        let grant = alg.book(state, now, at, cost);
-        let remaining = info.then(|| alg.remaining(state, now));
-        One::Booked { grant, remaining }
+        let grant = alg.book(state, now, at, ask.cost);
+        let remaining = ask.info.then(|| alg.remaining(state, now));
+        // Joined while the key is held, so the line keeps booking order.
+        let turn = match ask.line {
+            Some(line) if at > now => Some(line.join(key)),
+            Some(line) => line.join_if_any(key),
+            None => None,
+        };
+        One::Booked {
+            grant,
+            remaining,
+            turn,
+        }
     };
     let tidy = slot.tidy();
     drop(slot);
@@ -167,18 +191,8 @@ impl Table {
     /// Decide and book on this quota alone; see [`admit_in`]. Returns the
     /// clock reading it decided at.
     #[inline]
-    pub(crate) fn admit(
-        &self,
-        key: KeyHash,
-        timeline: &Timeline,
-        cost: u32,
-        horizon: Nanos,
-        max_wait: Nanos,
-        info: bool,
-    ) -> (One, Nanos) {
-        each!(self, Table, |s| admit_in(
-            s, key, timeline, cost, horizon, max_wait, info
-        ))
+    pub(crate) fn admit(&self, key: KeyHash, timeline: &Timeline, ask: Ask<'_>) -> (One, Nanos) {
+        each!(self, Table, |s| admit_in(s, key, timeline, ask))
     }
 
     /// Sweeping after a [`Table::lock`]; see [`Store::tidy`].
@@ -308,7 +322,14 @@ mod tests {
             let quota = Quota::per_second(10).expect("valid quota");
             let table = Arc::new(Table::new(Params::of(&quota, 0), Nanos::MAX, GLOBAL));
             assert!(probe.table.set(table.clone()).is_ok());
-            let (one, _) = table.admit(key, &timeline, 1, 0, 0, false);
+            let ask = Ask {
+                cost: 1,
+                horizon: 0,
+                max_wait: 0,
+                info: false,
+                line: None,
+            };
+            let (one, _) = table.admit(key, &timeline, ask);
             assert!(matches!(one, One::Booked { .. }));
             assert!(probe.locked.load(Ordering::SeqCst), "read outside the lock");
         }
