@@ -336,7 +336,7 @@ impl<V: Idle, P: Clone> Store<V, P> {
     /// in one fixed order.
     #[inline]
     pub(crate) fn lock(&self, key: KeyHash, now: Nanos) -> Locked<'_, V, P> {
-        debug_assert!(self.pinned.is_none(), "a pinning store is reached by slot");
+        assert!(self.pinned.is_none(), "a pinning store is reached by slot");
         self.sweep_step(now);
         let mut shard = self.shard(key).0.lock();
         if shard.map.len() >= shard.sweep_at_len {

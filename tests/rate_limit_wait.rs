@@ -310,8 +310,11 @@ async fn waiters_due_at_one_instant_reach_the_service_in_arrival_order() {
             waiters.push(waiter);
         }
         let [mut first, mut second, third] = <[_; 3]>::try_from(waiters).ok().unwrap();
-        // Past the window's end: all three are due at its first instant.
-        time::advance(SECOND).await;
+        // To the next window's first instant, where all three are due.
+        while !first.is_woken() {
+            time::advance(Duration::from_millis(1)).await;
+        }
+        assert!(second.is_woken() && third.is_woken());
         assert_pending!(
             second.poll(),
             "{} quotas: went before the first",
@@ -347,7 +350,9 @@ async fn a_newcomer_does_not_pass_a_waiter_whose_instant_has_come() {
     assert_pending!(waiter.poll());
     // The next window opens with room for two: the waiter's instant has
     // come, but its task has not run yet when a newcomer arrives.
-    time::advance(SECOND).await;
+    while !waiter.is_woken() {
+        time::advance(Duration::from_millis(1)).await;
+    }
     svc.ready().await.unwrap();
     let mut newcomer = task::spawn(svc.call(request("k", 3)));
     assert_pending!(newcomer.poll(), "the newcomer passed the waiter");
@@ -355,4 +360,63 @@ async fn a_newcomer_does_not_pass_a_waiter_whose_instant_has_come() {
     assert!(newcomer.is_woken(), "the waiter going wakes the newcomer");
     assert_ready_ok!(newcomer.poll());
     assert_eq!(inner.record.order(), vec![0, 1, 2, 3]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_never_polled_holds_up_the_next_for_a_moment_only() {
+    // Response futures awaited out of order: the earlier waiter is never
+    // polled while the later one is awaited. The later one gives way for a
+    // moment (so the runtime can run a task it woke), not for ever.
+    let inner = Inner::new();
+    let mut svc = RateLimitLayer::new(quota(Algorithm::FixedWindow, 2, SECOND), GlobalKey)
+        .with_max_wait(Duration::from_secs(10))
+        .layer(inner.clone());
+    for seq in 0..2 {
+        svc.ready()
+            .await
+            .unwrap()
+            .call(request("k", seq))
+            .await
+            .unwrap();
+    }
+    let started = Instant::now();
+    svc.ready().await.unwrap();
+    let first = svc.call(request("k", 2));
+    svc.ready().await.unwrap();
+    let second = svc.call(request("k", 3));
+    time::timeout(Duration::from_secs(5), second)
+        .await
+        .expect("held up for ever by a waiter never polled")
+        .unwrap();
+    // Both were due at the next window (within a second), and the grace is
+    // a small fraction of that.
+    assert!(Instant::now() - started < SECOND + Duration::from_millis(100));
+    first.await.unwrap();
+    assert_eq!(inner.record.order(), vec![0, 1, 3, 2]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reset_key_admits_at_once_though_old_waiters_are_still_in_line() {
+    let inner = Inner::new();
+    let layer = RateLimitLayer::new(
+        quota(Algorithm::TokenBucket, 1, Duration::from_secs(10)),
+        HeaderKey::new("x-key").unwrap(),
+    )
+    .with_max_wait(Duration::from_secs(60));
+    let handle = layer.handle();
+    let mut svc = layer.layer(inner.clone());
+    svc.ready()
+        .await
+        .unwrap()
+        .call(request("k", 0))
+        .await
+        .unwrap();
+    svc.ready().await.unwrap();
+    let mut waiter = task::spawn(svc.call(request("k", 1)));
+    assert_pending!(waiter.poll());
+    handle.reset(&["k"]);
+    svc.ready().await.unwrap();
+    let mut newcomer = task::spawn(svc.call(request("k", 2)));
+    assert_ready_ok!(newcomer.poll(), "waited behind a waiter not yet due");
+    assert_pending!(waiter.poll());
 }

@@ -27,27 +27,23 @@ pub(crate) struct Booking {
 }
 
 impl Booking {
-    pub(crate) fn new(
-        limiter: Arc<Limiter>,
-        ticket: Box<Ticket>,
-        key: KeyHash,
-        turn: Option<u64>,
-    ) -> Self {
+    pub(crate) fn new(limiter: Arc<Limiter>, ticket: Box<Ticket>, key: KeyHash, turn: u64) -> Self {
         Self {
             limiter,
             ticket,
             key,
-            turn,
+            turn: Some(turn),
             arrived: Instant::now(),
             armed: true,
         }
     }
 
-    /// Whether the key's earlier waiters have all gone; if not, the task is
-    /// woken when they have.
-    fn may_go(&self, cx: &Context<'_>) -> bool {
-        self.turn
-            .is_none_or(|turn| self.limiter.lines.is_head(self.key, turn, cx.waker()))
+    /// When the waiters booked ahead have not gone yet, the instant to
+    /// look again at (the task is woken sooner if they go); see
+    /// [`Lines::check`](super::lines::Lines::check).
+    fn wait_for_others(&self, cx: &Context<'_>) -> Option<Instant> {
+        let turn = self.turn?;
+        self.limiter.lines.check(self.key, turn, cx.waker())
     }
 
     /// The request's turn came and it goes to the inner service.
@@ -147,6 +143,9 @@ pin_project! {
     struct Waiting<S, R, A, H> {
         #[pin]
         sleep: Sleep,
+        // Its own instant has come; from then on `sleep` only bounds the
+        // wait for the waiters booked ahead.
+        due: bool,
         inner: S,
         req: Option<R>,
         booking: Booking,
@@ -164,8 +163,10 @@ pin_project! {
 
 pin_project! {
     // Every state but the common one is boxed: a request admitted at once,
-    // with nothing to do with its outcome, has a future no bigger than the
-    // inner one, which keeps it cheap to move.
+    // with nothing to do with its outcome, has a future the size of the
+    // inner one plus at most a tag (none when the inner future has a niche
+    // for it), which keeps it cheap to move. The price is one allocation
+    // per request for a classifier or response headers.
     #[project = StateProj]
     enum State<Fut, S, R, A, H> {
         Called {
@@ -215,6 +216,9 @@ impl<Fut, S, R, A, H> ResponseFuture<Fut, S, R, A, H> {
             state: State::Waiting {
                 waiting: Box::pin(Waiting {
                     sleep: tokio::time::sleep_until(until),
+                    // Due already (in line behind due waiters): no timer,
+                    // which would round up to its next millisecond.
+                    due: until <= Instant::now(),
                     inner,
                     req: Some(req),
                     booking,
@@ -251,10 +255,17 @@ where
                     return Poll::Ready(settling.after.settle(outcome));
                 }
                 StateProj::Waiting { waiting } => {
-                    let waiting = waiting.as_mut().project();
-                    ready!(waiting.sleep.poll(cx));
-                    if !waiting.booking.may_go(cx) {
-                        return Poll::Pending;
+                    let mut waiting = waiting.as_mut().project();
+                    if !*waiting.due {
+                        ready!(waiting.sleep.as_mut().poll(cx));
+                        *waiting.due = true;
+                    }
+                    if let Some(until) = waiting.booking.wait_for_others(cx) {
+                        // Woken when the waiters ahead leave, or at `until`
+                        // (always ahead of now), whichever is first.
+                        waiting.sleep.as_mut().reset(until);
+                        ready!(waiting.sleep.as_mut().poll(cx));
+                        continue;
                     }
                     if let Err(error) = ready!(waiting.inner.poll_ready(cx)) {
                         // The request never went: its booking is cancelled
@@ -262,13 +273,20 @@ where
                         // dropped, and there is nothing left to refund.
                         waiting.booking.give_up();
                         waiting.after.refund = None;
-                        return Poll::Ready(waiting.after.settle(Err(error)));
+                        let outcome = waiting.after.settle(Err(error));
+                        self.as_mut()
+                            .project()
+                            .state
+                            .set(State::Failed { error: None });
+                        return Poll::Ready(outcome);
                     }
                     let Some(req) = waiting.req.take() else {
                         return Poll::Ready(Err(polled_after_completion()));
                     };
-                    waiting.booking.used();
                     let future = waiting.inner.call(req);
+                    // Called before the line is left, so the next waiter
+                    // cannot reach the inner service first.
+                    waiting.booking.used();
                     let after = std::mem::replace(waiting.after, After::nothing());
                     self.as_mut()
                         .project()

@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use super::algorithm::Grant;
-use super::lines::Lines;
+use super::lines::{Lines, turn_for};
 use super::policy::{Compiled, Policy};
 use super::quota::{Algorithm as Kind, Quota};
 use super::rule::{Rule, check_names};
@@ -59,7 +59,7 @@ pub(crate) enum Decision {
         until: Instant,
         ticket: Box<Ticket>,
         info: Option<Box<RateLimitInfo>>,
-        turn: Option<u64>,
+        turn: u64,
     },
     /// Refused; nothing consumed.
     Denied(Box<Denied>),
@@ -120,7 +120,7 @@ enum Verdict {
     Refused { wait: Nanos, slowest: usize },
     /// Booked at `at` in every quota; with what remains of the tightest
     /// (units, time to whole, quota index) when asked, and the turn in the
-    /// key's line when booked for later.
+    /// key's line when it joined one.
     Booked {
         at: Nanos,
         grants: SmallVec<[Grant; 2]>,
@@ -132,7 +132,13 @@ enum Verdict {
 /// Decide on held quota states: the earliest instant all admit, booked if
 /// it is within `max_wait`.
 #[inline]
-fn judge(held: &mut [Held<'_>], key: KeyHash, now: Nanos, ask: Ask<'_>) -> Verdict {
+fn judge(
+    held: &mut [Held<'_>],
+    key: KeyHash,
+    now: Nanos,
+    ask: Ask<'_>,
+    timeline: &Timeline,
+) -> Verdict {
     let Ask {
         cost,
         horizon,
@@ -170,12 +176,7 @@ fn judge(held: &mut [Held<'_>], key: KeyHash, now: Nanos, ask: Ask<'_>) -> Verdi
         }
         tightest
     });
-    // Joined while the key is held, so the line keeps booking order.
-    let turn = match line {
-        Some(line) if at > now => Some(line.join(key)),
-        Some(line) => line.join_if_any(key),
-        None => None,
-    };
+    let turn = turn_for(line, key, at, now, timeline);
     Verdict::Booked {
         at,
         grants,
@@ -386,13 +387,13 @@ impl Limiter {
         };
         // Not in a line: go now. (A request in a line waits for the waiters
         // ahead, even when its instant is now.)
-        if turn.is_none() {
+        let Some(turn) = turn else {
             self.stats.record(key, Event::Admitted, &text);
             return Decision::Now {
                 ticket: want.ticket.then(|| ticket(grants)),
                 info,
             };
-        }
+        };
         self.timeline.check_paused_time(now);
         self.stats.record(key, Event::Queued, &text);
         Decision::Later {
@@ -409,7 +410,7 @@ impl Limiter {
     fn judge_all(&self, tables: &[Arc<Table>], key: KeyHash, ask: Ask<'_>) -> (Verdict, Nanos) {
         let mut held: SmallVec<[Held<'_>; 4]> = tables.iter().map(|t| t.lock(key)).collect();
         let now = self.timeline.now();
-        let verdict = judge(&mut held, key, now, ask);
+        let verdict = judge(&mut held, key, now, ask, &self.timeline);
         let tidy: SmallVec<[Tidy; 4]> = held.iter().map(Held::tidy).collect();
         drop(held);
         for (table, tidy) in tables.iter().zip(tidy) {

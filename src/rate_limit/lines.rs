@@ -5,110 +5,159 @@
 //! timer's millisecond), and tokio does not promise in which order timers
 //! due together wake their tasks. So a waiter joins its key's line when its
 //! capacity is booked, under the key's lock, which makes the line's order
-//! the booking order; once its instant has come it goes only from the head
-//! of the line, and whoever leaves the head wakes the next. A request that
-//! could go at once while its key has waiters (their instant has come, but
-//! their tasks have not run yet) joins the line too, rather than pass them.
+//! the booking order; once its instant has come, it lets the waiters booked
+//! ahead of it go first, and whoever leaves wakes the next. A request that
+//! could go at once while waiters of its key are due (their tasks have not
+//! run yet) joins the line too, rather than pass them.
+//!
+//! A waiter gives way to one ahead only for [`GRACE`] after that one's
+//! instant: long enough for the runtime to run a task it has woken, and a
+//! bound on what a response future that is kept but never polled (or a
+//! slow inner service) can cost the key's later requests. Past that, the
+//! one ahead is treated as gone.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Waker;
+use std::time::Duration;
 
 use parking_lot::Mutex;
+use tokio::time::Instant;
 
+use crate::clock::{Nanos, Timeline};
 use crate::key::KeyHash;
+use crate::store::PassThrough;
 
-/// The lines of every key that has waiters. Only the wait path touches it.
-#[derive(Default)]
+/// How long a due waiter gives way to one booked ahead of it.
+pub(crate) const GRACE: Duration = Duration::from_millis(20);
+
+const SHARDS: usize = 16;
+
+/// The lines of every key that has waiters, in shards by key.
 pub(crate) struct Lines {
-    inner: Mutex<Queues>,
-    /// How many are in any line: while none are, a request that can go at
-    /// once does not look for its key's line.
+    shards: Box<[Shard]>,
+}
+
+/// One shard, on its own cache lines.
+#[repr(align(128))]
+#[derive(Default)]
+struct Shard {
+    queues: Mutex<Queues>,
+    /// How many are in this shard's lines: while none are, a request that
+    /// can go at once does not look for its key's line.
     waiting: AtomicUsize,
 }
 
 #[derive(Default)]
 struct Queues {
-    /// Handed out in booking order.
+    /// Handed out in booking order (turns are compared within a key only).
     next_turn: u64,
-    /// Per key, the waiters in line by turn, with the waker of one that
-    /// found it was not yet at the head.
-    keys: HashMap<u64, BTreeMap<u64, Option<Waker>>>,
+    /// Per key, the waiters in line by turn.
+    keys: HashMap<u64, BTreeMap<u64, Place>, BuildHasherDefault<PassThrough>>,
+}
+
+/// One waiter's place: its instant, and its waker once it waits for others.
+struct Place {
+    due: Instant,
+    waker: Option<Waker>,
+}
+
+impl Default for Lines {
+    fn default() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+        }
+    }
+}
+
+/// The turn in `key`'s line for a booking at `at`, decided at `now`, when
+/// there is a line to join (`line`): a waiter joins; a request that could go
+/// at once joins only behind due waiters. The caller holds the key's state,
+/// so that turns follow bookings.
+#[inline]
+pub(crate) fn turn_for(
+    line: Option<&Lines>,
+    key: KeyHash,
+    at: Nanos,
+    now: Nanos,
+    timeline: &Timeline,
+) -> Option<u64> {
+    let line = line?;
+    if at > now {
+        Some(line.join(key, timeline.instant(at)))
+    } else {
+        line.join_if_due(key)
+    }
 }
 
 impl Lines {
-    /// Join `key`'s line; the caller holds the key's state, so that turns
-    /// follow bookings.
-    pub(crate) fn join(&self, key: KeyHash) -> u64 {
-        let mut queues = self.inner.lock();
-        self.enqueue(&mut queues, key)
-    }
-
-    fn enqueue(&self, queues: &mut Queues, key: KeyHash) -> u64 {
-        let turn = queues.next_turn;
-        queues.next_turn += 1;
-        queues.keys.entry(key.0).or_default().insert(turn, None);
-        self.waiting.fetch_add(1, Ordering::Relaxed);
-        turn
-    }
-
-    /// For a request that could go at once: join `key`'s line if it has
-    /// one, else nothing. The caller holds the key's state; a waiter of the
-    /// key joined under the same lock, so it is counted by now.
     #[inline]
-    pub(crate) fn join_if_any(&self, key: KeyHash) -> Option<u64> {
-        if self.waiting.load(Ordering::Relaxed) == 0 {
-            return None;
-        }
-        self.join_behind(key)
+    fn shard(&self, key: KeyHash) -> &Shard {
+        &self.shards[(key.0 >> 40) as usize % SHARDS]
     }
 
-    #[cold]
-    fn join_behind(&self, key: KeyHash) -> Option<u64> {
-        let mut queues = self.inner.lock();
-        if !queues.keys.contains_key(&key.0) {
-            return None;
-        }
-        Some(self.enqueue(&mut queues, key))
+    /// Join `key`'s line with an instant of `due`.
+    pub(crate) fn join(&self, key: KeyHash, due: Instant) -> u64 {
+        let shard = self.shard(key);
+        let mut queues = shard.queues.lock();
+        shard.enqueue(&mut queues, key, due)
     }
 
-    /// Whether `turn` heads `key`'s line; if not, `waker` is woken when the
-    /// waiters ahead have left.
-    pub(crate) fn is_head(&self, key: KeyHash, turn: u64, waker: &Waker) -> bool {
-        let mut queues = self.inner.lock();
-        let Some(line) = queues.keys.get_mut(&key.0) else {
-            // Not in line (it never joined): nothing to wait for.
-            return true;
-        };
-        if line.keys().next().is_none_or(|&head| head == turn) {
-            return true;
+    /// For a request that could go at once: join `key`'s line if a waiter
+    /// in it is due (and within its grace), else nothing. A waiter of the
+    /// key joined under the key's lock, which the caller holds, so it is
+    /// counted by now.
+    #[inline]
+    fn join_if_due(&self, key: KeyHash) -> Option<u64> {
+        let shard = self.shard(key);
+        if shard.waiting.load(Ordering::Relaxed) == 0 {
+            return None;
         }
-        if let Some(slot) = line.get_mut(&turn) {
-            match slot {
-                Some(kept) if kept.will_wake(waker) => {}
-                _ => *slot = Some(waker.clone()),
+        shard.join_if_due(key)
+    }
+
+    /// Whether `turn` may go now: `None` when no waiter booked ahead of it is
+    /// due and within its grace; else the instant to look again at, and
+    /// `waker` is woken sooner if the waiters ahead leave.
+    pub(crate) fn check(&self, key: KeyHash, turn: u64, waker: &Waker) -> Option<Instant> {
+        let mut queues = self.shard(key).queues.lock();
+        let line = queues.keys.get_mut(&key.0)?;
+        let due = line.get(&turn)?.due;
+        let now = Instant::now();
+        let blocked = line
+            .range(..turn)
+            .map(|(_, ahead)| ahead.due + GRACE)
+            .max()?
+            // Nor past this one's own grace (waiters ahead with a later
+            // instant, after a reset).
+            .min(due + GRACE);
+        if blocked <= now {
+            return None;
+        }
+        if let Some(place) = line.get_mut(&turn) {
+            if !place.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+                place.waker = Some(waker.clone());
             }
         }
-        false
+        Some(blocked)
     }
 
     /// Leave `key`'s line (gone to the inner service, or given up), and wake
-    /// the new head if it was waiting for this.
+    /// the first waiter behind that waits for others.
     pub(crate) fn leave(&self, key: KeyHash, turn: u64) {
+        let shard = self.shard(key);
         let next = {
-            let mut queues = self.inner.lock();
+            let mut queues = shard.queues.lock();
             let Some(line) = queues.keys.get_mut(&key.0) else {
                 return;
             };
-            let was_head = line.keys().next() == Some(&turn);
             if line.remove(&turn).is_some() {
-                self.waiting.fetch_sub(1, Ordering::Relaxed);
+                shard.waiting.fetch_sub(1, Ordering::Relaxed);
             }
-            let next = if was_head {
-                line.values_mut().next().and_then(Option::take)
-            } else {
-                None
-            };
+            let next = line
+                .range_mut(turn..)
+                .find_map(|(_, place)| place.waker.take());
             if line.is_empty() {
                 queues.keys.remove(&key.0);
             }
@@ -123,14 +172,36 @@ impl Lines {
     /// How many keys have a line now.
     #[cfg(test)]
     pub(crate) fn keys(&self) -> usize {
-        self.inner.lock().keys.len()
+        self.shards.iter().map(|s| s.queues.lock().keys.len()).sum()
+    }
+}
+
+impl Shard {
+    fn enqueue(&self, queues: &mut Queues, key: KeyHash, due: Instant) -> u64 {
+        let turn = queues.next_turn;
+        queues.next_turn += 1;
+        let place = Place { due, waker: None };
+        queues.keys.entry(key.0).or_default().insert(turn, place);
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        turn
+    }
+
+    #[cold]
+    fn join_if_due(&self, key: KeyHash) -> Option<u64> {
+        let mut queues = self.queues.lock();
+        let now = Instant::now();
+        let due = queues
+            .keys
+            .get(&key.0)?
+            .values()
+            .any(|place| place.due <= now && now < place.due + GRACE);
+        due.then(|| self.enqueue(&mut queues, key, now))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::task::Wake;
 
     use super::*;
@@ -144,39 +215,57 @@ mod tests {
         }
     }
 
-    #[test]
-    fn only_the_head_goes_and_leaving_wakes_the_next() {
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_gives_way_to_those_ahead_and_leaving_wakes_it() {
         let lines = Lines::default();
-        let (a, b) = (KeyHash(1), KeyHash(2));
-        let first = lines.join(a);
-        let second = lines.join(a);
-        let other = lines.join(b);
+        let (a, b) = (KeyHash(1), KeyHash(2 << 40));
+        let now = Instant::now();
+        let first = lines.join(a, now);
+        let second = lines.join(a, now);
+        let other = lines.join(b, now);
         let woken = Arc::new(Count::default());
         let waker = Waker::from(woken.clone());
         // Another key's line is its own.
-        assert!(lines.is_head(b, other, &waker));
-        assert!(!lines.is_head(a, second, &waker));
-        assert!(lines.is_head(a, first, &waker));
+        assert_eq!(lines.check(b, other, &waker), None);
+        assert_eq!(lines.check(a, second, &waker), Some(now + GRACE));
+        assert_eq!(lines.check(a, first, &waker), None);
         lines.leave(a, first);
         assert_eq!(woken.0.load(Ordering::SeqCst), 1);
-        assert!(lines.is_head(a, second, &waker));
+        assert_eq!(lines.check(a, second, &waker), None);
         lines.leave(a, second);
         lines.leave(b, other);
         assert_eq!(lines.keys(), 0);
     }
 
-    #[test]
-    fn a_waiter_giving_up_behind_the_head_wakes_nobody() {
+    #[tokio::test(start_paused = true)]
+    async fn one_ahead_that_never_goes_holds_the_line_for_its_grace_only() {
         let lines = Lines::default();
         let key = KeyHash(1);
-        let (first, second, third) = (lines.join(key), lines.join(key), lines.join(key));
-        let woken = Arc::new(Count::default());
-        let waker = Waker::from(woken.clone());
-        assert!(!lines.is_head(key, third, &waker));
-        lines.leave(key, second);
-        assert_eq!(woken.0.load(Ordering::SeqCst), 0);
-        lines.leave(key, first);
-        assert_eq!(woken.0.load(Ordering::SeqCst), 1);
-        assert!(lines.is_head(key, third, &waker));
+        let now = Instant::now();
+        let _stuck = lines.join(key, now);
+        let later = lines.join(key, now + Duration::from_millis(5));
+        let waker = Waker::from(Arc::new(Count::default()));
+        assert_eq!(lines.check(key, later, &waker), Some(now + GRACE));
+        tokio::time::advance(GRACE).await;
+        assert_eq!(lines.check(key, later, &waker), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_can_go_joins_only_behind_due_waiters() {
+        let lines = Lines::default();
+        let key = KeyHash(1);
+        let now = Instant::now();
+        let ahead = lines.join(key, now + Duration::from_secs(1));
+        // Not yet due: the request goes.
+        assert_eq!(lines.join_if_due(key), None);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let behind = lines.join_if_due(key).expect("joins behind a due waiter");
+        let waker = Waker::from(Arc::new(Count::default()));
+        assert!(lines.check(key, behind, &waker).is_some());
+        lines.leave(key, ahead);
+        assert_eq!(lines.check(key, behind, &waker), None);
+        lines.leave(key, behind);
+        assert_eq!(lines.keys(), 0);
+        assert_eq!(lines.join_if_due(KeyHash(7)), None);
     }
 }

@@ -198,19 +198,22 @@ where
                 info,
                 turn,
             } => {
+                // Owned at once, so that any way out gives its capacity and
+                // its place in the key's line back.
+                let refund_ticket = (!shared.counts.always()).then(|| ticket.clone());
+                let booking = Booking::new(shared.limiter.clone(), ticket, key, turn);
                 if tracing::enabled!(tracing::Level::DEBUG) {
                     let wait = until.saturating_duration_since(tokio::time::Instant::now());
                     tracing::debug!(key = %join_parts(&parts()), ?wait, "rate limit: waiting for turn");
                 }
                 let after = After {
-                    refund: refund(ticket.clone()),
+                    refund: refund_ticket.and_then(refund),
                     note: note(info),
                 };
                 // The ready inner service goes with the waiting request; this
                 // service keeps a fresh clone, to be polled ready again.
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
-                let booking = Booking::new(shared.limiter.clone(), ticket, key, turn);
                 ResponseFuture::waiting(until, inner, req, booking, after)
             }
             Decision::Denied(denied) => {

@@ -1,7 +1,7 @@
 //! One quota's keyed state: a store of one algorithm's states.
 
 use super::algorithm::{Algorithm, FixedWindow, Gcra, Grant, SlidingWindow, TurnBudget};
-use super::lines::Lines;
+use super::lines::{Lines, turn_for};
 use super::quota::{Algorithm as Kind, Quota};
 use crate::clock::{Nanos, Timeline, saturating_nanos};
 use crate::key::KeyHash;
@@ -44,8 +44,8 @@ pub(crate) struct Ask<'a> {
     pub(crate) max_wait: Nanos,
     /// Report what remains.
     pub(crate) info: bool,
-    /// The line to join if booked for later (none in a dry run, where
-    /// nobody waits).
+    /// The line to join (see [`turn_for`]); none in reject mode and in a
+    /// dry run, where nobody waits.
     pub(crate) line: Option<&'a Lines>,
 }
 
@@ -54,7 +54,7 @@ pub(crate) enum One {
     /// Refused: the time until it would admit.
     Refused { wait: Nanos },
     /// Booked; with the units left and the time until all are, when asked,
-    /// and the turn in the key's line when booked for later.
+    /// and the turn in the key's line when it joined one.
     Booked {
         grant: Grant,
         remaining: Option<(u32, Nanos)>,
@@ -81,12 +81,7 @@ fn admit_in<A: Algorithm>(
     } else {
         let grant = alg.book(state, now, at, ask.cost);
         let remaining = ask.info.then(|| alg.remaining(state, now));
-        // Joined while the key is held, so the line keeps booking order.
-        let turn = match ask.line {
-            Some(line) if at > now => Some(line.join(key)),
-            Some(line) => line.join_if_any(key),
-            None => None,
-        };
+        let turn = turn_for(ask.line, key, at, now, timeline);
         One::Booked {
             grant,
             remaining,
