@@ -420,3 +420,69 @@ async fn a_reset_key_admits_at_once_though_old_waiters_are_still_in_line() {
     assert_ready_ok!(newcomer.poll(), "waited behind a waiter not yet due");
     assert_pending!(waiter.poll());
 }
+
+/// An inner service whose readiness fails while `fail` is set.
+#[derive(Clone)]
+struct ReadyFails {
+    fail: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    inner: Inner,
+}
+
+impl Service<http::Request<()>> for ReadyFails {
+    type Response = http::Response<()>;
+    type Error = support::InnerFailed;
+    type Future = <Inner as Service<http::Request<()>>>::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return std::task::Poll::Ready(Err(support::InnerFailed));
+        }
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<()>) -> Self::Future {
+        self.inner.call(req)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_whose_service_fails_leaves_the_line_at_once() {
+    let inner = Inner::new();
+    let fail = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let service = ReadyFails {
+        fail: fail.clone(),
+        inner: inner.clone(),
+    };
+    let mut svc = RateLimitLayer::new(quota(Algorithm::FixedWindow, 2, SECOND), GlobalKey)
+        .with_max_wait(Duration::from_secs(10))
+        .layer(service);
+    for seq in 0..2 {
+        svc.ready()
+            .await
+            .unwrap()
+            .call(request("k", seq))
+            .await
+            .unwrap();
+    }
+    svc.ready().await.unwrap();
+    let mut first = task::spawn(svc.call(request("k", 2)));
+    svc.ready().await.unwrap();
+    let mut second = task::spawn(svc.call(request("k", 3)));
+    assert_pending!(first.poll());
+    assert_pending!(second.poll());
+    while !first.is_woken() {
+        time::advance(Duration::from_millis(1)).await;
+    }
+    fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    let err = assert_ready!(first.poll()).expect_err("the inner service failed");
+    assert!(err.is::<support::InnerFailed>(), "{err}");
+    fail.store(false, std::sync::atomic::Ordering::SeqCst);
+    // The failed one, still held, is out of the line: the next goes at once.
+    assert_ready_ok!(second.poll());
+    // Polled again, the failed one does not send its request.
+    assert!(assert_ready!(first.poll()).is_err());
+    assert_eq!(inner.record.order(), vec![0, 1, 3]);
+}

@@ -169,6 +169,11 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
     /// Wait mode: a request over the limit waits for its turn, in arrival
     /// order per key, if that turn comes within `max_wait`; otherwise it is
     /// refused at once (the wait is known on arrival). Zero means reject mode.
+    ///
+    /// Waiters reach the inner service in arrival order even when due at
+    /// one instant, and a request that could go at once does not pass due
+    /// waiters. A due waiter gives way to those ahead of it for at most
+    /// 20 ms: poll the response futures you keep, or drop them.
     pub fn with_max_wait(mut self, max_wait: Duration) -> Self {
         self.shared.max_wait = saturating_nanos(max_wait);
         self

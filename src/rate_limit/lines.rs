@@ -160,6 +160,11 @@ impl Lines {
                 .find_map(|(_, place)| place.waker.take());
             if line.is_empty() {
                 queues.keys.remove(&key.0);
+                // Memory back after a flood of waiting keys.
+                let len = queues.keys.len();
+                if queues.keys.capacity() > 4 * len.max(16) {
+                    queues.keys.shrink_to(2 * len);
+                }
             }
             next
         };
