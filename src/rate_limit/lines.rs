@@ -255,6 +255,38 @@ mod tests {
         assert_eq!(lines.check(key, later, &waker), None);
     }
 
+    #[test]
+    fn lines_empty_out_when_threads_join_and_leave_at_once() {
+        // No runtime: tokio's clock is the operating system's here.
+        let lines = Arc::new(Lines::default());
+        let due = Instant::now();
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let lines = lines.clone();
+                std::thread::spawn(move || {
+                    let waker = Waker::from(Arc::new(Count::default()));
+                    for i in 0..2_000u64 {
+                        // Eight keys shared by all threads, over two shards.
+                        let key = KeyHash((i % 8) << 40 | t);
+                        let turn = lines.join(key, due);
+                        let _ = lines.check(key, turn, &waker);
+                        lines.leave(key, turn);
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().expect("no panic");
+        }
+        assert_eq!(lines.keys(), 0);
+        assert!(
+            lines
+                .shards
+                .iter()
+                .all(|s| s.waiting.load(Ordering::SeqCst) == 0)
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_request_that_can_go_joins_only_behind_due_waiters() {
         let lines = Lines::default();
