@@ -329,7 +329,7 @@ impl Timeline {
 
     /// Now, in nanoseconds since the origin. A clock that reads earlier than
     /// the origin reads as the origin.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn now(&self) -> Nanos {
         match &self.clock {
             // The counter's difference from its origin, without instant
