@@ -311,7 +311,10 @@ async fn waiters_due_at_one_instant_reach_the_service_in_arrival_order() {
         }
         let [mut first, mut second, third] = <[_; 3]>::try_from(waiters).ok().unwrap();
         // To the next window's first instant, where all three are due.
-        while !first.is_woken() {
+        for _ in 0..2_000 {
+            if first.is_woken() {
+                break;
+            }
             time::advance(Duration::from_millis(1)).await;
         }
         assert!(second.is_woken() && third.is_woken());
@@ -350,9 +353,13 @@ async fn a_newcomer_does_not_pass_a_waiter_whose_instant_has_come() {
     assert_pending!(waiter.poll());
     // The next window opens with room for two: the waiter's instant has
     // come, but its task has not run yet when a newcomer arrives.
-    while !waiter.is_woken() {
+    for _ in 0..2_000 {
+        if waiter.is_woken() {
+            break;
+        }
         time::advance(Duration::from_millis(1)).await;
     }
+    assert!(waiter.is_woken(), "its instant never came");
     svc.ready().await.unwrap();
     let mut newcomer = task::spawn(svc.call(request("k", 3)));
     assert_pending!(newcomer.poll(), "the newcomer passed the waiter");
@@ -473,9 +480,13 @@ async fn a_waiter_whose_service_fails_leaves_the_line_at_once() {
     let mut second = task::spawn(svc.call(request("k", 3)));
     assert_pending!(first.poll());
     assert_pending!(second.poll());
-    while !first.is_woken() {
+    for _ in 0..2_000 {
+        if first.is_woken() {
+            break;
+        }
         time::advance(Duration::from_millis(1)).await;
     }
+    assert!(first.is_woken(), "its instant never came");
     fail.store(true, std::sync::atomic::Ordering::SeqCst);
     let err = assert_ready!(first.poll()).expect_err("the inner service failed");
     assert!(err.is::<support::InnerFailed>(), "{err}");
@@ -485,4 +496,45 @@ async fn a_waiter_whose_service_fails_leaves_the_line_at_once() {
     // Polled again, the failed one does not send its request.
     assert!(assert_ready!(first.poll()).is_err());
     assert_eq!(inner.record.order(), vec![0, 1, 3]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn behind_a_waiter_never_polled_the_others_still_go_in_order() {
+    let inner = Inner::new();
+    let mut svc = RateLimitLayer::new(quota(Algorithm::FixedWindow, 3, SECOND), GlobalKey)
+        .with_max_wait(Duration::from_secs(10))
+        .layer(inner.clone());
+    for seq in 0..3 {
+        svc.ready()
+            .await
+            .unwrap()
+            .call(request("k", seq))
+            .await
+            .unwrap();
+    }
+    let mut waiters = Vec::new();
+    for seq in 3..6 {
+        svc.ready().await.unwrap();
+        waiters.push(task::spawn(svc.call(request("k", seq))));
+    }
+    let [stuck, mut first, mut second] = <[_; 3]>::try_from(waiters).ok().unwrap();
+    assert_pending!(first.poll());
+    assert_pending!(second.poll());
+    let mut steps = 0;
+    while !first.is_woken() {
+        assert!(steps < 2_000, "the window never opened");
+        time::advance(Duration::from_millis(1)).await;
+        steps += 1;
+    }
+    // All three are due; `stuck` is never polled. Both others give way to
+    // it for its grace, then wake together: the later one must still let
+    // the earlier go first.
+    assert_pending!(first.poll());
+    assert_pending!(second.poll());
+    time::advance(Duration::from_millis(25)).await;
+    assert_pending!(second.poll(), "went before the earlier waiter");
+    assert_ready_ok!(first.poll());
+    assert_ready_ok!(second.poll());
+    assert_eq!(inner.record.order(), vec![0, 1, 2, 4, 5]);
+    drop(stuck);
 }

@@ -207,6 +207,7 @@ impl<Fut, S, R, A, H> ResponseFuture<Fut, S, R, A, H> {
 
     pub(crate) fn waiting(
         until: Instant,
+        due: bool,
         inner: S,
         req: R,
         booking: Booking,
@@ -218,7 +219,7 @@ impl<Fut, S, R, A, H> ResponseFuture<Fut, S, R, A, H> {
                     sleep: tokio::time::sleep_until(until),
                     // Due already (in line behind due waiters): no timer,
                     // which would round up to its next millisecond.
-                    due: until <= Instant::now(),
+                    due,
                     inner,
                     req: Some(req),
                     booking,

@@ -172,8 +172,9 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
     ///
     /// Waiters reach the inner service in arrival order even when due at
     /// one instant, and a request that could go at once does not pass due
-    /// waiters. A due waiter gives way to those ahead of it for at most
-    /// 20 ms: poll the response futures you keep, or drop them.
+    /// waiters. A due waiter gives way for at most 20 ms to one ahead of it
+    /// that is not being polled: poll the response futures you keep, or
+    /// drop them.
     pub fn with_max_wait(mut self, max_wait: Duration) -> Self {
         self.shared.max_wait = saturating_nanos(max_wait);
         self

@@ -60,6 +60,8 @@ pub(crate) enum Decision {
         ticket: Box<Ticket>,
         info: Option<Box<RateLimitInfo>>,
         turn: u64,
+        /// It could have gone now but for the waiters ahead: no timer.
+        due: bool,
     },
     /// Refused; nothing consumed.
     Denied(Box<Denied>),
@@ -401,6 +403,7 @@ impl Limiter {
             ticket: ticket(grants),
             info,
             turn,
+            due: at == now,
         }
     }
 

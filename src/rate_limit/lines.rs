@@ -10,11 +10,13 @@
 //! could go at once while waiters of its key are due (their tasks have not
 //! run yet) joins the line too, rather than pass them.
 //!
-//! A waiter gives way to one ahead only for [`GRACE`] after that one's
-//! instant: long enough for the runtime to run a task it has woken, and a
-//! bound on what a response future that is kept but never polled (or a
-//! slow inner service) can cost the key's later requests. Past that, the
-//! one ahead is treated as gone.
+//! A waiter gives way to one ahead (due no later than itself) for [`GRACE`]
+//! after that one's instant: long enough for the runtime to run a task it
+//! has woken, and a bound on what a response future that is kept but never
+//! polled can cost the key's later requests. Past its grace, the one ahead
+//! still goes first if it is being polled (it left its waker when it found
+//! others ahead of it): it is woken and given [`HANDOVER`] to go. One that
+//! does not poll again in that time is treated as gone.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasherDefault;
@@ -31,6 +33,10 @@ use crate::store::PassThrough;
 
 /// How long a due waiter gives way to one booked ahead of it.
 pub(crate) const GRACE: Duration = Duration::from_millis(20);
+
+/// How long a waiter past its grace, but still polled, gets to go once
+/// woken by one behind it.
+pub(crate) const HANDOVER: Duration = Duration::from_millis(1);
 
 const SHARDS: usize = 16;
 
@@ -87,7 +93,7 @@ pub(crate) fn turn_for(
     if at > now {
         Some(line.join(key, timeline.instant(at)))
     } else {
-        line.join_if_due(key)
+        line.join_if_due(key, timeline.instant(now))
     }
 }
 
@@ -104,55 +110,77 @@ impl Lines {
         shard.enqueue(&mut queues, key, due)
     }
 
-    /// For a request that could go at once: join `key`'s line if a waiter
-    /// in it is due (and within its grace), else nothing. A waiter of the
+    /// For a request that could go `now` (on the limiter's clock): join
+    /// `key`'s line if a waiter in it is due, else nothing. A waiter of the
     /// key joined under the key's lock, which the caller holds, so it is
     /// counted by now.
     #[inline]
-    fn join_if_due(&self, key: KeyHash) -> Option<u64> {
+    fn join_if_due(&self, key: KeyHash, now: Instant) -> Option<u64> {
         let shard = self.shard(key);
         if shard.waiting.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        shard.join_if_due(key)
+        shard.join_if_due(key, now)
     }
 
-    /// Whether `turn` may go now: `None` when no waiter booked ahead of it is
-    /// due and within its grace; else the instant to look again at, and
-    /// `waker` is woken sooner if the waiters ahead leave.
+    /// Whether `turn` may go now: `None` when every waiter booked ahead of
+    /// it and due no later than it is past its grace and not being polled;
+    /// else the instant to look again at, and `waker` is woken sooner if
+    /// the waiters ahead leave. Waiters ahead past their grace but still
+    /// polled are woken to go first.
     pub(crate) fn check(&self, key: KeyHash, turn: u64, waker: &Waker) -> Option<Instant> {
-        let mut queues = self.shard(key).queues.lock();
-        let line = queues.keys.get_mut(&key.0)?;
-        let due = line.get(&turn)?.due;
-        let now = Instant::now();
-        let blocked = line
-            .range(..turn)
-            .map(|(_, ahead)| ahead.due + GRACE)
-            .max()?
-            // Nor past this one's own grace (waiters ahead with a later
-            // instant, after a reset).
-            .min(due + GRACE);
-        if blocked <= now {
-            return None;
-        }
-        if let Some(place) = line.get_mut(&turn) {
-            if !place.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
-                place.waker = Some(waker.clone());
+        let mut handed_over = Vec::new();
+        let mut replaced = None;
+        let blocked = {
+            let mut queues = self.shard(key).queues.lock();
+            let line = queues.keys.get_mut(&key.0)?;
+            let due = line.get(&turn)?.due;
+            let now = Instant::now();
+            let mut blocked: Option<Instant> = None;
+            for (_, ahead) in line.range_mut(..turn) {
+                let until = if ahead.due > due {
+                    // Due after this one (bookings after a reset): not ahead.
+                    continue;
+                } else if now < ahead.due + GRACE {
+                    ahead.due + GRACE
+                } else if let Some(its) = ahead.waker.take() {
+                    handed_over.push(its);
+                    now + HANDOVER
+                } else {
+                    // Past its grace and not polled since: gone.
+                    continue;
+                };
+                blocked = Some(blocked.map_or(until, |b| b.max(until)));
             }
+            if blocked.is_some() {
+                if let Some(place) = line.get_mut(&turn) {
+                    if !place.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+                        replaced = place.waker.replace(waker.clone());
+                    }
+                }
+            }
+            blocked
+        };
+        // Wakers are woken and dropped outside the lock: either may run
+        // code that comes back here.
+        drop(replaced);
+        for its in handed_over {
+            its.wake();
         }
-        Some(blocked)
+        blocked
     }
 
     /// Leave `key`'s line (gone to the inner service, or given up), and wake
     /// the first waiter behind that waits for others.
     pub(crate) fn leave(&self, key: KeyHash, turn: u64) {
         let shard = self.shard(key);
-        let next = {
+        let (next, _removed) = {
             let mut queues = shard.queues.lock();
             let Some(line) = queues.keys.get_mut(&key.0) else {
                 return;
             };
-            if line.remove(&turn).is_some() {
+            let removed = line.remove(&turn);
+            if removed.is_some() {
                 shard.waiting.fetch_sub(1, Ordering::Relaxed);
             }
             let next = line
@@ -166,9 +194,9 @@ impl Lines {
                     queues.keys.shrink_to(2 * len);
                 }
             }
-            next
+            (next, removed)
         };
-        // Woken outside the lock.
+        // Woken, and the removed place dropped, outside the lock.
         if let Some(next) = next {
             next.wake();
         }
@@ -192,14 +220,12 @@ impl Shard {
     }
 
     #[cold]
-    fn join_if_due(&self, key: KeyHash) -> Option<u64> {
+    fn join_if_due(&self, key: KeyHash, now: Instant) -> Option<u64> {
         let mut queues = self.queues.lock();
-        let now = Instant::now();
-        let due = queues
-            .keys
-            .get(&key.0)?
-            .values()
-            .any(|place| place.due <= now && now < place.due + GRACE);
+        let due =
+            queues.keys.get(&key.0)?.values().any(|place| {
+                place.due <= now && (now < place.due + GRACE || place.waker.is_some())
+            });
         due.then(|| self.enqueue(&mut queues, key, now))
     }
 }
@@ -266,8 +292,8 @@ mod tests {
                 std::thread::spawn(move || {
                     let waker = Waker::from(Arc::new(Count::default()));
                     for i in 0..2_000u64 {
-                        // Eight keys shared by all threads, over two shards.
-                        let key = KeyHash((i % 8) << 40 | t);
+                        // Eight keys shared by all threads, over eight shards.
+                        let key = KeyHash(((i + t) % 8) << 40);
                         let turn = lines.join(key, due);
                         let _ = lines.check(key, turn, &waker);
                         lines.leave(key, turn);
@@ -288,21 +314,61 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn past_its_grace_one_still_polled_goes_first() {
+        // `stuck` is never polled; `first` and `second` are due together
+        // after it. Once the stuck one's grace is over, `first` (polled, so
+        // it left its waker) still goes before `second`.
+        let lines = Lines::default();
+        let key = KeyHash(1);
+        let now = Instant::now();
+        let _stuck = lines.join(key, now);
+        let first = lines.join(key, now);
+        let second = lines.join(key, now);
+        let first_woken = Arc::new(Count::default());
+        let first_waker = Waker::from(first_woken.clone());
+        let waker = Waker::from(Arc::new(Count::default()));
+        assert_eq!(lines.check(key, first, &first_waker), Some(now + GRACE));
+        tokio::time::advance(GRACE).await;
+        let later = Instant::now();
+        assert_eq!(lines.check(key, second, &waker), Some(later + HANDOVER));
+        assert_eq!(first_woken.0.load(Ordering::SeqCst), 1, "handed over");
+        // `first` goes now; had it not polled again, `second` would go
+        // after the handover.
+        assert_eq!(lines.check(key, first, &first_waker), None);
+        tokio::time::advance(HANDOVER).await;
+        assert_eq!(lines.check(key, second, &waker), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_does_not_give_way_to_one_due_after_it() {
+        // After a reset, a new booking can come due before older waiters.
+        let lines = Lines::default();
+        let key = KeyHash(1);
+        let now = Instant::now();
+        let _old = lines.join(key, now + Duration::from_secs(10));
+        let new = lines.join(key, now);
+        let waker = Waker::from(Arc::new(Count::default()));
+        assert_eq!(lines.check(key, new, &waker), None);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_request_that_can_go_joins_only_behind_due_waiters() {
         let lines = Lines::default();
         let key = KeyHash(1);
         let now = Instant::now();
         let ahead = lines.join(key, now + Duration::from_secs(1));
         // Not yet due: the request goes.
-        assert_eq!(lines.join_if_due(key), None);
+        assert_eq!(lines.join_if_due(key, Instant::now()), None);
         tokio::time::advance(Duration::from_secs(1)).await;
-        let behind = lines.join_if_due(key).expect("joins behind a due waiter");
+        let behind = lines
+            .join_if_due(key, Instant::now())
+            .expect("joins behind a due waiter");
         let waker = Waker::from(Arc::new(Count::default()));
         assert!(lines.check(key, behind, &waker).is_some());
         lines.leave(key, ahead);
         assert_eq!(lines.check(key, behind, &waker), None);
         lines.leave(key, behind);
         assert_eq!(lines.keys(), 0);
-        assert_eq!(lines.join_if_due(KeyHash(7)), None);
+        assert_eq!(lines.join_if_due(KeyHash(7), Instant::now()), None);
     }
 }

@@ -197,6 +197,7 @@ where
                 ticket,
                 info,
                 turn,
+                due,
             } => {
                 // Owned at once, so that any way out gives its capacity and
                 // its place in the key's line back.
@@ -214,7 +215,7 @@ where
                 // service keeps a fresh clone, to be polled ready again.
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::waiting(until, inner, req, booking, after)
+                ResponseFuture::waiting(until, due, inner, req, booking, after)
             }
             Decision::Denied(denied) => {
                 let key = join_parts(&parts());
