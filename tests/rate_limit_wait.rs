@@ -10,7 +10,9 @@ use tokio_test::{assert_pending, assert_ready, assert_ready_ok, task};
 use tower::{Layer, Service, ServiceExt};
 use tower_throttle::error::RateLimited;
 use tower_throttle::key::{GlobalKey, HeaderKey};
-use tower_throttle::rate_limit::{Algorithm, Quota, RateLimitLayer};
+use tower_throttle::rate_limit::{
+    Algorithm, CountAll, NoAnnotation, OneUnit, Quota, RateLimit, RateLimitLayer,
+};
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -23,6 +25,45 @@ fn rolling_allowance(algorithm: Algorithm, limit: usize) -> usize {
         Algorithm::SlidingWindow => limit,
         _ => 2 * limit,
     }
+}
+
+/// Send requests `0..n` through `svc` and wait for each.
+async fn fill<S>(svc: &mut S, n: usize)
+where
+    S: Service<http::Request<()>>,
+    S::Error: std::fmt::Debug,
+{
+    for seq in 0..n {
+        svc.ready()
+            .await
+            .unwrap()
+            .call(request("k", seq))
+            .await
+            .unwrap();
+    }
+}
+
+/// Advance paused time a millisecond at a time until `waiter`'s task is
+/// woken (its instant came), for two seconds at most.
+async fn until_woken<T>(waiter: &task::Spawn<T>) {
+    for _ in 0..2_000 {
+        if waiter.is_woken() {
+            return;
+        }
+        time::advance(Duration::from_millis(1)).await;
+    }
+    assert!(waiter.is_woken(), "its instant never came");
+}
+
+/// `inner` behind a fixed window of `limit` per second on `GlobalKey`, in
+/// wait mode.
+fn fixed_window<S>(limit: u32, inner: S) -> RateLimit<S, GlobalKey, OneUnit, CountAll, NoAnnotation>
+where
+    S: Service<http::Request<()>>,
+{
+    RateLimitLayer::new(quota(Algorithm::FixedWindow, limit, SECOND), GlobalKey)
+        .with_max_wait(Duration::from_secs(10))
+        .layer(inner)
 }
 
 #[tokio::test(start_paused = true)]
@@ -294,14 +335,7 @@ async fn waiters_due_at_one_instant_reach_the_service_in_arrival_order() {
             layer = layer.with_quota(*extra);
         }
         let mut svc = layer.layer(inner.clone());
-        for seq in 0..3 {
-            svc.ready()
-                .await
-                .unwrap()
-                .call(request("k", seq))
-                .await
-                .unwrap();
-        }
+        fill(&mut svc, 3).await;
         let mut waiters = Vec::new();
         for seq in 3..6 {
             svc.ready().await.unwrap();
@@ -311,12 +345,7 @@ async fn waiters_due_at_one_instant_reach_the_service_in_arrival_order() {
         }
         let [mut first, mut second, third] = <[_; 3]>::try_from(waiters).ok().unwrap();
         // To the next window's first instant, where all three are due.
-        for _ in 0..2_000 {
-            if first.is_woken() {
-                break;
-            }
-            time::advance(Duration::from_millis(1)).await;
-        }
+        until_woken(&first).await;
         assert!(second.is_woken() && third.is_woken());
         assert_pending!(
             second.poll(),
@@ -337,29 +366,14 @@ async fn waiters_due_at_one_instant_reach_the_service_in_arrival_order() {
 #[tokio::test(start_paused = true)]
 async fn a_newcomer_does_not_pass_a_waiter_whose_instant_has_come() {
     let inner = Inner::new();
-    let mut svc = RateLimitLayer::new(quota(Algorithm::FixedWindow, 2, SECOND), GlobalKey)
-        .with_max_wait(Duration::from_secs(10))
-        .layer(inner.clone());
-    for seq in 0..2 {
-        svc.ready()
-            .await
-            .unwrap()
-            .call(request("k", seq))
-            .await
-            .unwrap();
-    }
+    let mut svc = fixed_window(2, inner.clone());
+    fill(&mut svc, 2).await;
     svc.ready().await.unwrap();
     let mut waiter = task::spawn(svc.call(request("k", 2)));
     assert_pending!(waiter.poll());
     // The next window opens with room for two: the waiter's instant has
     // come, but its task has not run yet when a newcomer arrives.
-    for _ in 0..2_000 {
-        if waiter.is_woken() {
-            break;
-        }
-        time::advance(Duration::from_millis(1)).await;
-    }
-    assert!(waiter.is_woken(), "its instant never came");
+    until_woken(&waiter).await;
     svc.ready().await.unwrap();
     let mut newcomer = task::spawn(svc.call(request("k", 3)));
     assert_pending!(newcomer.poll(), "the newcomer passed the waiter");
@@ -375,17 +389,8 @@ async fn a_waiter_never_polled_holds_up_the_next_for_a_moment_only() {
     // polled while the later one is awaited. The later one gives way for a
     // moment (so the runtime can run a task it woke), not for ever.
     let inner = Inner::new();
-    let mut svc = RateLimitLayer::new(quota(Algorithm::FixedWindow, 2, SECOND), GlobalKey)
-        .with_max_wait(Duration::from_secs(10))
-        .layer(inner.clone());
-    for seq in 0..2 {
-        svc.ready()
-            .await
-            .unwrap()
-            .call(request("k", seq))
-            .await
-            .unwrap();
-    }
+    let mut svc = fixed_window(2, inner.clone());
+    fill(&mut svc, 2).await;
     let started = Instant::now();
     svc.ready().await.unwrap();
     let first = svc.call(request("k", 2));
@@ -412,12 +417,7 @@ async fn a_reset_key_admits_at_once_though_old_waiters_are_still_in_line() {
     .with_max_wait(Duration::from_secs(60));
     let handle = layer.handle();
     let mut svc = layer.layer(inner.clone());
-    svc.ready()
-        .await
-        .unwrap()
-        .call(request("k", 0))
-        .await
-        .unwrap();
+    fill(&mut svc, 1).await;
     svc.ready().await.unwrap();
     let mut waiter = task::spawn(svc.call(request("k", 1)));
     assert_pending!(waiter.poll());
@@ -463,30 +463,15 @@ async fn a_waiter_whose_service_fails_leaves_the_line_at_once() {
         fail: fail.clone(),
         inner: inner.clone(),
     };
-    let mut svc = RateLimitLayer::new(quota(Algorithm::FixedWindow, 2, SECOND), GlobalKey)
-        .with_max_wait(Duration::from_secs(10))
-        .layer(service);
-    for seq in 0..2 {
-        svc.ready()
-            .await
-            .unwrap()
-            .call(request("k", seq))
-            .await
-            .unwrap();
-    }
+    let mut svc = fixed_window(2, service);
+    fill(&mut svc, 2).await;
     svc.ready().await.unwrap();
     let mut first = task::spawn(svc.call(request("k", 2)));
     svc.ready().await.unwrap();
     let mut second = task::spawn(svc.call(request("k", 3)));
     assert_pending!(first.poll());
     assert_pending!(second.poll());
-    for _ in 0..2_000 {
-        if first.is_woken() {
-            break;
-        }
-        time::advance(Duration::from_millis(1)).await;
-    }
-    assert!(first.is_woken(), "its instant never came");
+    until_woken(&first).await;
     fail.store(true, std::sync::atomic::Ordering::SeqCst);
     let err = assert_ready!(first.poll()).expect_err("the inner service failed");
     assert!(err.is::<support::InnerFailed>(), "{err}");
@@ -501,17 +486,8 @@ async fn a_waiter_whose_service_fails_leaves_the_line_at_once() {
 #[tokio::test(start_paused = true)]
 async fn behind_a_waiter_never_polled_the_others_still_go_in_order() {
     let inner = Inner::new();
-    let mut svc = RateLimitLayer::new(quota(Algorithm::FixedWindow, 3, SECOND), GlobalKey)
-        .with_max_wait(Duration::from_secs(10))
-        .layer(inner.clone());
-    for seq in 0..3 {
-        svc.ready()
-            .await
-            .unwrap()
-            .call(request("k", seq))
-            .await
-            .unwrap();
-    }
+    let mut svc = fixed_window(3, inner.clone());
+    fill(&mut svc, 3).await;
     let mut waiters = Vec::new();
     for seq in 3..6 {
         svc.ready().await.unwrap();
@@ -520,12 +496,7 @@ async fn behind_a_waiter_never_polled_the_others_still_go_in_order() {
     let [stuck, mut first, mut second] = <[_; 3]>::try_from(waiters).ok().unwrap();
     assert_pending!(first.poll());
     assert_pending!(second.poll());
-    let mut steps = 0;
-    while !first.is_woken() {
-        assert!(steps < 2_000, "the window never opened");
-        time::advance(Duration::from_millis(1)).await;
-        steps += 1;
-    }
+    until_woken(&first).await;
     // All three are due; `stuck` is never polled. Both others give way to
     // it for its grace, then wake together: the later one must still let
     // the earlier go first.

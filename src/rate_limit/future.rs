@@ -269,10 +269,10 @@ where
                         continue;
                     }
                     if let Err(error) = ready!(waiting.inner.poll_ready(cx)) {
-                        // The request never went: its booking is cancelled
-                        // now, not to hold up the waiters behind it until
-                        // dropped, and there is nothing left to refund.
-                        waiting.booking.give_up();
+                        // The request never went: nothing to refund, and
+                        // ending the future drops its booking now (capacity
+                        // and place in line given back), not to hold up the
+                        // waiters behind it until the future is dropped.
                         waiting.after.refund = None;
                         let outcome = waiting.after.settle(Err(error));
                         self.as_mut()
