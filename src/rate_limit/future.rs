@@ -198,6 +198,14 @@ impl<Fut, S, R, A, H> State<Fut, S, R, A, H> {
 }
 
 impl<Fut, S, R, A, H> ResponseFuture<Fut, S, R, A, H> {
+    /// Admitted, with nothing to do with the outcome.
+    #[inline]
+    pub(crate) fn go(future: Fut) -> Self {
+        Self {
+            state: State::Called { future },
+        }
+    }
+
     #[inline]
     pub(crate) fn called(future: Fut, after: After<A, H>) -> Self {
         Self {
@@ -246,7 +254,30 @@ where
 {
     type Output = Result<S::Response, BoxError>;
 
+    #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // The common state is polled here; the others out of line, so that
+        // this stays small enough to inline into the caller.
+        if let StateProj::Called { future } = self.as_mut().project().state.project() {
+            return future.poll(cx).map_err(Into::into);
+        }
+        self.poll_other(cx)
+    }
+}
+
+impl<Fut, S, R, A, H> ResponseFuture<Fut, S, R, A, H>
+where
+    S: Service<R, Future = Fut>,
+    Fut: Future<Output = Result<S::Response, S::Error>>,
+    S::Error: Into<BoxError>,
+    A: Counts<S::Response, S::Error>,
+    H: Annotate<S::Response>,
+{
+    #[inline(never)]
+    fn poll_other(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<S::Response, BoxError>> {
         loop {
             match self.as_mut().project().state.project() {
                 StateProj::Called { future } => return future.poll(cx).map_err(Into::into),

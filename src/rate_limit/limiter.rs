@@ -47,6 +47,8 @@ pub(crate) struct Want {
 /// boxed, so the common decision is small to return.
 #[derive(Debug)]
 pub(crate) enum Decision {
+    /// Go now, with nothing to hand back: the common case.
+    Go,
     /// Go now. No ticket when nothing was booked (no quota, or a dry run
     /// that would have refused), or when the caller did not want one.
     Now {
@@ -120,15 +122,18 @@ const CLOCK_SLACK: Nanos = 1_000_000_000;
 enum Verdict {
     /// Refused: the longest wait, and which quota needed it.
     Refused { wait: Nanos, slowest: usize },
-    /// Booked at `at` in every quota; with what remains of the tightest
-    /// (units, time to whole, quota index) when asked, and the turn in the
-    /// key's line when it joined one.
-    Booked {
-        at: Nanos,
-        grants: SmallVec<[Grant; 2]>,
-        remaining: Option<(u32, Nanos, usize)>,
-        turn: Option<u64>,
-    },
+    /// Booked in every quota.
+    Booked(Booked),
+}
+
+/// Booked at `at` in every quota; with what remains of the tightest (units,
+/// time to whole, quota index) when asked, and the turn in the key's line
+/// when it joined one.
+struct Booked {
+    at: Nanos,
+    grants: SmallVec<[Grant; 2]>,
+    remaining: Option<(u32, Nanos, usize)>,
+    turn: Option<u64>,
 }
 
 /// Decide on held quota states: the earliest instant all admit, booked if
@@ -179,12 +184,12 @@ fn judge(
         tightest
     });
     let turn = turn_for(line, key, at, now, timeline);
-    Verdict::Booked {
+    Verdict::Booked(Booked {
         at,
         grants,
         remaining,
         turn,
-    }
+    })
 }
 
 pub(crate) struct Limiter {
@@ -300,10 +305,7 @@ impl Limiter {
         if rule.tables.is_empty() {
             // No quota: unlimited.
             self.stats.record(key, Event::Admitted, &text);
-            return Decision::Now {
-                ticket: None,
-                info: None,
-            };
+            return Decision::Go;
         }
         if cost > rule.capacity {
             self.stats.record(key, Event::Rejected, &text);
@@ -329,11 +331,9 @@ impl Limiter {
         // later reading of the clock, mistake it for a clock that ran
         // backwards, and reset the key. (With rules, the rule lookup reads
         // it once more before, only to date the key's rule.)
-        let (at, grants, remaining, turn, now) = match rule.tables.as_slice() {
+        match rule.tables.as_slice() {
             [table] => match table.admit(key, &self.timeline, ask) {
-                (One::Refused { wait }, now) => {
-                    return self.refused(rule, key, now, wait, 0, &text);
-                }
+                (One::Refused { wait }, now) => self.refused(rule, key, now, wait, 0, &text),
                 (
                     One::Booked {
                         grant,
@@ -345,32 +345,53 @@ impl Limiter {
                     if grant.at == now && turn.is_none() && !want.ticket && remaining.is_none() {
                         // The common case, with nothing to hand back.
                         self.stats.record(key, Event::Admitted, &text);
-                        return Decision::Now {
-                            ticket: None,
-                            info: None,
-                        };
+                        return Decision::Go;
                     }
                     let mut grants = SmallVec::new();
                     grants.push(grant);
                     let remaining = remaining.map(|(n, reset)| (n, reset, 0));
-                    (grant.at, grants, remaining, turn, now)
-                }
-            },
-            tables => match self.judge_all(tables, key, ask) {
-                (
-                    Verdict::Booked {
-                        at,
+                    let booked = Booked {
+                        at: grant.at,
                         grants,
                         remaining,
                         turn,
-                    },
-                    now,
-                ) => (at, grants, remaining, turn, now),
-                (Verdict::Refused { wait, slowest }, now) => {
-                    return self.refused(rule, key, now, wait, slowest, &text);
+                    };
+                    self.booked(policy, index, key, booked, now, want, &text)
                 }
             },
-        };
+            tables => match self.judge_all(tables, key, ask) {
+                (Verdict::Booked(booked), now) => {
+                    self.booked(policy, index, key, booked, now, want, &text)
+                }
+                (Verdict::Refused { wait, slowest }, now) => {
+                    self.refused(rule, key, now, wait, slowest, &text)
+                }
+            },
+        }
+    }
+
+    /// A booking with something to hand back: a ticket, what remains, or a
+    /// turn in the key's line. Out of line, so that the common admission
+    /// stays small.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn booked(
+        &self,
+        policy: &Policy,
+        index: usize,
+        key: KeyHash,
+        booked: Booked,
+        now: Nanos,
+        want: Want,
+        text: &dyn Fn() -> String,
+    ) -> Decision {
+        let Booked {
+            at,
+            grants,
+            remaining,
+            turn,
+        } = booked;
+        let rule = &policy.compiled[index];
         let info = remaining.map(|(remaining, reset, i)| {
             Box::new(RateLimitInfo {
                 policy: rule.name.clone(),
@@ -390,14 +411,14 @@ impl Limiter {
         // Not in a line: go now. (A request in a line waits for the waiters
         // ahead, even when its instant is now.)
         let Some(turn) = turn else {
-            self.stats.record(key, Event::Admitted, &text);
+            self.stats.record(key, Event::Admitted, text);
             return Decision::Now {
                 ticket: want.ticket.then(|| ticket(grants)),
                 info,
             };
         };
         self.timeline.check_paused_time(now);
-        self.stats.record(key, Event::Queued, &text);
+        self.stats.record(key, Event::Queued, text);
         Decision::Later {
             until: self.timeline.instant(at),
             ticket: ticket(grants),
@@ -439,10 +460,7 @@ impl Limiter {
             self.stats.record(key, Event::WouldReject, text);
             self.stats.record(key, Event::Admitted, text);
             tracing::debug!(key = %text(), ?retry_after, "rate limit (dry run): would refuse");
-            return Decision::Now {
-                ticket: None,
-                info: None,
-            };
+            return Decision::Go;
         }
         self.stats.record(key, Event::Rejected, text);
         Decision::Denied(Box::new(Denied {

@@ -1,4 +1,5 @@
 use std::fmt;
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -156,7 +157,7 @@ where
         let shared = &*self.shared;
         if !shared.limiter.is_enabled() {
             // Switched off: not even the key is looked at.
-            return ResponseFuture::called(self.inner.call(req), After::nothing());
+            return ResponseFuture::go(self.inner.call(req));
         }
         let key = match shared.limiter.seed().hash(&*shared.extractor, &req) {
             Ok(key) => key,
@@ -166,6 +167,48 @@ where
             },
         };
         let cost = shared.cost.cost(&req);
+        let want = Want {
+            ticket: !shared.counts.always(),
+            info: shared.annotate.wanted(),
+        };
+        shared.limiter.refresh(&mut self.policy);
+        // Not dropped by hand: `Go` holds nothing, and the others are moved
+        // out; the drop glue of the whole enum was a call on every request.
+        let decision = ManuallyDrop::new(shared.limiter.acquire(
+            &self.policy,
+            key,
+            cost,
+            shared.max_wait,
+            &|| shared.key_parts(&req),
+            want,
+        ));
+        match *decision {
+            // The common case inline; the rest out of line, so that this
+            // stays small.
+            Decision::Go => ResponseFuture::go(self.inner.call(req)),
+            _ => self.decided(ManuallyDrop::into_inner(decision), key, cost, req),
+        }
+    }
+}
+
+impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
+    /// Everything but a plain admission: a ticket or a note to keep, a wait,
+    /// a refusal.
+    #[inline(never)]
+    fn decided<R>(
+        &mut self,
+        decision: Decision,
+        key: KeyHash,
+        cost: u32,
+        req: R,
+    ) -> ResponseFuture<S::Future, S, R, A, H>
+    where
+        S: Service<R> + Clone,
+        X: KeyExtractor<R>,
+        A: Counts<S::Response, S::Error>,
+        H: Annotate<S::Response>,
+    {
+        let shared = &*self.shared;
         let parts = || shared.key_parts(&req);
         let refund = |ticket| {
             (!shared.counts.always()).then(|| Refund {
@@ -174,17 +217,10 @@ where
                 counts: shared.counts.clone(),
             })
         };
-        let want = Want {
-            ticket: !shared.counts.always(),
-            info: shared.annotate.wanted(),
-        };
         let note =
             |info: Option<Box<RateLimitInfo>>| info.map(|info| (shared.annotate.clone(), *info));
-        shared.limiter.refresh(&mut self.policy);
-        match shared
-            .limiter
-            .acquire(&self.policy, key, cost, shared.max_wait, &parts, want)
-        {
+        match decision {
+            Decision::Go => ResponseFuture::go(self.inner.call(req)),
             Decision::Now { ticket, info } => {
                 let after = After {
                     refund: ticket.and_then(refund),
