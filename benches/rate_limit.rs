@@ -145,6 +145,75 @@ impl tower_governor::key_extractor::KeyExtractor for HeaderValueKey {
 
 // ---------------------------------------------------------------- 1 + 2: hot key
 
+fn ours_global() -> impl Service<Request<()>, Response = HttpResponse> + Clone {
+    RateLimitLayer::new(ours_hot_quota(), GlobalKey).layer(http_inner())
+}
+
+fn tower_governor_header() -> impl Service<Request<()>, Response = HttpResponse> + Clone {
+    let config = GovernorConfigBuilder::default()
+        .key_extractor(HeaderValueKey)
+        .per_nanosecond(1)
+        .burst_size(u32::MAX)
+        .finish()
+        .unwrap();
+    tower_governor::GovernorLayer::new(config).layer(http_inner())
+}
+
+fn floor(key: FloorKey) -> impl Service<Request<()>, Response = HttpResponse> + Clone {
+    Floor::new(http_inner(), key, 1, u64::from(u32::MAX))
+}
+
+/// `n` requests through one contender, out of line so that valgrind can
+/// count its instructions alone (see [`instruction_loop`]).
+#[inline(never)]
+fn request_loop<S: Service<Request<()>>>(svc: &mut S, req: &Request<()>, n: u64) -> usize {
+    (0..n).filter(|_| drive(svc, req.clone()).is_ok()).count()
+}
+
+/// As [`request_loop`], for governor's `check_key` called directly.
+#[inline(never)]
+fn check_key_loop(n: u64) -> usize {
+    let limiter = RateLimiter::keyed(gov_hot_quota());
+    let key = API_KEY.to_string();
+    (0..n)
+        .filter(|_| black_box(limiter.check_key(black_box(&key)).is_ok()))
+        .count()
+}
+
+/// `TT_LOOP=<contender>` (and `TT_LOOP_N`, default 100,000): run only that
+/// hot-key contender's requests, in `request_loop`, for an instruction count
+/// that does not depend on the machine's noise:
+///
+/// ```text
+/// TT_LOOP=ours_header valgrind --tool=callgrind --collect-atstart=no \
+///     --toggle-collect='rate_limit::request_loop*' target/release/deps/rate_limit-<hash>
+/// ```
+///
+/// (`rate_limit::check_key_loop*` for `governor_check_key_string`.) Divide
+/// the collected count by the number of requests.
+fn instruction_loop(which: &str) {
+    let n = std::env::var("TT_LOOP_N")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(100_000);
+    let req = hot_request();
+    let admitted = match which {
+        "bare_inner" => request_loop(&mut http_inner(), &req, n),
+        "ours_global" => request_loop(&mut ours_global(), &req, n),
+        "ours_header" => {
+            let layer = RateLimitLayer::new(ours_hot_quota(), HeaderKey::from_name(HEADER));
+            request_loop(&mut layer.layer(http_inner()), &req, n)
+        }
+        "tower_governor_header" => request_loop(&mut tower_governor_header(), &req, n),
+        "floor_global" => request_loop(&mut floor(FloorKey::Global), &req, n),
+        "floor_header" => request_loop(&mut floor(FloorKey::Header(HEADER)), &req, n),
+        "governor_check_key_string" => check_key_loop(n),
+        other => panic!("TT_LOOP: no hot-key contender named {other:?}"),
+    };
+    assert_eq!(admitted as u64, n, "every request is admitted");
+    println!("{which}: {n} requests");
+}
+
 fn hot_key(c: &mut Criterion) {
     let mut g = c.benchmark_group("hot_key");
     let req = hot_request();
@@ -156,8 +225,8 @@ fn hot_key(c: &mut Criterion) {
         });
     }
     {
-        let mut svc = RateLimitLayer::new(ours_hot_quota(), GlobalKey).layer(http_inner());
-        drive(&mut svc, req.clone()).expect("ours admits");
+        let mut svc = ours_global();
+        assert!(drive(&mut svc, req.clone()).is_ok(), "ours admits");
         g.bench_function("ours_global", |b| {
             b.iter(|| black_box(drive(&mut svc, req.clone()).is_ok()))
         });
@@ -176,14 +245,10 @@ fn hot_key(c: &mut Criterion) {
         assert_eq!(layer.key_count(), 1);
     }
     {
-        let config = GovernorConfigBuilder::default()
-            .key_extractor(HeaderValueKey)
-            .per_nanosecond(1)
-            .burst_size(u32::MAX)
-            .finish()
-            .unwrap();
-        let mut svc = tower_governor::GovernorLayer::new(config).layer(http_inner());
-        let first = drive(&mut svc, req.clone()).unwrap();
+        let mut svc = tower_governor_header();
+        let first = drive(&mut svc, req.clone())
+            .ok()
+            .expect("tower_governor admits");
         assert_eq!(
             first.status(),
             http::StatusCode::OK,
@@ -195,7 +260,9 @@ fn hot_key(c: &mut Criterion) {
         g.bench_function("tower_governor_header_clone_per_request", |b| {
             b.iter(|| black_box(drive(&mut svc.clone(), req.clone()).is_ok()))
         });
-        let last = drive(&mut svc, req.clone()).unwrap();
+        let last = drive(&mut svc, req.clone())
+            .ok()
+            .expect("tower_governor admits");
         assert_eq!(
             last.status(),
             http::StatusCode::OK,
@@ -222,8 +289,8 @@ fn hot_key(c: &mut Criterion) {
         ("floor_global", FloorKey::Global),
         ("floor_header", FloorKey::Header(HEADER)),
     ] {
-        let mut svc = Floor::new(http_inner(), key, 1, u64::from(u32::MAX));
-        drive(&mut svc, req.clone()).expect("the floor admits");
+        let mut svc = floor(key);
+        assert!(drive(&mut svc, req.clone()).is_ok(), "the floor admits");
         g.bench_function(name, |b| {
             b.iter(|| black_box(drive(&mut svc, req.clone()).is_ok()))
         });
@@ -599,6 +666,10 @@ fn memory_report() {
 // ---------------------------------------------------------------- main
 
 fn main() {
+    if let Ok(which) = std::env::var("TT_LOOP") {
+        instruction_loop(&which);
+        return;
+    }
     if let Ok(which) = std::env::var(PROBE_ENV) {
         let n = std::env::var(KEYS_ENV)
             .ok()

@@ -64,6 +64,14 @@ impl fmt::Debug for KeyBuilder<'_> {
     }
 }
 
+/// The text of a part, only wanted for rules, errors and logs: out of line,
+/// so that the hashing around it stays small enough to inline.
+#[cold]
+#[inline(never)]
+fn push_text(text: &mut Vec<String>, bytes: &[u8]) {
+    text.push(String::from_utf8_lossy(bytes).into_owned());
+}
+
 impl<'a> KeyBuilder<'a> {
     #[inline]
     fn new(seed: &KeySeed, text: Option<&'a mut Vec<String>>) -> Self {
@@ -81,7 +89,7 @@ impl<'a> KeyBuilder<'a> {
         self.hasher.write_usize(bytes.len());
         self.hasher.write(bytes);
         if let Some(text) = self.text.as_deref_mut() {
-            text.push(String::from_utf8_lossy(bytes).into_owned());
+            push_text(text, bytes);
         }
         self.parts += 1;
     }
