@@ -181,8 +181,10 @@ fn check_key_loop(n: u64) -> usize {
 }
 
 /// `TT_LOOP=<contender>` (and `TT_LOOP_N`, default 100,000): run only that
-/// hot-key contender's requests, in `request_loop`, for an instruction count
-/// that does not depend on the machine's noise:
+/// hot-key contender's requests, in `request_loop`, and print the time per
+/// request. Many such runs, interleaved, give steadier medians on a noisy
+/// machine than criterion's few seconds per contender; under valgrind they
+/// give an instruction count that does not depend on the noise at all:
 ///
 /// ```text
 /// TT_LOOP=ours_header valgrind --tool=callgrind --collect-atstart=no \
@@ -197,6 +199,7 @@ fn instruction_loop(which: &str) {
         .and_then(|n| n.parse().ok())
         .unwrap_or(100_000);
     let req = hot_request();
+    let start = Instant::now();
     let admitted = match which {
         "bare_inner" => request_loop(&mut http_inner(), &req, n),
         "ours_global" => request_loop(&mut ours_global(), &req, n),
@@ -210,8 +213,9 @@ fn instruction_loop(which: &str) {
         "governor_check_key_string" => check_key_loop(n),
         other => panic!("TT_LOOP: no hot-key contender named {other:?}"),
     };
+    let per_request = start.elapsed().as_secs_f64() * 1e9 / n as f64;
     assert_eq!(admitted as u64, n, "every request is admitted");
-    println!("{which}: {n} requests");
+    println!("{which}: {n} requests, {per_request:.1} ns each");
 }
 
 fn hot_key(c: &mut Criterion) {
