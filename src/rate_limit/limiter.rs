@@ -47,10 +47,11 @@ pub(crate) struct Want {
 /// boxed, so the common decision is small to return.
 #[derive(Debug)]
 pub(crate) enum Decision {
-    /// Go now, with nothing to hand back: the common case.
+    /// Go now, with nothing to hand back: the common case (also a key with
+    /// no quota, and a dry run that would have refused).
     Go,
-    /// Go now. No ticket when nothing was booked (no quota, or a dry run
-    /// that would have refused), or when the caller did not want one.
+    /// Go now, with a ticket (when the caller wants one) or what remains
+    /// (when it asked).
     Now {
         ticket: Option<Box<Ticket>>,
         info: Option<Box<RateLimitInfo>>,

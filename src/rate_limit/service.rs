@@ -172,8 +172,9 @@ where
             info: shared.annotate.wanted(),
         };
         shared.limiter.refresh(&mut self.policy);
-        // Not dropped by hand: `Go` holds nothing, and the others are moved
-        // out; the drop glue of the whole enum was a call on every request.
+        // Never dropped whole: `Go` holds nothing and every other decision
+        // moves into `decided`. (The enum's drop glue was a call on every
+        // request.)
         let decision = ManuallyDrop::new(shared.limiter.acquire(
             &self.policy,
             key,
