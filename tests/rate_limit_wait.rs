@@ -13,6 +13,7 @@ use tower_throttle::key::{GlobalKey, HeaderKey};
 use tower_throttle::rate_limit::{
     Algorithm, CountAll, NoAnnotation, OneUnit, Quota, RateLimit, RateLimitLayer,
 };
+use tower_throttle::respond::RateLimitHeaders;
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -479,7 +480,11 @@ async fn a_waiter_whose_service_fails_leaves_the_line_at_once() {
     // The failed one, still held, is out of the line: the next goes at once.
     assert_ready_ok!(second.poll());
     // Polled again, the failed one does not send its request.
-    assert!(assert_ready!(first.poll()).is_err());
+    let again = assert_ready!(first.poll()).expect_err("polled after completion");
+    assert!(
+        again.to_string().contains("polled after completion"),
+        "{again}"
+    );
     assert_eq!(inner.record.order(), vec![0, 1, 3]);
 }
 
@@ -508,4 +513,62 @@ async fn behind_a_waiter_never_polled_the_others_still_go_in_order() {
     assert_ready_ok!(second.poll());
     assert_eq!(inner.record.order(), vec![0, 1, 2, 4, 5]);
     drop(stuck);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_is_annotated_and_refunded_as_one_that_went_at_once() {
+    // Response headers: a waiter's response says what remains when it goes,
+    // as an immediate one's does (with one quota, and with several).
+    let per_second = quota(Algorithm::TokenBucket, 1, SECOND);
+    let per_minute = quota(Algorithm::TokenBucket, 10, Duration::from_secs(60));
+    for quotas in [vec![per_second], vec![per_second, per_minute]] {
+        let mut svc = RateLimitLayer::with_quotas(quotas, GlobalKey)
+            .with_max_wait(Duration::from_secs(5))
+            .with_response_headers(RateLimitHeaders::ietf())
+            .layer(Inner::new());
+        fill(&mut svc, 1).await;
+        svc.ready().await.unwrap();
+        let mut waiter = task::spawn(svc.call(request("k", 1)));
+        assert_pending!(waiter.poll());
+        time::advance(SECOND).await;
+        let response = assert_ready_ok!(waiter.poll());
+        let remaining = response.headers().get("ratelimit").expect("annotated");
+        assert_eq!(remaining, r#""(default)";r=0;t=1"#);
+    }
+
+    // A classifier: a waiter whose outcome does not count gives its slot
+    // back once it has gone, so the next request goes at once.
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = calls.clone();
+    // The first call succeeds, every later one fails.
+    let inner = tower::service_fn(move |_req: http::Request<()>| {
+        let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        std::future::ready(match n {
+            0 => Ok(http::Response::new(())),
+            _ => Err(support::InnerFailed),
+        })
+    });
+    let mut svc = RateLimitLayer::new(quota(Algorithm::TokenBucket, 1, SECOND), GlobalKey)
+        .with_max_wait(Duration::from_secs(5))
+        .count_only(|outcome: &Result<http::Response<()>, support::InnerFailed>| outcome.is_ok())
+        .layer(inner);
+    svc.ready()
+        .await
+        .unwrap()
+        .call(request("k", 0))
+        .await
+        .unwrap();
+    svc.ready().await.unwrap();
+    let mut waiter = task::spawn(svc.call(request("k", 1)));
+    assert_pending!(waiter.poll());
+    time::advance(SECOND).await;
+    let err = assert_ready!(waiter.poll()).expect_err("the inner service failed");
+    assert!(err.is::<support::InnerFailed>(), "{err}");
+    svc.ready().await.unwrap();
+    let mut next = task::spawn(svc.call(request("k", 2)));
+    assert!(
+        assert_ready!(next.poll()).is_err(),
+        "waited: the failed waiter kept its slot"
+    );
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
 }

@@ -64,8 +64,9 @@ impl fmt::Debug for KeyBuilder<'_> {
     }
 }
 
-/// The text of a part, only wanted for rules, errors and logs: out of line,
-/// so that the hashing around it stays small enough to inline.
+/// The text of a part, only wanted for rules, per-key statistics, errors and
+/// logs: out of line, so that the hashing around it stays small enough to
+/// inline.
 #[cold]
 #[inline(never)]
 fn push_text(text: &mut Vec<String>, bytes: &[u8]) {

@@ -273,6 +273,8 @@ where
     A: Counts<S::Response, S::Error>,
     H: Annotate<S::Response>,
 {
+    /// Every state but a plain `Called` one, which is reached here too
+    /// once a wait is over.
     #[inline(never)]
     fn poll_other(
         mut self: Pin<&mut Self>,

@@ -50,8 +50,8 @@ pub(crate) enum Decision {
     /// Go now, with nothing to hand back: the common case (also a key with
     /// no quota, and a dry run that would have refused).
     Go,
-    /// Go now, with a ticket (when the caller wants one) or what remains
-    /// (when it asked).
+    /// Go now, with a ticket (when the caller wants one), what remains (when
+    /// it asked), or both.
     Now {
         ticket: Option<Box<Ticket>>,
         info: Option<Box<RateLimitInfo>>,
@@ -87,7 +87,8 @@ pub(crate) struct Denied {
 pub struct RateLimitInfo {
     /// The rule whose quotas apply (`(default)` for the default quotas).
     pub policy: Arc<str>,
-    /// The quota with the least left; none when the key is unlimited.
+    /// The quota with the least left. (An unlimited key's responses carry no
+    /// `RateLimitInfo` at all.)
     pub quota: Option<Quota>,
     /// Units left now.
     pub remaining: u32,
@@ -173,11 +174,12 @@ fn judge(
     for h in held.iter_mut() {
         grants.push(h.book(now, at, cost));
     }
-    // The quota with the least left is the one a client must heed.
+    // The quota with the least left is the one a client must heed; as of
+    // the instant the request goes, which its response reports.
     let remaining = info.then(|| {
         let mut tightest = (u32::MAX, 0, 0);
         for (i, h) in held.iter_mut().enumerate() {
-            let (left, reset) = h.remaining(now);
+            let (left, reset) = h.remaining(at);
             if left < tightest.0 || (left == tightest.0 && reset > tightest.1) {
                 tightest = (left, reset, i);
             }
@@ -371,9 +373,9 @@ impl Limiter {
         }
     }
 
-    /// A booking with something to hand back: a ticket, what remains, or a
-    /// turn in the key's line. Out of line, so that the common admission
-    /// stays small.
+    /// Any booking but a plain one-quota admission: several quotas, or
+    /// something to hand back (a ticket, what remains, a turn in the key's
+    /// line). Out of line, so that the common admission stays small.
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
     fn booked(
@@ -413,9 +415,9 @@ impl Limiter {
         // ahead, even when its instant is now.)
         let Some(turn) = turn else {
             self.stats.record(key, Event::Admitted, text);
-            return Decision::Now {
-                ticket: want.ticket.then(|| ticket(grants)),
-                info,
+            return match (want.ticket.then(|| ticket(grants)), info) {
+                (None, None) => Decision::Go,
+                (ticket, info) => Decision::Now { ticket, info },
             };
         };
         self.timeline.check_paused_time(now);
@@ -636,5 +638,107 @@ impl Limiter {
             .iter()
             .flat_map(|c: &Compiled| c.tables.iter().cloned())
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn limiter(quotas: Vec<Quota>) -> Limiter {
+        Limiter::new(quotas, Vec::new(), ClockSource::of(ManualClock::new()), 0)
+    }
+
+    /// One request of cost 1 on key `k`.
+    fn ask(limiter: &Limiter, max_wait: Nanos, want: Want) -> Decision {
+        let policy = limiter.policy();
+        let key = limiter.seed().hash_parts(&["k"]);
+        limiter.acquire(&policy, key, 1, max_wait, &Vec::new, want)
+    }
+
+    fn per_second(n: u32) -> Quota {
+        Quota::per_second(n).expect("a valid quota")
+    }
+
+    // `call` handles `Go` inline and everything else out of line: a plain
+    // admission must come back as `Go`, whatever the path.
+    #[test]
+    fn plain_admissions_are_go() {
+        let plain = Want::default();
+        for quotas in [
+            vec![],
+            vec![per_second(10)],
+            vec![per_second(10), per_second(20)],
+        ] {
+            let limiter = limiter(quotas.clone());
+            let decision = ask(&limiter, 0, plain);
+            assert!(matches!(decision, Decision::Go), "{quotas:?}: {decision:?}");
+        }
+    }
+
+    #[test]
+    fn a_dry_run_that_would_refuse_is_go() {
+        for quotas in [vec![per_second(1)], vec![per_second(1), per_second(5)]] {
+            let limiter = limiter(quotas.clone());
+            assert!(matches!(ask(&limiter, 0, Want::default()), Decision::Go));
+            let refused = ask(&limiter, 0, Want::default());
+            assert!(matches!(refused, Decision::Denied(_)), "{refused:?}");
+            limiter.set_dry_run(true);
+            let decision = ask(&limiter, 0, Want::default());
+            assert!(matches!(decision, Decision::Go), "{quotas:?}: {decision:?}");
+        }
+    }
+
+    #[test]
+    fn what_was_asked_for_comes_back() {
+        for quotas in [vec![per_second(10)], vec![per_second(10), per_second(20)]] {
+            let limiter = limiter(quotas.clone());
+            let ticket = Want {
+                ticket: true,
+                info: false,
+            };
+            let decision = ask(&limiter, 0, ticket);
+            assert!(
+                matches!(
+                    decision,
+                    Decision::Now {
+                        ticket: Some(_),
+                        info: None
+                    }
+                ),
+                "{quotas:?}: {decision:?}"
+            );
+            let info = Want {
+                ticket: false,
+                info: true,
+            };
+            let decision = ask(&limiter, 0, info);
+            assert!(
+                matches!(
+                    decision,
+                    Decision::Now {
+                        ticket: None,
+                        info: Some(_)
+                    }
+                ),
+                "{quotas:?}: {decision:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_request_that_must_wait_is_later() {
+        let limiter = limiter(vec![per_second(1)]);
+        let second = 1_000_000_000;
+        assert!(matches!(
+            ask(&limiter, second, Want::default()),
+            Decision::Go
+        ));
+        let decision = ask(&limiter, second, Want::default());
+        assert!(
+            matches!(decision, Decision::Later { due: false, .. }),
+            "{decision:?}"
+        );
     }
 }

@@ -173,8 +173,9 @@ where
         };
         shared.limiter.refresh(&mut self.policy);
         // Never dropped whole: `Go` holds nothing and every other decision
-        // moves into `decided`. (The enum's drop glue was a call on every
-        // request.)
+        // moves into `decided` (the enum's drop glue was a call on every
+        // request). An arm added here must take the decision out with
+        // `ManuallyDrop::into_inner`, or what it holds leaks.
         let decision = ManuallyDrop::new(shared.limiter.acquire(
             &self.policy,
             key,
@@ -221,6 +222,7 @@ impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
         let note =
             |info: Option<Box<RateLimitInfo>>| info.map(|info| (shared.annotate.clone(), *info));
         match decision {
+            // Handled by `call`; here so that the match is whole.
             Decision::Go => ResponseFuture::go(self.inner.call(req)),
             Decision::Now { ticket, info } => {
                 let after = After {

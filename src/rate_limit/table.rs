@@ -80,7 +80,8 @@ fn admit_in<A: Algorithm>(
         One::Refused { wait: at - now }
     } else {
         let grant = alg.book(state, now, at, ask.cost);
-        let remaining = ask.info.then(|| alg.remaining(state, now));
+        // As of the instant the request goes, which its response reports.
+        let remaining = ask.info.then(|| alg.remaining(state, at));
         let turn = turn_for(ask.line, key, at, now, timeline);
         One::Booked {
             grant,
