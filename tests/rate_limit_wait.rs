@@ -572,3 +572,26 @@ async fn a_waiter_is_annotated_and_refunded_as_one_that_went_at_once() {
     );
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
 }
+
+#[tokio::test(start_paused = true)]
+async fn in_a_dry_run_a_request_that_would_wait_goes_at_once_and_says_so() {
+    let per_second = quota(Algorithm::TokenBucket, 1, SECOND);
+    let per_minute = quota(Algorithm::TokenBucket, 10, Duration::from_secs(60));
+    for quotas in [vec![per_second], vec![per_second, per_minute]] {
+        let inner = Inner::new();
+        let mut svc = RateLimitLayer::with_quotas(quotas, GlobalKey)
+            .with_max_wait(Duration::from_secs(5))
+            .with_dry_run(true)
+            .with_response_headers(RateLimitHeaders::ietf())
+            .layer(inner.clone());
+        fill(&mut svc, 1).await;
+        svc.ready().await.unwrap();
+        let mut would_wait = task::spawn(svc.call(request("k", 1)));
+        let response = assert_ready_ok!(would_wait.poll(), "waited in a dry run");
+        assert_eq!(inner.record.calls(), 2);
+        // It went now, so its headers speak from now: the key is whole again
+        // in two seconds (its own booking was a second out).
+        let remaining = response.headers().get("ratelimit").expect("annotated");
+        assert_eq!(remaining, r#""(default)";r=0;t=2"#);
+    }
+}

@@ -175,11 +175,13 @@ fn judge(
         grants.push(h.book(now, at, cost));
     }
     // The quota with the least left is the one a client must heed; as of
-    // the instant the request goes, which its response reports.
+    // the instant the request goes, which its response reports (now, unless
+    // it waits: in a dry run nobody does).
+    let goes = if line.is_some() { at } else { now };
     let remaining = info.then(|| {
         let mut tightest = (u32::MAX, 0, 0);
         for (i, h) in held.iter_mut().enumerate() {
-            let (left, reset) = h.remaining(at);
+            let (left, reset) = h.remaining(goes);
             if left < tightest.0 || (left == tightest.0 && reset > tightest.1) {
                 tightest = (left, reset, i);
             }

@@ -80,8 +80,10 @@ fn admit_in<A: Algorithm>(
         One::Refused { wait: at - now }
     } else {
         let grant = alg.book(state, now, at, ask.cost);
-        // As of the instant the request goes, which its response reports.
-        let remaining = ask.info.then(|| alg.remaining(state, at));
+        // As of the instant the request goes, which its response reports
+        // (now, unless it waits: in a dry run nobody does).
+        let goes = if ask.line.is_some() { at } else { now };
+        let remaining = ask.info.then(|| alg.remaining(state, goes));
         let turn = turn_for(ask.line, key, at, now, timeline);
         One::Booked {
             grant,
