@@ -164,14 +164,17 @@ fn floor(key: FloorKey) -> impl Service<Request<()>, Response = HttpResponse> + 
 }
 
 /// `n` requests through one contender, out of line so that valgrind can
-/// count its instructions alone (see [`instruction_loop`]); how many were
+/// count its instructions alone (see [`loop_mode`]); how many were
 /// admitted (a `200`: tower_governor refuses with an `Ok` `429`).
 #[inline(never)]
 fn request_loop<S>(svc: &mut S, req: &Request<()>, n: u64) -> u64
 where
     S: Service<Request<()>, Response = HttpResponse>,
 {
-    let admitted = |_: &u64| matches!(drive(svc, req.clone()), Ok(response) if response.status() == http::StatusCode::OK);
+    let admitted = |_: &u64| {
+        let outcome = drive(svc, req.clone());
+        matches!(outcome, Ok(response) if response.status() == http::StatusCode::OK)
+    };
     (0..n).filter(admitted).count() as u64
 }
 
@@ -190,7 +193,11 @@ where
 {
     let start = Instant::now();
     let admitted = request_loop(&mut svc, req, n);
-    (admitted, start.elapsed().as_secs_f64() * 1e9 / n as f64)
+    (admitted, per_request(start, n))
+}
+
+fn per_request(start: Instant, n: u64) -> f64 {
+    start.elapsed().as_secs_f64() * 1e9 / n as f64
 }
 
 /// `TT_LOOP=<contender>` (and `TT_LOOP_N`, default 100,000): run only that
@@ -208,7 +215,7 @@ where
 /// the collected count by the number of requests. Every contender is built
 /// before the loop, so neither count nor time includes building it (nor
 /// calibrating governor's clock).
-fn instruction_loop(which: &str) {
+fn loop_mode(which: &str) {
     let n = std::env::var("TT_LOOP_N")
         .ok()
         .and_then(|n| n.parse().ok())
@@ -229,7 +236,7 @@ fn instruction_loop(which: &str) {
             let key = API_KEY.to_string();
             let start = Instant::now();
             let admitted = check_key_loop(&limiter, &key, n);
-            (admitted, start.elapsed().as_secs_f64() * 1e9 / n as f64)
+            (admitted, per_request(start, n))
         }
         other => panic!("TT_LOOP: no hot-key contender named {other:?}"),
     };
@@ -690,7 +697,7 @@ fn memory_report() {
 
 fn main() {
     if let Ok(which) = std::env::var("TT_LOOP") {
-        instruction_loop(&which);
+        loop_mode(&which);
         return;
     }
     if let Ok(which) = std::env::var(PROBE_ENV) {

@@ -515,13 +515,18 @@ async fn behind_a_waiter_never_polled_the_others_still_go_in_order() {
     drop(stuck);
 }
 
+/// A token bucket of 1 per second alone, and with a looser second quota.
+fn one_quota_and_two() -> [Vec<Quota>; 2] {
+    let per_second = quota(Algorithm::TokenBucket, 1, SECOND);
+    let per_minute = quota(Algorithm::TokenBucket, 10, Duration::from_secs(60));
+    [vec![per_second], vec![per_second, per_minute]]
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_waiter_is_annotated_and_refunded_as_one_that_went_at_once() {
     // Response headers: a waiter's response says what remains when it goes,
     // as an immediate one's does (with one quota, and with several).
-    let per_second = quota(Algorithm::TokenBucket, 1, SECOND);
-    let per_minute = quota(Algorithm::TokenBucket, 10, Duration::from_secs(60));
-    for quotas in [vec![per_second], vec![per_second, per_minute]] {
+    for quotas in one_quota_and_two() {
         let mut svc = RateLimitLayer::with_quotas(quotas, GlobalKey)
             .with_max_wait(Duration::from_secs(5))
             .with_response_headers(RateLimitHeaders::ietf())
@@ -552,12 +557,7 @@ async fn a_waiter_is_annotated_and_refunded_as_one_that_went_at_once() {
         .with_max_wait(Duration::from_secs(5))
         .count_only(|outcome: &Result<http::Response<()>, support::InnerFailed>| outcome.is_ok())
         .layer(inner);
-    svc.ready()
-        .await
-        .unwrap()
-        .call(request("k", 0))
-        .await
-        .unwrap();
+    fill(&mut svc, 1).await;
     svc.ready().await.unwrap();
     let mut waiter = task::spawn(svc.call(request("k", 1)));
     assert_pending!(waiter.poll());
@@ -566,18 +566,17 @@ async fn a_waiter_is_annotated_and_refunded_as_one_that_went_at_once() {
     assert!(err.is::<support::InnerFailed>(), "{err}");
     svc.ready().await.unwrap();
     let mut next = task::spawn(svc.call(request("k", 2)));
+    let outcome = assert_ready!(next.poll(), "waited: the failed waiter kept its slot");
     assert!(
-        assert_ready!(next.poll()).is_err(),
-        "waited: the failed waiter kept its slot"
+        outcome.is_err(),
+        "the inner service fails from its second call"
     );
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
 }
 
 #[tokio::test(start_paused = true)]
 async fn in_a_dry_run_a_request_that_would_wait_goes_at_once_and_says_so() {
-    let per_second = quota(Algorithm::TokenBucket, 1, SECOND);
-    let per_minute = quota(Algorithm::TokenBucket, 10, Duration::from_secs(60));
-    for quotas in [vec![per_second], vec![per_second, per_minute]] {
+    for quotas in one_quota_and_two() {
         let inner = Inner::new();
         let mut svc = RateLimitLayer::with_quotas(quotas, GlobalKey)
             .with_max_wait(Duration::from_secs(5))
