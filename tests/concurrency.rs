@@ -502,6 +502,8 @@ async fn cancelling_half<X: OneKey>(key: X) {
     assert_eq!(upstream.flight.now(), 0);
     let stats = handle.stats().aggregate;
     assert_eq!((stats.in_flight, stats.queued_now), (Some(0), 0));
+    // Admitted means sent: a waiter dropped after its permit came is not.
+    assert_eq!(stats.admitted as usize, upstream.order().len());
     // Nothing holds the key's state any more: no permit, no place in line.
     assert_eq!(handle.evict_idle(), X::STORED);
     assert_eq!(handle.key_count(), 0);
@@ -583,6 +585,11 @@ async fn cancelling_on_threads<X: OneKey>(key: X) {
     let stats = handle.stats().aggregate;
     assert_eq!((stats.in_flight, stats.queued_now), (Some(0), 0));
     assert!(stats.waited > 0, "the callers did contend: {stats:?}");
+    assert_eq!(
+        stats.admitted as usize,
+        upstream.order().len(),
+        "admitted counts only requests sent"
+    );
     drop(svc);
     handle.evict_idle();
     assert_eq!(handle.key_count(), 0, "a permit or a place in line leaked");
@@ -629,6 +636,48 @@ async fn stats_and_subscription<X: OneKey>(key: X) {
     assert!((stats.total_wait_ms - 1_000.0).abs() < 1.0, "{stats:?}");
     drop(second);
     assert_eq!(handle.stats().aggregate.in_flight, Some(0));
+}
+
+on_one_key!(
+    #[tokio::test(start_paused = true)]
+    a_waiter_dropped_after_its_permit_came_is_neither_admitted_nor_in_flight => dropped_after_grant
+);
+
+async fn dropped_after_grant<X: OneKey>(key: X) {
+    // Counted in the permit word (the single key) and in the stats.
+    for key_stats in [0, 10] {
+        let upstream = Upstream::default();
+        let layer = ConcurrencyLayer::new(1, key.clone())
+            .unwrap()
+            .with_key_stats(key_stats);
+        let handle = layer.handle();
+        let mut svc = layer.layer(upstream.clone());
+        svc.ready().await.unwrap();
+        let held = svc.call(request("a", 0, &[])).await.unwrap();
+        svc.ready().await.unwrap();
+        let mut waiter = task::spawn(svc.call(request("a", 1, &[])));
+        assert_pending!(waiter.poll());
+        // The permit passes to the waiter, which is dropped before it runs.
+        drop(held);
+        drop(waiter);
+        let stats = handle.stats().aggregate;
+        assert_eq!(
+            (
+                stats.admitted,
+                stats.waited,
+                stats.queued_now,
+                stats.in_flight
+            ),
+            (1, 0, 0, Some(0)),
+            "key stats {key_stats}: {stats:?}"
+        );
+        assert_eq!(upstream.order(), vec![0]);
+        // The permit is back: the next request goes at once.
+        svc.ready().await.unwrap();
+        drop(svc.call(request("a", 2, &[])).await.unwrap());
+        let stats = handle.stats().aggregate;
+        assert_eq!((stats.admitted, stats.in_flight), (2, Some(0)));
+    }
 }
 
 on_one_key!(

@@ -8,7 +8,7 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use super::hold::HoldPermit;
-use super::permits::{Permit, QueueTicket};
+use super::permits::{Granted, Permit, QueueTicket};
 use crate::error::{BoxError, QueueTimeout};
 
 /// Where a waiting request stands.
@@ -16,7 +16,7 @@ enum Place {
     /// In the key's queue.
     Queued(QueueTicket),
     /// Granted its permit, waiting for the inner service to be ready.
-    Holding(Permit),
+    Holding(Granted),
     /// Between the two (never seen by a poll).
     Moving,
 }
@@ -52,7 +52,7 @@ impl<S, R> Waiter<S, R> {
             }
             if let Place::Queued(ticket) = std::mem::replace(&mut self.place, Place::Moving) {
                 let permit = if granted {
-                    ticket.into_permit()
+                    ticket.into_granted()
                 } else {
                     match ticket.give_up() {
                         // Granted at the last moment: take it.
@@ -76,7 +76,8 @@ impl<S, R> Waiter<S, R> {
         ) else {
             return Poll::Ready(Err(polled_after_completion()));
         };
-        Poll::Ready(Ok((self.inner.call(req), permit)))
+        let future = self.inner.call(req);
+        Poll::Ready(Ok((future, permit.enter())))
     }
 }
 

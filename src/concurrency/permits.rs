@@ -81,7 +81,6 @@ struct Waiter {
     ticket: u64,
     /// The task to wake when the permit comes; `None` until first polled.
     waker: Option<Waker>,
-    since: Instant,
 }
 
 #[derive(Default)]
@@ -284,7 +283,6 @@ impl KeyState {
         queue.waiters.push_back(Waiter {
             ticket,
             waker: None,
-            since,
         });
         drop(queue);
         self.stats.record(self.key, Event::Queued, text);
@@ -297,9 +295,11 @@ impl KeyState {
     }
 
     /// Give a permit back: to the oldest waiter if there is one, else to the
-    /// count. True when this left a key in the store with nothing out.
+    /// count. `entered`: its request reached the inner service, and leaves
+    /// the flight now. True when this left a key in the store with nothing
+    /// out.
     #[inline]
-    fn release(&self) -> bool {
+    fn release(&self, entered: bool) -> bool {
         let mut word = self.word.load(Ordering::Relaxed);
         while word & QUEUED == 0 {
             match self.word.compare_exchange_weak(
@@ -309,45 +309,59 @@ impl KeyState {
                 Ordering::Relaxed,
             ) {
                 Ok(_) => {
-                    self.left();
+                    if entered {
+                        self.left();
+                    }
                     return word & OUT <= 1 && self.owner.is_some();
                 }
                 Err(now) => word = now,
             }
         }
-        self.release_slow()
+        self.release_slow(entered)
     }
 
     #[cold]
-    fn release_slow(&self) -> bool {
+    fn release_slow(&self, entered: bool) -> bool {
         let mut queue = self.queue.lock();
         let Some(next) = queue.waiters.pop_front() else {
             // The last waiter left since we looked, and cleared the flag.
             let before = self.word.fetch_sub(1, Ordering::Release);
             drop(queue);
-            self.left();
+            if entered {
+                self.left();
+            }
             return before & OUT <= 1 && self.owner.is_some();
         };
-        // The permit passes on; the count of permits out stays.
-        if self.counts_itself() {
-            self.carry(&mut queue);
-            self.word.fetch_add(ADMITTED, Ordering::Relaxed);
-        }
+        // The permit passes on; the count of permits out stays. The waiter
+        // counts as admitted once it reaches the inner service
+        // ([`Granted::enter`]), not now: it may yet be dropped.
         if queue.waiters.is_empty() {
             self.word.fetch_and(!QUEUED, Ordering::Release);
         }
         drop(queue);
-        self.left();
-        self.stats.record(
-            self.key,
-            Event::Dequeued(Some(next.since.elapsed())),
-            &String::new,
-        );
-        self.entered(&String::new);
+        if entered {
+            self.left();
+        }
+        self.stats
+            .record(self.key, Event::Dequeued(None), &String::new);
         if let Some(waker) = next.waker {
             waker.wake();
         }
         false
+    }
+
+    /// A waiter handed a permit reached the inner service after `waited`
+    /// in the queue: count it admitted and in flight.
+    fn entered_after(&self, waited: Duration) {
+        if self.counts_itself() {
+            let mut queue = self.queue.lock();
+            self.carry(&mut queue);
+            self.word.fetch_add(ADMITTED, Ordering::Relaxed);
+            drop(queue);
+        }
+        self.entered(&String::new);
+        self.stats
+            .record(self.key, Event::Waited(waited), &String::new);
     }
 
     /// Ready once `ticket` has been granted its permit; otherwise remember
@@ -531,7 +545,39 @@ pub struct Permit {
 impl Drop for Permit {
     #[inline]
     fn drop(&mut self) {
-        if self.state.release() {
+        if self.state.release(true) {
+            forget_if_idle(&self.state);
+        }
+    }
+}
+
+/// A permit handed to a waiter that has not reached the inner service yet.
+/// It becomes a [`Permit`], and its request counts as admitted, only when
+/// the request is sent ([`Granted::enter`]); dropped before, it passes the
+/// permit on and the request counts as neither admitted nor in flight.
+pub(crate) struct Granted {
+    state: Arc<KeyState>,
+    /// When the request joined the queue.
+    since: Instant,
+    /// Cleared once it became a permit.
+    live: bool,
+}
+
+impl Granted {
+    /// The request is being sent: count it, and hold the permit as any
+    /// request in flight does.
+    pub(crate) fn enter(mut self) -> Permit {
+        self.live = false;
+        self.state.entered_after(self.since.elapsed());
+        Permit {
+            state: self.state.clone(),
+        }
+    }
+}
+
+impl Drop for Granted {
+    fn drop(&mut self) {
+        if self.live && self.state.release(false) {
             forget_if_idle(&self.state);
         }
     }
@@ -613,25 +659,29 @@ impl QueueTicket {
 
     /// Give up waiting: `Ok(waited)` when the ticket left the queue, or the
     /// permit when it had been granted in the meantime.
-    pub(crate) fn give_up(mut self) -> Result<Duration, Permit> {
+    pub(crate) fn give_up(mut self) -> Result<Duration, Granted> {
         self.armed = false;
         if self.state.leave(self.ticket) {
             let state = &self.state;
             state.stats.record(state.key, Event::Rejected, &String::new);
             Ok(self.since.elapsed())
         } else {
-            Err(Permit {
-                state: self.state.clone(),
-            })
+            Err(self.granted())
         }
     }
 
     /// The granted permit; only after [`poll_granted`](Self::poll_granted)
     /// was ready.
-    pub(crate) fn into_permit(mut self) -> Permit {
+    pub(crate) fn into_granted(mut self) -> Granted {
         self.armed = false;
-        Permit {
+        self.granted()
+    }
+
+    fn granted(&self) -> Granted {
+        Granted {
             state: self.state.clone(),
+            since: self.since,
+            live: true,
         }
     }
 }
@@ -640,9 +690,7 @@ impl Drop for QueueTicket {
     fn drop(&mut self) {
         if self.armed && !self.state.leave(self.ticket) {
             // Granted, but nobody will use it: pass it on.
-            drop(Permit {
-                state: self.state.clone(),
-            });
+            drop(self.granted());
         }
     }
 }
@@ -687,7 +735,7 @@ mod tests {
             let first = granted(single.acquire(usize::MAX, &text));
             let second = queued(single.acquire(usize::MAX, &text));
             drop(first);
-            let second = second.into_permit();
+            let second = second.into_granted().enter();
             admitted += 2;
             assert_eq!(single.own_counts(), (admitted, admitted - 1));
             drop(second);

@@ -69,8 +69,10 @@ impl RateLimitHandle {
     /// rule name, same position, same algorithm) is retuned without minting
     /// capacity — a spent bucket stays spent when its burst or rate changes —
     /// and a key whose rule changes starts its new rule spent. Requests
-    /// already waiting keep their booked turns; new requests queue behind
-    /// them. Duplicate rule names are an error and change nothing.
+    /// already waiting keep their booked instants, whether the new quota is
+    /// faster or slower; every request booked after the retune goes after
+    /// them, the new quota taking over at the last waiter's instant.
+    /// Duplicate rule names are an error and change nothing.
     pub fn retune(&self, default: Vec<Quota>, rules: Vec<Rule>) -> Result<(), ConfigError> {
         self.limiter.retune(default, rules)
     }

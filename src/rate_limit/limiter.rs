@@ -154,8 +154,9 @@ fn judge(
         max_wait,
         info,
         line,
+        lines,
     } = ask;
-    let mut at = now;
+    let mut at = lines.floor(key, now).max(now);
     let mut slowest = 0;
     for (i, h) in held.iter_mut().enumerate() {
         let earliest = h.earliest(now, cost, horizon);
@@ -327,6 +328,7 @@ impl Limiter {
             // cannot wait does not look for a line either.
             line: (max_wait > 0 && !rule.dry_run && !self.dry_run.load(Ordering::Relaxed))
                 .then_some(&self.lines),
+            lines: &self.lines,
         };
         // Look at every quota, holding them all, then book at the latest
         // instant any of them allows: all admit, or nothing is consumed. One
@@ -526,9 +528,11 @@ impl Limiter {
         drop(locked);
         if moved {
             // The key spent under another rule; how much is not known here,
-            // so it starts its new rule with nothing, never a free burst.
+            // so it starts its new rule with nothing, never a free burst,
+            // and after the waiters it has from before.
+            let at = now.max(self.lines.floor(key, now));
             for table in &policy.compiled[index].tables {
-                table.start_spent(key, now);
+                table.start_spent(key, at);
             }
         }
         index
@@ -563,15 +567,31 @@ impl Limiter {
         check_names(&rules)?;
         let _one_at_a_time = self.retuning.lock();
         let old = self.policy.load_full();
+        let now = self.timeline.now();
         let policy = Policy::build(
             old.generation.wrapping_add(1).max(1),
             &default,
             rules,
             Some(&old),
             self.timeline.epoch_offset(),
-            self.timeline.now(),
+            now,
             self.seed.global(),
         );
+        // Tables made anew (another algorithm, a quota added), which know
+        // nothing of what was booked under the old ones.
+        let fresh: Vec<Arc<Table>> = policy
+            .compiled
+            .iter()
+            .flat_map(|c| &c.tables)
+            .filter(|t| {
+                !old.compiled
+                    .iter()
+                    .flat_map(|c| &c.tables)
+                    .any(|o| Arc::ptr_eq(o, t))
+            })
+            .cloned()
+            .collect();
+        self.hold_back(now, &fresh);
         tracing::info!(
             default = ?policy.compiled[0].quotas,
             rules = policy.rules.len(),
@@ -580,12 +600,27 @@ impl Limiter {
         let generation = policy.generation;
         self.policy.store(Arc::new(policy));
         self.generation.store(generation, Ordering::Release);
+        // Once more for waiters booked under the old policy meanwhile.
+        self.hold_back(now, &fresh);
         Ok(())
+    }
+
+    /// Requests booked before a retune go before every request booked
+    /// after it: each key with waiters gets a floor at its last waiter's
+    /// instant, and `fresh` tables leave it nothing before then.
+    fn hold_back(&self, now: Nanos, fresh: &[Arc<Table>]) {
+        for (key, floor) in self.lines.hold_back(now) {
+            for table in fresh {
+                table.fill_until(key, floor);
+            }
+        }
     }
 
     /// Forget `key`'s state in every quota (`turns_only`: in turn budgets
     /// only, which starts the key's new turn).
     pub(crate) fn forget(&self, key: KeyHash, turns_only: bool) {
+        // Both take effect at once, whatever a retune left.
+        self.lines.lift(key);
         let policy = self.policy.load();
         for rule in &policy.compiled {
             for (quota, table) in rule.quotas.iter().zip(&rule.tables) {
@@ -645,6 +680,8 @@ impl Limiter {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicBool;
+
     use super::*;
     use crate::clock::ManualClock;
 
@@ -727,5 +764,96 @@ mod tests {
             matches!(decision, Decision::Later { due: false, .. }),
             "{decision:?}"
         );
+    }
+
+    /// Where a decision books its request.
+    fn booked_at(decision: &Decision) -> Nanos {
+        match decision {
+            Decision::Now {
+                ticket: Some(ticket),
+                ..
+            }
+            | Decision::Later { ticket, .. } => ticket.grants[0].at,
+            other => panic!("not booked: {other:?}"),
+        }
+    }
+
+    // Eight threads book on one key in wait mode while a ninth retunes it
+    // between two rates as fast as it can, and the clock moves on. Exact
+    // instants, so no timer is involved: every booking keeps its thread's
+    // order, and none comes sooner after the one before than the faster
+    // rate allows (burst 1), which a retune landing between waiters breaks.
+    #[test]
+    fn threads_booking_through_retunes_keep_their_order_and_the_faster_rate() {
+        let slow = || vec![per_second(200).with_burst(1).expect("valid")];
+        let fast = || vec![per_second(400).with_burst(1).expect("valid")];
+        let fast_emission = 1_000_000_000 / 400;
+        let clock = ManualClock::new();
+        let limiter = Arc::new(Limiter::new(
+            slow(),
+            Vec::new(),
+            ClockSource::of(clock.clone()),
+            0,
+        ));
+        let key = limiter.seed().hash_parts(&["k"]);
+        let done = Arc::new(AtomicBool::new(false));
+        let retuner = {
+            let (limiter, done) = (limiter.clone(), done.clone());
+            std::thread::spawn(move || {
+                for retune in 0..200 {
+                    let quotas = if retune % 2 == 0 { fast() } else { slow() };
+                    limiter.retune(quotas, Vec::new()).expect("valid");
+                    std::thread::yield_now();
+                }
+                done.store(true, Ordering::Relaxed);
+            })
+        };
+        let want = Want {
+            ticket: true,
+            info: false,
+        };
+        let submitters: Vec<_> = (0..8)
+            .map(|_| {
+                let (limiter, clock, done) = (limiter.clone(), clock.clone(), done.clone());
+                std::thread::spawn(move || {
+                    let mut policy = limiter.policy();
+                    let mut booked = Vec::new();
+                    // Until the retunes are over, and a while on its own.
+                    for i in 0..20_000 {
+                        if done.load(Ordering::Relaxed) && i >= 400 {
+                            break;
+                        }
+                        limiter.refresh(&mut policy);
+                        let wait = 1_000_000_000_000;
+                        let decision = limiter.acquire(&policy, key, 1, wait, &Vec::new, want);
+                        booked.push(booked_at(&decision));
+                        if i % 40 == 0 {
+                            clock.advance(Duration::from_millis(1));
+                        }
+                        std::thread::yield_now();
+                    }
+                    booked
+                })
+            })
+            .collect();
+        retuner.join().expect("no panic");
+        let mut all = Vec::new();
+        for submitter in submitters {
+            let booked = submitter.join().expect("no panic");
+            assert!(
+                booked.windows(2).all(|w| w[0] <= w[1]),
+                "a thread's later request was booked before its earlier one"
+            );
+            all.extend(booked);
+        }
+        all.sort_unstable();
+        for pair in all.windows(2) {
+            assert!(
+                pair[1] - pair[0] >= fast_emission,
+                "bookings {} ns apart at {}; the faster rate allows {fast_emission}",
+                pair[1] - pair[0],
+                pair[0]
+            );
+        }
     }
 }

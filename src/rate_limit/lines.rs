@@ -17,10 +17,17 @@
 //! still goes first if it is being polled (it left its waker when it found
 //! others ahead of it): it is woken and given [`HANDOVER`] to go. One that
 //! does not poll again in that time is treated as gone.
+//!
+//! A retune can leave a key's line holding waiters booked under the old
+//! quotas while its states now say something else (a faster rate, a quota
+//! gone, a table replaced). So a retune gives each key with waiters a
+//! *floor*, the last waiter's instant: no request booked after the retune
+//! is booked before it. A reset or a new turn lifts the floor (they take
+//! effect at once), and it goes with the line once the line empties.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasherDefault;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::Waker;
 use std::time::Duration;
 
@@ -43,6 +50,9 @@ const SHARDS: usize = 16;
 /// The lines of every key that has waiters, in shards by key.
 pub(crate) struct Lines {
     shards: Box<[Shard]>,
+    /// The latest floor a retune set: from then on, no floor matters and an
+    /// admission does not look for one.
+    floors_until: AtomicU64,
 }
 
 /// One shard, on its own cache lines.
@@ -59,12 +69,22 @@ struct Shard {
 struct Queues {
     /// Handed out in booking order (turns are compared within a key only).
     next_turn: u64,
-    /// Per key, the waiters in line by turn.
-    keys: HashMap<u64, BTreeMap<u64, Place>, BuildHasherDefault<PassThrough>>,
+    /// Per key, the waiters in line.
+    keys: HashMap<u64, Line, BuildHasherDefault<PassThrough>>,
 }
 
-/// One waiter's place: its instant, and its waker once it waits for others.
+/// One key's waiters, by turn, and its floor.
+#[derive(Default)]
+struct Line {
+    places: BTreeMap<u64, Place>,
+    /// Set by a retune: nothing booked after it goes before this instant.
+    floor: Option<Nanos>,
+}
+
+/// One waiter's place: its instant (as booked, and as a tokio instant),
+/// and its waker once it waits for others.
 struct Place {
+    at: Nanos,
     due: Instant,
     waker: Option<Waker>,
 }
@@ -73,6 +93,7 @@ impl Default for Lines {
     fn default() -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            floors_until: AtomicU64::new(0),
         }
     }
 }
@@ -91,9 +112,9 @@ pub(crate) fn turn_for(
 ) -> Option<u64> {
     let line = line?;
     if at > now {
-        Some(line.join(key, timeline.instant(at)))
+        Some(line.join(key, at, timeline.instant(at)))
     } else {
-        line.join_if_due(key, timeline.instant(now))
+        line.join_if_due(key, now, timeline.instant(now))
     }
 }
 
@@ -103,24 +124,75 @@ impl Lines {
         &self.shards[(key.0 >> 40) as usize % SHARDS]
     }
 
-    /// Join `key`'s line with an instant of `due`.
-    pub(crate) fn join(&self, key: KeyHash, due: Instant) -> u64 {
+    /// Join `key`'s line, booked at `at`, an instant of `due`.
+    pub(crate) fn join(&self, key: KeyHash, at: Nanos, due: Instant) -> u64 {
         let shard = self.shard(key);
         let mut queues = shard.queues.lock();
-        shard.enqueue(&mut queues, key, due)
+        shard.enqueue(&mut queues, key, at, due)
     }
 
-    /// For a request that could go `now` (on the limiter's clock): join
-    /// `key`'s line if a waiter in it is due, else nothing. A waiter of the
-    /// key joined under the key's lock, which the caller holds, so it is
-    /// counted by now.
+    /// For a request that could go `now` (on the limiter's clock, `due` as
+    /// a tokio instant): join `key`'s line if a waiter in it is due, else
+    /// nothing. A waiter of the key joined under the key's lock, which the
+    /// caller holds, so it is counted by now.
     #[inline]
-    fn join_if_due(&self, key: KeyHash, now: Instant) -> Option<u64> {
+    fn join_if_due(&self, key: KeyHash, now: Nanos, due: Instant) -> Option<u64> {
         let shard = self.shard(key);
         if shard.waiting.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        shard.join_if_due(key, now)
+        shard.join_if_due(key, now, due)
+    }
+
+    /// The instant before which nothing may be booked on `key`, as of
+    /// `now`: the floor a retune left (see the module docs), else 0.
+    #[inline]
+    pub(crate) fn floor(&self, key: KeyHash, now: Nanos) -> Nanos {
+        if now >= self.floors_until.load(Ordering::Acquire) {
+            return 0;
+        }
+        self.floor_of(key)
+    }
+
+    #[cold]
+    fn floor_of(&self, key: KeyHash) -> Nanos {
+        let queues = self.shard(key).queues.lock();
+        queues
+            .keys
+            .get(&key.0)
+            .and_then(|line| line.floor)
+            .unwrap_or(0)
+    }
+
+    /// After a retune: give every key whose waiters are booked beyond `now`
+    /// a floor at its last waiter's instant, and return those keys with
+    /// their floors.
+    pub(crate) fn hold_back(&self, now: Nanos) -> Vec<(KeyHash, Nanos)> {
+        let mut held = Vec::new();
+        for shard in self.shards.iter() {
+            if shard.waiting.load(Ordering::Acquire) == 0 {
+                continue;
+            }
+            let mut queues = shard.queues.lock();
+            for (&key, line) in &mut queues.keys {
+                let last = line.places.values().map(|p| p.at).max().unwrap_or(0);
+                if last > now {
+                    let floor = line.floor.map_or(last, |f| f.max(last));
+                    line.floor = Some(floor);
+                    self.floors_until.fetch_max(floor, Ordering::AcqRel);
+                    held.push((KeyHash(key), floor));
+                }
+            }
+        }
+        held
+    }
+
+    /// A reset or a new turn takes effect at once: lift `key`'s floor.
+    pub(crate) fn lift(&self, key: KeyHash) {
+        let mut queues = self.shard(key).queues.lock();
+        if let Some(line) = queues.keys.get_mut(&key.0) {
+            line.floor = None;
+        }
     }
 
     /// Whether `turn` may go now: `None` when every waiter booked ahead of
@@ -133,7 +205,7 @@ impl Lines {
         let mut replaced = None;
         let blocked = {
             let mut queues = self.shard(key).queues.lock();
-            let line = queues.keys.get_mut(&key.0)?;
+            let line = &mut queues.keys.get_mut(&key.0)?.places;
             let due = line.get(&turn)?.due;
             let now = Instant::now();
             let mut blocked: Option<Instant> = None;
@@ -179,14 +251,17 @@ impl Lines {
             let Some(line) = queues.keys.get_mut(&key.0) else {
                 return;
             };
-            let removed = line.remove(&turn);
+            let removed = line.places.remove(&turn);
             if removed.is_some() {
                 shard.waiting.fetch_sub(1, Ordering::Relaxed);
             }
             let next = line
+                .places
                 .range_mut(turn..)
                 .find_map(|(_, place)| place.waker.take());
-            if line.is_empty() {
+            if line.places.is_empty() {
+                // The floor goes with the line: every waiter it held back
+                // newcomers for has gone.
                 queues.keys.remove(&key.0);
                 // Memory back after a flood of waiting keys.
                 let len = queues.keys.len();
@@ -210,23 +285,32 @@ impl Lines {
 }
 
 impl Shard {
-    fn enqueue(&self, queues: &mut Queues, key: KeyHash, due: Instant) -> u64 {
+    fn enqueue(&self, queues: &mut Queues, key: KeyHash, at: Nanos, due: Instant) -> u64 {
         let turn = queues.next_turn;
         queues.next_turn += 1;
-        let place = Place { due, waker: None };
-        queues.keys.entry(key.0).or_default().insert(turn, place);
+        let place = Place {
+            at,
+            due,
+            waker: None,
+        };
+        queues
+            .keys
+            .entry(key.0)
+            .or_default()
+            .places
+            .insert(turn, place);
         self.waiting.fetch_add(1, Ordering::Relaxed);
         turn
     }
 
     #[cold]
-    fn join_if_due(&self, key: KeyHash, now: Instant) -> Option<u64> {
+    fn join_if_due(&self, key: KeyHash, now: Nanos, due: Instant) -> Option<u64> {
         let mut queues = self.queues.lock();
-        let due =
-            queues.keys.get(&key.0)?.values().any(|place| {
-                place.due <= now && (now < place.due + GRACE || place.waker.is_some())
+        let ahead =
+            queues.keys.get(&key.0)?.places.values().any(|place| {
+                place.due <= due && (due < place.due + GRACE || place.waker.is_some())
             });
-        due.then(|| self.enqueue(&mut queues, key, now))
+        ahead.then(|| self.enqueue(&mut queues, key, now, due))
     }
 }
 
@@ -251,9 +335,9 @@ mod tests {
         let lines = Lines::default();
         let (a, b) = (KeyHash(1), KeyHash(2 << 40));
         let now = Instant::now();
-        let first = lines.join(a, now);
-        let second = lines.join(a, now);
-        let other = lines.join(b, now);
+        let first = lines.join(a, 0, now);
+        let second = lines.join(a, 0, now);
+        let other = lines.join(b, 0, now);
         let woken = Arc::new(Count::default());
         let waker = Waker::from(woken.clone());
         // Another key's line is its own.
@@ -273,8 +357,8 @@ mod tests {
         let lines = Lines::default();
         let key = KeyHash(1);
         let now = Instant::now();
-        let _stuck = lines.join(key, now);
-        let later = lines.join(key, now + Duration::from_millis(5));
+        let _stuck = lines.join(key, 0, now);
+        let later = lines.join(key, 0, now + Duration::from_millis(5));
         let waker = Waker::from(Arc::new(Count::default()));
         assert_eq!(lines.check(key, later, &waker), Some(now + GRACE));
         tokio::time::advance(GRACE).await;
@@ -294,7 +378,7 @@ mod tests {
                     for i in 0..2_000u64 {
                         // Eight keys shared by all threads, over eight shards.
                         let key = KeyHash(((i + t) % 8) << 40);
-                        let turn = lines.join(key, due);
+                        let turn = lines.join(key, 0, due);
                         let _ = lines.check(key, turn, &waker);
                         lines.leave(key, turn);
                     }
@@ -321,9 +405,9 @@ mod tests {
         let lines = Lines::default();
         let key = KeyHash(1);
         let now = Instant::now();
-        let _stuck = lines.join(key, now);
-        let first = lines.join(key, now);
-        let second = lines.join(key, now);
+        let _stuck = lines.join(key, 0, now);
+        let first = lines.join(key, 0, now);
+        let second = lines.join(key, 0, now);
         let first_woken = Arc::new(Count::default());
         let first_waker = Waker::from(first_woken.clone());
         let waker = Waker::from(Arc::new(Count::default()));
@@ -345,8 +429,8 @@ mod tests {
         let lines = Lines::default();
         let key = KeyHash(1);
         let now = Instant::now();
-        let _old = lines.join(key, now + Duration::from_secs(10));
-        let new = lines.join(key, now);
+        let _old = lines.join(key, 0, now + Duration::from_secs(10));
+        let new = lines.join(key, 0, now);
         let waker = Waker::from(Arc::new(Count::default()));
         assert_eq!(lines.check(key, new, &waker), None);
     }
@@ -356,12 +440,12 @@ mod tests {
         let lines = Lines::default();
         let key = KeyHash(1);
         let now = Instant::now();
-        let ahead = lines.join(key, now + Duration::from_secs(1));
+        let ahead = lines.join(key, 0, now + Duration::from_secs(1));
         // Not yet due: the request goes.
-        assert_eq!(lines.join_if_due(key, Instant::now()), None);
+        assert_eq!(lines.join_if_due(key, 0, Instant::now()), None);
         tokio::time::advance(Duration::from_secs(1)).await;
         let behind = lines
-            .join_if_due(key, Instant::now())
+            .join_if_due(key, 0, Instant::now())
             .expect("joins behind a due waiter");
         let waker = Waker::from(Arc::new(Count::default()));
         assert!(lines.check(key, behind, &waker).is_some());
@@ -369,6 +453,6 @@ mod tests {
         assert_eq!(lines.check(key, behind, &waker), None);
         lines.leave(key, behind);
         assert_eq!(lines.keys(), 0);
-        assert_eq!(lines.join_if_due(KeyHash(7), Instant::now()), None);
+        assert_eq!(lines.join_if_due(KeyHash(7), 0, Instant::now()), None);
     }
 }

@@ -47,6 +47,9 @@ pub(crate) struct Ask<'a> {
     /// The line to join (see [`turn_for`]); none in reject mode and in a
     /// dry run, where nobody waits.
     pub(crate) line: Option<&'a Lines>,
+    /// The limiter's lines, for the floor a retune may have left on the
+    /// key (see [`Lines::floor`]).
+    pub(crate) lines: &'a Lines,
 }
 
 /// What one quota decided on its own (see [`Table::admit`]).
@@ -75,7 +78,9 @@ fn admit_in<A: Algorithm>(
     let mut slot = store.slot(key);
     let now = timeline.now();
     let (alg, state) = slot.get();
-    let at = alg.earliest(state, now, ask.cost, ask.horizon);
+    let at = alg
+        .earliest(state, now, ask.cost, ask.horizon)
+        .max(ask.lines.floor(key, now));
     let one = if at - now > ask.max_wait {
         One::Refused { wait: at - now }
     } else {
@@ -218,10 +223,23 @@ impl Table {
     }
 
     /// For a key that arrives from another rule: start it with nothing
-    /// available, unless it already has state here.
-    pub(crate) fn start_spent(&self, key: KeyHash, now: Nanos) {
-        each!(self, Table, |s| s
-            .insert_if_absent(key, |alg| alg.spent(now)))
+    /// available until `at`, unless it already has state here.
+    pub(crate) fn start_spent(&self, key: KeyHash, at: Nanos) {
+        each!(self, Table, |s| s.insert_if_absent(key, |alg| {
+            let mut state = Default::default();
+            alg.fill_until(&mut state, at);
+            state
+        }))
+    }
+
+    /// Leave nothing available to `key` until `at`, whatever its state: a
+    /// table that replaced another while the key had waiters.
+    pub(crate) fn fill_until(&self, key: KeyHash, at: Nanos) {
+        each!(self, Table, |s| {
+            let mut slot = s.slot(key);
+            let (alg, state) = slot.get();
+            alg.fill_until(state, at);
+        })
     }
 
     /// Forget the key's state (a reset, or a new turn).
@@ -320,12 +338,14 @@ mod tests {
             let quota = Quota::per_second(10).expect("valid quota");
             let table = Arc::new(Table::new(Params::of(&quota, 0), Nanos::MAX, GLOBAL));
             assert!(probe.table.set(table.clone()).is_ok());
+            let lines = Lines::default();
             let ask = Ask {
                 cost: 1,
                 horizon: 0,
                 max_wait: 0,
                 info: false,
                 line: None,
+                lines: &lines,
             };
             let (one, _) = table.admit(key, &timeline, ask);
             assert!(matches!(one, One::Booked { .. }));

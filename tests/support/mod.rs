@@ -139,8 +139,9 @@ impl Lcg {
 }
 
 /// Checks that admissions at `instants` obey `limit` per `period` exactly as
-/// `algorithm` defines it; `boundary` is any fixed-window boundary instant.
-/// Returns the first violation found.
+/// `algorithm` defines it (a token bucket's burst being its limit);
+/// `boundary` is any fixed-window boundary instant. Returns the first
+/// violation found.
 pub fn check_conformance(
     algorithm: Algorithm,
     limit: u32,
@@ -148,6 +149,14 @@ pub fn check_conformance(
     boundary: Instant,
     instants: &[Instant],
 ) -> Result<(), String> {
+    conforms(&quota(algorithm, limit, period), boundary, instants)
+}
+
+/// Checks that admissions at `instants` obey `quota` exactly as its
+/// algorithm defines it; `boundary` is any fixed-window boundary instant.
+/// Returns the first violation found.
+pub fn conforms(quota: &Quota, boundary: Instant, instants: &[Instant]) -> Result<(), String> {
+    let (algorithm, limit, period) = (quota.algorithm(), quota.limit(), quota.period());
     let mut sorted = instants.to_vec();
     sorted.sort();
     let limit = limit as usize;
@@ -196,15 +205,16 @@ pub fn check_conformance(
             }
         }
         _ => {
-            // Token bucket of capacity `limit` refilling one unit per
+            // Token bucket of capacity `burst` refilling one unit per
             // period / limit: any run of admissions from i to j fits in the
             // burst plus what refilled in between.
-            let emission = period.as_nanos() / limit as u128;
+            let emission = period.as_nanos().div_ceil(limit as u128);
+            let burst = u128::from(quota.burst());
             for i in 0..sorted.len() {
                 for j in i..sorted.len() {
                     let refilled = (sorted[j] - sorted[i]).as_nanos() / emission;
                     let n = (j - i + 1) as u128;
-                    if n > limit as u128 + refilled {
+                    if n > burst + refilled {
                         return Err(format!("{n} admissions between #{i} and #{j}"));
                     }
                 }

@@ -100,14 +100,28 @@ impl Algorithm for FixedWindow {
     }
 
     fn retune(&self, old: &Self, state: &mut WindowCount, now: Nanos) {
-        if old.window != self.window && state.end > now {
-            // New boundaries: count what was used as used in the window
-            // holding now, so nothing is freed by the change.
-            *state = WindowCount {
-                end: self.end_of(now),
-                used: state.used,
-            };
+        if old.window == self.window || state.end <= now {
+            // Same boundaries: what was used stays used under the new limit.
+            return;
         }
+        // New boundaries. The state's bookings lie in its window, at or
+        // before now when that window holds now, else somewhere ahead in it
+        // (waiters): count them in the new window holding the latest instant
+        // they can have, so none is passed.
+        let start = state.end - old.window;
+        let latest = if start > now { state.end - 1 } else { now };
+        let end = self.end_of(latest);
+        // Earlier old windows overlapping the new one may each have used
+        // their whole limit; counting them so never frees anything.
+        let earlier = start
+            .saturating_sub(end.saturating_sub(self.window))
+            .div_ceil(old.window);
+        let used =
+            u64::from(state.used).saturating_add(u64::from(old.limit).saturating_mul(earlier));
+        *state = WindowCount {
+            end,
+            used: u32::try_from(used).unwrap_or(u32::MAX),
+        };
     }
 
     fn remaining(&self, state: &WindowCount, now: Nanos) -> (u32, Nanos) {
@@ -123,10 +137,15 @@ impl Algorithm for FixedWindow {
         (self.limit.saturating_sub(used), state.end - now)
     }
 
-    fn spent(&self, now: Nanos) -> WindowCount {
-        WindowCount {
-            end: self.end_of(now),
-            used: self.limit,
+    fn fill_until(&self, state: &mut WindowCount, at: Nanos) {
+        let end = self.end_of(at);
+        if end > state.end {
+            *state = WindowCount {
+                end,
+                used: self.limit,
+            };
+        } else if end == state.end {
+            state.used = state.used.max(self.limit);
         }
     }
 }

@@ -88,15 +88,24 @@ impl Algorithm for Gcra {
         if tat.0 <= now || old == self {
             return;
         }
-        // Units owed under the old rate, rounded up: what the bucket lacks,
-        // plus any queue booked beyond it. What is available may shrink with
-        // the new burst but never grow; the queue stays queued.
+        // Waiters keep the instants they were booked at; the last one went
+        // where the old bucket ran empty, a tolerance before the arrival
+        // time. The new quota takes over there with the bucket as empty, so
+        // newcomers follow the last waiter at the new rate, faster or
+        // slower: never between the waiters (which would mint capacity),
+        // and never so far out that the queue's length is counted twice.
+        let last = tat.0 - old.tolerance.min(tat.0);
+        if last > now {
+            tat.0 = last.saturating_add(self.tolerance);
+            return;
+        }
+        // No queue: units owed under the old rate, rounded up. What is
+        // available may shrink with the new burst but never grow.
         let owed = (tat.0 - now).div_ceil(old.emission.max(1));
         let available = u64::from(old.burst)
             .saturating_sub(owed)
             .min(u64::from(self.burst));
-        let queued = owed.saturating_sub(u64::from(old.burst));
-        let owed = u64::from(self.burst) - available + queued;
+        let owed = u64::from(self.burst) - available;
         tat.0 = now.saturating_add(self.emission.saturating_mul(owed));
     }
 
@@ -109,7 +118,7 @@ impl Algorithm for Gcra {
         )
     }
 
-    fn spent(&self, now: Nanos) -> Tat {
-        Tat(now.saturating_add(self.tolerance))
+    fn fill_until(&self, tat: &mut Tat, at: Nanos) {
+        tat.0 = tat.0.max(at.saturating_add(self.tolerance));
     }
 }

@@ -58,14 +58,17 @@ pub(crate) trait Algorithm: Clone + Send + Sync + 'static {
     fn cancel(&self, state: &mut Self::State, now: Nanos, grant: &Grant);
 
     /// Carry `state`, kept under `old`'s parameters, over to this algorithm's
-    /// without making more capacity available than it had.
+    /// without making more capacity available than it had, now or at any
+    /// instant a request is already booked at: nothing booked after the
+    /// retune may pass what was booked before it.
     fn retune(&self, old: &Self, state: &mut Self::State, now: Nanos);
 
     /// How many units are available now, and how long until all are
     /// available again.
     fn remaining(&self, state: &Self::State, now: Nanos) -> (u32, Nanos);
 
-    /// A state with nothing available now: for a key that moves to this
-    /// quota from another, whose spending is not known here.
-    fn spent(&self, now: Nanos) -> Self::State;
+    /// Leave nothing available at `at` (nor before): for a key that moves
+    /// to this quota from another, whose spending is not known here, and
+    /// whose last request may be booked at `at`. Never frees anything.
+    fn fill_until(&self, state: &mut Self::State, at: Nanos);
 }

@@ -134,9 +134,10 @@ impl Algorithm for SlidingWindow {
         )
     }
 
-    fn spent(&self, now: Nanos) -> Log {
-        let mut log = Log::default();
-        self.book(&mut log, now, now, self.limit);
-        log
+    fn fill_until(&self, log: &mut Log, at: Nanos) {
+        // A whole window's worth at `at`, after any later booking so the log
+        // stays in order: nothing fits until a window after it.
+        let at = log.latest().map_or(at, |latest| latest.max(at));
+        self.book(log, at, at, self.limit);
     }
 }

@@ -92,11 +92,16 @@ impl Algorithm for TurnBudget {
         (self.limit.saturating_sub(turn.used), turn.stale_at - now)
     }
 
-    fn spent(&self, now: Nanos) -> Turn {
-        Turn {
-            started: now,
-            used: self.limit,
-            stale_at: now.saturating_add(self.stale_after),
+    fn fill_until(&self, turn: &mut Turn, at: Nanos) {
+        if turn.used == 0 || turn.stale_at <= at {
+            *turn = Turn {
+                started: at,
+                used: self.limit,
+                stale_at: at.saturating_add(self.stale_after),
+            };
+        } else {
+            // The turn running at `at` is used up; it ends as it would have.
+            turn.used = turn.used.max(self.limit);
         }
     }
 }
