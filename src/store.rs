@@ -363,15 +363,15 @@ impl<V: Idle, P: Clone> Store<V, P> {
     }
 
     /// Move every shard to `params`, converting each state under the shard's
-    /// lock with `convert(old, new, state)`.
-    pub(crate) fn retune(&self, params: &P, mut convert: impl FnMut(&P, &P, &mut V)) {
+    /// lock with `convert(old, new, key, state)`.
+    pub(crate) fn retune(&self, params: &P, mut convert: impl FnMut(&P, &P, KeyHash, &mut V)) {
         for shard in self.shards.iter() {
             let mut shard = shard.0.lock();
             let ShardMap {
                 map, params: old, ..
             } = &mut *shard;
-            for state in map.values_mut() {
-                convert(old, params, state);
+            for (&key, state) in map.iter_mut() {
+                convert(old, params, KeyHash(key), state);
             }
             *old = params.clone();
         }
@@ -379,7 +379,7 @@ impl<V: Idle, P: Clone> Store<V, P> {
             let mut cell = pinned.cell.lock();
             let PinnedCell { params: old, state } = &mut *cell;
             if let Some(state) = state {
-                convert(old, params, state);
+                convert(old, params, KeyHash(pinned.key), state);
             }
             *old = params.clone();
         }
@@ -484,7 +484,7 @@ mod tests {
         assert!(store.shards.iter().all(|s| s.0.lock().map.is_empty()));
         assert_eq!(store.len(), 1);
         // A retune converts it and moves it to the new parameters.
-        store.retune(&2, |old, new, state| {
+        store.retune(&2, |old, new, _, state| {
             assert_eq!((*old, *new), (1, 2));
             state.0 += 1;
         });

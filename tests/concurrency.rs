@@ -680,6 +680,76 @@ async fn dropped_after_grant<X: OneKey>(key: X) {
     }
 }
 
+/// `Upstream` behind a gate: not ready while the gate is shut.
+#[derive(Clone, Debug, Default)]
+struct Gated {
+    upstream: Upstream,
+    shut: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Service<http::Request<()>> for Gated {
+    type Response = http::Response<Stream>;
+    type Error = BoxError;
+    type Future = Answer;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        if self.shut.load(Ordering::SeqCst) {
+            // Polled again by hand in the test.
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<()>) -> Answer {
+        self.upstream.call(req)
+    }
+}
+
+on_one_key!(
+    #[tokio::test(start_paused = true)]
+    a_waiter_holding_its_permit_until_the_service_is_ready_is_not_yet_in_flight => granted_not_ready
+);
+
+async fn granted_not_ready<X: OneKey>(key: X) {
+    // The same answer whether the permit word counts (the single key) or
+    // the stats do.
+    for key_stats in [0, 10] {
+        let gated = Gated::default();
+        let layer = ConcurrencyLayer::new(1, key.clone())
+            .unwrap()
+            .with_key_stats(key_stats);
+        let handle = layer.handle();
+        let mut svc = layer.layer(gated.clone());
+        svc.ready().await.unwrap();
+        let held = svc.call(request("a", 0, &[])).await.unwrap();
+        svc.ready().await.unwrap();
+        let mut waiter = task::spawn(svc.call(request("a", 1, &[])));
+        assert_pending!(waiter.poll());
+        gated.shut.store(true, Ordering::SeqCst);
+        drop(held);
+        // Granted its permit, but the service is not ready: not sent.
+        assert_pending!(waiter.poll());
+        let stats = handle.stats().aggregate;
+        assert_eq!(
+            (stats.admitted, stats.queued_now, stats.in_flight),
+            (1, 0, Some(0)),
+            "key stats {key_stats}: granted, not sent"
+        );
+        gated.shut.store(false, Ordering::SeqCst);
+        let sent = assert_ready_ok!(waiter.poll());
+        let stats = handle.stats().aggregate;
+        assert_eq!(
+            (stats.admitted, stats.waited, stats.in_flight),
+            (2, 1, Some(1)),
+            "key stats {key_stats}: sent"
+        );
+        drop(sent);
+        assert_eq!(handle.stats().aggregate.in_flight, Some(0));
+        assert_eq!(gated.upstream.order(), vec![0, 1]);
+    }
+}
+
 on_one_key!(
     #[tokio::test(start_paused = true)]
     a_subscription_outliving_the_layer_still_counts_its_requests => subscription_outliving_the_layer

@@ -42,7 +42,7 @@ use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use tokio::time::Instant;
 
 use crate::clock::Nanos;
@@ -90,6 +90,9 @@ struct Queue {
     waiters: VecDeque<Waiter>,
     /// Admissions moved out of the word of a state that counts its own.
     carried: u64,
+    /// Permits out that a state counting its own handed to waiters not yet
+    /// sent: out, but neither admitted nor in flight.
+    granted: u64,
 }
 
 impl Queue {
@@ -204,7 +207,8 @@ impl KeyState {
         let queue = self.queue.lock();
         let word = self.word.load(Ordering::Acquire);
         let admitted = queue.carried + ((word & !QUEUED) >> 32);
-        (admitted, admitted.saturating_sub(word & OUT))
+        let in_flight = (word & OUT).saturating_sub(queue.granted);
+        (admitted, admitted.saturating_sub(in_flight))
     }
 
     /// Take a permit, or join the queue when it has fewer than `max_queue`
@@ -322,9 +326,15 @@ impl KeyState {
 
     #[cold]
     fn release_slow(&self, entered: bool) -> bool {
-        let mut queue = self.queue.lock();
+        let queue = self.queue.lock();
+        self.release_locked(queue, entered)
+    }
+
+    /// [`release`](Self::release) under the key's lock.
+    fn release_locked(&self, mut queue: MutexGuard<'_, Queue>, entered: bool) -> bool {
         let Some(next) = queue.waiters.pop_front() else {
-            // The last waiter left since we looked, and cleared the flag.
+            // Nobody waits (or the last waiter left since we looked, and
+            // cleared the flag).
             let before = self.word.fetch_sub(1, Ordering::Release);
             drop(queue);
             if entered {
@@ -335,6 +345,9 @@ impl KeyState {
         // The permit passes on; the count of permits out stays. The waiter
         // counts as admitted once it reaches the inner service
         // ([`Granted::enter`]), not now: it may yet be dropped.
+        if self.counts_itself() {
+            queue.granted += 1;
+        }
         if queue.waiters.is_empty() {
             self.word.fetch_and(!QUEUED, Ordering::Release);
         }
@@ -350,13 +363,26 @@ impl KeyState {
         false
     }
 
-    /// A waiter handed a permit reached the inner service after `waited`
-    /// in the queue: count it admitted and in flight.
+    /// A permit handed to a waiter that was dropped before it was sent:
+    /// give it back, the request counted neither admitted nor in flight.
+    fn abandon(&self) -> bool {
+        if self.counts_itself() {
+            let mut queue = self.queue.lock();
+            queue.granted -= 1;
+            return self.release_locked(queue, false);
+        }
+        self.release(false)
+    }
+
+    /// A waiter handed a permit was sent `waited` after it joined the
+    /// queue (its turn, then the inner service's readiness): count it
+    /// admitted and in flight.
     fn entered_after(&self, waited: Duration) {
         if self.counts_itself() {
             let mut queue = self.queue.lock();
             self.carry(&mut queue);
             self.word.fetch_add(ADMITTED, Ordering::Relaxed);
+            queue.granted -= 1;
             drop(queue);
         }
         self.entered(&String::new);
@@ -577,7 +603,7 @@ impl Granted {
 
 impl Drop for Granted {
     fn drop(&mut self) {
-        if self.live && self.state.release(false) {
+        if self.live && self.state.abandon() {
             forget_if_idle(&self.state);
         }
     }

@@ -154,9 +154,8 @@ fn judge(
         max_wait,
         info,
         line,
-        lines,
     } = ask;
-    let mut at = lines.floor(key, now).max(now);
+    let mut at = line.map_or(now, |line| line.floor(key, now, horizon).max(now));
     let mut slowest = 0;
     for (i, h) in held.iter_mut().enumerate() {
         let earliest = h.earliest(now, cost, horizon);
@@ -249,6 +248,7 @@ impl Limiter {
             timeline.epoch_offset(),
             0,
             seed.global(),
+            &|_| {},
         );
         Self {
             timeline,
@@ -328,7 +328,6 @@ impl Limiter {
             // cannot wait does not look for a line either.
             line: (max_wait > 0 && !rule.dry_run && !self.dry_run.load(Ordering::Relaxed))
                 .then_some(&self.lines),
-            lines: &self.lines,
         };
         // Look at every quota, holding them all, then book at the latest
         // instant any of them allows: all admit, or nothing is consumed. One
@@ -529,10 +528,14 @@ impl Limiter {
         if moved {
             // The key spent under another rule; how much is not known here,
             // so it starts its new rule with nothing, never a free burst,
-            // and after the waiters it has from before.
-            let at = now.max(self.lines.floor(key, now));
+            // and after the waiters it has from before, even where it has
+            // state from an earlier stay.
+            let floor = self.lines.floor(key, now, Nanos::MAX);
             for table in &policy.compiled[index].tables {
-                table.start_spent(key, at);
+                table.start_spent(key, now);
+                if floor > now {
+                    table.fill_until(key, floor);
+                }
             }
         }
         index
@@ -576,6 +579,9 @@ impl Limiter {
             self.timeline.epoch_offset(),
             now,
             self.seed.global(),
+            // Each key of a table kept gets its floor as its state is
+            // converted, under its lock: no request can be booked between.
+            &|key| self.lines.hold_back_key(key, now),
         );
         // Tables made anew (another algorithm, a quota added), which know
         // nothing of what was booked under the old ones.
@@ -591,7 +597,7 @@ impl Limiter {
             })
             .cloned()
             .collect();
-        self.hold_back(now, &fresh);
+        self.hold_back(now, &fresh, true);
         tracing::info!(
             default = ?policy.compiled[0].quotas,
             rules = policy.rules.len(),
@@ -601,17 +607,20 @@ impl Limiter {
         self.policy.store(Arc::new(policy));
         self.generation.store(generation, Ordering::Release);
         // Once more for waiters booked under the old policy meanwhile.
-        self.hold_back(now, &fresh);
+        self.hold_back(now, &fresh, false);
         Ok(())
     }
 
     /// Requests booked before a retune go before every request booked
     /// after it: each key with waiters gets a floor at its last waiter's
-    /// instant, and `fresh` tables leave it nothing before then.
-    fn hold_back(&self, now: Nanos, fresh: &[Arc<Table>]) {
-        for (key, floor) in self.lines.hold_back(now) {
-            for table in fresh {
-                table.fill_until(key, floor);
+    /// instant, and `fresh` tables leave it nothing before then (every key
+    /// with a floor the first time, only those whose floor rose after).
+    fn hold_back(&self, now: Nanos, fresh: &[Arc<Table>], first: bool) {
+        for (key, floor, raised) in self.lines.hold_back(now) {
+            if first || raised {
+                for table in fresh {
+                    table.fill_until(key, floor);
+                }
             }
         }
     }
@@ -619,9 +628,20 @@ impl Limiter {
     /// Forget `key`'s state in every quota (`turns_only`: in turn budgets
     /// only, which starts the key's new turn).
     pub(crate) fn forget(&self, key: KeyHash, turns_only: bool) {
-        // Both take effect at once, whatever a retune left.
-        self.lines.lift(key);
         let policy = self.policy.load();
+        // Both take effect at once, whatever a retune left; but a new turn
+        // refills turn budgets only, and the floor may be all that keeps
+        // the key's other quotas in order.
+        let only_turns = || {
+            policy
+                .compiled
+                .iter()
+                .flat_map(|c| &c.quotas)
+                .all(|q| q.algorithm() == Kind::TurnBudget)
+        };
+        if !turns_only || only_turns() {
+            self.lines.lift(key);
+        }
         for rule in &policy.compiled {
             for (quota, table) in rule.quotas.iter().zip(&rule.tables) {
                 if !turns_only || quota.algorithm() == Kind::TurnBudget {

@@ -22,8 +22,12 @@
 //! quotas while its states now say something else (a faster rate, a quota
 //! gone, a table replaced). So a retune gives each key with waiters a
 //! *floor*, the last waiter's instant: no request booked after the retune
-//! is booked before it. A reset or a new turn lifts the floor (they take
-//! effect at once), and it goes with the line once the line empties.
+//! is booked before it (waiting requests only: the others are refused or
+//! admitted by the states, which already count the waiters). A reset lifts
+//! the floor, as it takes effect at once, and a later retune sets none for
+//! the waiters booked before the reset; a new turn lifts it when the
+//! limiter has nothing but turn budgets. The floor goes with the line once
+//! the line empties.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasherDefault;
@@ -79,6 +83,27 @@ struct Line {
     places: BTreeMap<u64, Place>,
     /// Set by a retune: nothing booked after it goes before this instant.
     floor: Option<Nanos>,
+    /// Waiters with turns before this were booked before a reset or a new
+    /// turn: a retune after it sets no floor for them.
+    since: u64,
+}
+
+impl Line {
+    /// Raise the floor to the last waiter's instant (waiters booked since
+    /// the last reset), if that is after `now`: whether it rose.
+    fn hold_back(&mut self, now: Nanos) -> bool {
+        let last = self
+            .places
+            .range(self.since..)
+            .map(|(_, p)| p.at)
+            .max()
+            .unwrap_or(0);
+        if last <= now || self.floor.is_some_and(|f| f >= last) {
+            return false;
+        }
+        self.floor = Some(last);
+        true
+    }
 }
 
 /// One waiter's place: its instant (as booked, and as a tokio instant),
@@ -145,29 +170,53 @@ impl Lines {
     }
 
     /// The instant before which nothing may be booked on `key`, as of
-    /// `now`: the floor a retune left (see the module docs), else 0.
+    /// `now`: the floor a retune left (see the module docs), else 0. A floor
+    /// beyond `horizon` is the mark of a clock that ran backwards, and is
+    /// ignored as the algorithms ignore such state.
     #[inline]
-    pub(crate) fn floor(&self, key: KeyHash, now: Nanos) -> Nanos {
+    pub(crate) fn floor(&self, key: KeyHash, now: Nanos, horizon: Nanos) -> Nanos {
         if now >= self.floors_until.load(Ordering::Acquire) {
             return 0;
         }
-        self.floor_of(key)
+        self.floor_of(key, now, horizon)
     }
 
     #[cold]
-    fn floor_of(&self, key: KeyHash) -> Nanos {
-        let queues = self.shard(key).queues.lock();
+    fn floor_of(&self, key: KeyHash, now: Nanos, horizon: Nanos) -> Nanos {
+        let shard = self.shard(key);
+        // A floor goes with its line: no waiter in the shard, no floor.
+        if shard.waiting.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
+        let queues = shard.queues.lock();
         queues
             .keys
             .get(&key.0)
             .and_then(|line| line.floor)
+            .filter(|&floor| floor <= now.saturating_add(horizon))
             .unwrap_or(0)
     }
 
-    /// After a retune: give every key whose waiters are booked beyond `now`
-    /// a floor at its last waiter's instant, and return those keys with
-    /// their floors.
-    pub(crate) fn hold_back(&self, now: Nanos) -> Vec<(KeyHash, Nanos)> {
+    /// For a retune: give `key`, if its waiters are booked beyond `now`, a
+    /// floor at its last waiter's instant. The caller holds the key's state,
+    /// under which waiters join, so no waiter is missed.
+    pub(crate) fn hold_back_key(&self, key: KeyHash, now: Nanos) {
+        let shard = self.shard(key);
+        if shard.waiting.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut queues = shard.queues.lock();
+        if let Some(line) = queues.keys.get_mut(&key.0) {
+            if line.hold_back(now) {
+                self.raise_floors(line.floor);
+            }
+        }
+    }
+
+    /// For a retune: give every key whose waiters are booked beyond `now`
+    /// a floor at its last waiter's instant. Returns every key with a floor
+    /// beyond `now`, with the floor and whether this call raised it.
+    pub(crate) fn hold_back(&self, now: Nanos) -> Vec<(KeyHash, Nanos, bool)> {
         let mut held = Vec::new();
         for shard in self.shards.iter() {
             if shard.waiting.load(Ordering::Acquire) == 0 {
@@ -175,23 +224,32 @@ impl Lines {
             }
             let mut queues = shard.queues.lock();
             for (&key, line) in &mut queues.keys {
-                let last = line.places.values().map(|p| p.at).max().unwrap_or(0);
-                if last > now {
-                    let floor = line.floor.map_or(last, |f| f.max(last));
-                    line.floor = Some(floor);
-                    self.floors_until.fetch_max(floor, Ordering::AcqRel);
-                    held.push((KeyHash(key), floor));
+                let raised = line.hold_back(now);
+                if raised {
+                    self.raise_floors(line.floor);
+                }
+                if let Some(floor) = line.floor.filter(|&f| f > now) {
+                    held.push((KeyHash(key), floor, raised));
                 }
             }
         }
         held
     }
 
-    /// A reset or a new turn takes effect at once: lift `key`'s floor.
+    fn raise_floors(&self, floor: Option<Nanos>) {
+        if let Some(floor) = floor {
+            self.floors_until.fetch_max(floor, Ordering::AcqRel);
+        }
+    }
+
+    /// A reset or a new turn takes effect at once: lift `key`'s floor, and
+    /// set none for the waiters booked so far at a later retune.
     pub(crate) fn lift(&self, key: KeyHash) {
         let mut queues = self.shard(key).queues.lock();
+        let next = queues.next_turn;
         if let Some(line) = queues.keys.get_mut(&key.0) {
             line.floor = None;
+            line.since = next;
         }
     }
 

@@ -39,7 +39,9 @@ pub(crate) const DEFAULT_RULE: &str = "(default)";
 impl Policy {
     /// Build a policy, reusing `previous`'s tables for the same rule name and
     /// quota position where the algorithm is unchanged (retuning them in
-    /// place), so no key's spending is forgotten.
+    /// place, `hold` running for each key as it is converted), so no key's
+    /// spending is forgotten.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn build(
         generation: u32,
         default: &[Quota],
@@ -48,6 +50,7 @@ impl Policy {
         epoch_offset: Nanos,
         now: Nanos,
         global: KeyHash,
+        hold: &dyn Fn(KeyHash),
     ) -> Self {
         let mut compiled = Vec::with_capacity(rules.len() + 1);
         let named = std::iter::once((DEFAULT_RULE, default, false)).chain(
@@ -67,7 +70,7 @@ impl Policy {
                     longest_period = longest_period.max(period);
                     match old.and_then(|c| c.tables.get(i)) {
                         Some(table) if table.accepts(&params) => {
-                            table.retune(&params, now);
+                            table.retune(&params, now, hold);
                             table.clone()
                         }
                         _ => Arc::new(Table::new(params, sweep_every(period), global)),

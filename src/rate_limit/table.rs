@@ -44,12 +44,10 @@ pub(crate) struct Ask<'a> {
     pub(crate) max_wait: Nanos,
     /// Report what remains.
     pub(crate) info: bool,
-    /// The line to join (see [`turn_for`]); none in reject mode and in a
-    /// dry run, where nobody waits.
+    /// The line to join (see [`turn_for`]), and the floor a retune may
+    /// have left on the key (see [`Lines::floor`]); none in reject mode and
+    /// in a dry run, where nobody waits.
     pub(crate) line: Option<&'a Lines>,
-    /// The limiter's lines, for the floor a retune may have left on the
-    /// key (see [`Lines::floor`]).
-    pub(crate) lines: &'a Lines,
 }
 
 /// What one quota decided on its own (see [`Table::admit`]).
@@ -78,9 +76,10 @@ fn admit_in<A: Algorithm>(
     let mut slot = store.slot(key);
     let now = timeline.now();
     let (alg, state) = slot.get();
-    let at = alg
-        .earliest(state, now, ask.cost, ask.horizon)
-        .max(ask.lines.floor(key, now));
+    let mut at = alg.earliest(state, now, ask.cost, ask.horizon);
+    if let Some(line) = ask.line {
+        at = at.max(line.floor(key, now, ask.horizon));
+    }
     let one = if at - now > ask.max_wait {
         One::Refused { wait: at - now }
     } else {
@@ -160,21 +159,32 @@ impl Table {
     }
 
     /// Apply new parameters of the same algorithm, converting every key's
-    /// state without minting capacity.
-    pub(crate) fn retune(&self, params: &Params, now: Nanos) {
+    /// state without minting capacity. `hold(key)` runs for each key as it
+    /// is converted, under its lock (see [`Lines::hold_back_key`]).
+    pub(crate) fn retune(&self, params: &Params, now: Nanos, hold: &dyn Fn(KeyHash)) {
         match (self, params) {
             (Self::TokenBucket(s), Params::TokenBucket(p)) => {
-                s.retune(p, |old, new, state| new.retune(old, state, now))
+                s.retune(p, |old, new, key, state| {
+                    hold(key);
+                    new.retune(old, state, now)
+                })
             }
             (Self::SlidingWindow(s), Params::SlidingWindow(p)) => {
-                s.retune(p, |old, new, state| new.retune(old, state, now))
+                s.retune(p, |old, new, key, state| {
+                    hold(key);
+                    new.retune(old, state, now)
+                })
             }
             (Self::FixedWindow(s), Params::FixedWindow(p)) => {
-                s.retune(p, |old, new, state| new.retune(old, state, now))
+                s.retune(p, |old, new, key, state| {
+                    hold(key);
+                    new.retune(old, state, now)
+                })
             }
-            (Self::TurnBudget(s), Params::TurnBudget(p)) => {
-                s.retune(p, |old, new, state| new.retune(old, state, now))
-            }
+            (Self::TurnBudget(s), Params::TurnBudget(p)) => s.retune(p, |old, new, key, state| {
+                hold(key);
+                new.retune(old, state, now)
+            }),
             _ => {}
         }
     }
@@ -233,12 +243,16 @@ impl Table {
     }
 
     /// Leave nothing available to `key` until `at`, whatever its state: a
-    /// table that replaced another while the key had waiters.
+    /// table that replaced another while the key had waiters, or a key
+    /// that moved back to a rule it has state in.
     pub(crate) fn fill_until(&self, key: KeyHash, at: Nanos) {
         each!(self, Table, |s| {
             let mut slot = s.slot(key);
             let (alg, state) = slot.get();
             alg.fill_until(state, at);
+            let tidy = slot.tidy();
+            drop(slot);
+            s.tidy(key, at, tidy);
         })
     }
 
@@ -338,14 +352,12 @@ mod tests {
             let quota = Quota::per_second(10).expect("valid quota");
             let table = Arc::new(Table::new(Params::of(&quota, 0), Nanos::MAX, GLOBAL));
             assert!(probe.table.set(table.clone()).is_ok());
-            let lines = Lines::default();
             let ask = Ask {
                 cost: 1,
                 horizon: 0,
                 max_wait: 0,
                 info: false,
                 line: None,
-                lines: &lines,
             };
             let (one, _) = table.admit(key, &timeline, ask);
             assert!(matches!(one, One::Booked { .. }));

@@ -108,7 +108,8 @@ impl Algorithm for FixedWindow {
         // before now when that window holds now, else somewhere ahead in it
         // (waiters): count them in the new window holding the latest instant
         // they can have, so none is passed.
-        let start = state.end - old.window;
+        // The first window on a limiter's timeline may start before 0.
+        let start = state.end.saturating_sub(old.window);
         let latest = if start > now { state.end - 1 } else { now };
         let end = self.end_of(latest);
         // Earlier old windows overlapping the new one may each have used
