@@ -133,10 +133,6 @@ pub(crate) enum Event {
     Queued,
     /// A waiter left the queue; `Some(wait)` when it went on to be admitted.
     Dequeued(Option<Duration>),
-    /// A request that left the queue earlier was admitted after waiting
-    /// this long (a waiter counted when it is sent, not when its turn
-    /// comes).
-    Waited(Duration),
     /// A request was admitted and went in flight: counted as admitted, and
     /// as in flight until its [`Event::Left`]. A layer that tracks in-flight
     /// records every admission this way (one counter per event on the
@@ -221,11 +217,6 @@ impl Stats {
                 }
                 c.queued.fetch_sub(1, Ordering::Relaxed) as u64
             }
-            Event::Waited(wait) => {
-                let nanos = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
-                c.wait_nanos.fetch_add(nanos, Ordering::Relaxed);
-                c.waited.fetch_add(1, Ordering::Relaxed)
-            }
             Event::Entered => c.admitted.fetch_add(1, Ordering::Relaxed),
             Event::Left => c.left.fetch_add(1, Ordering::Relaxed),
         };
@@ -248,9 +239,7 @@ impl Stats {
             Some(tally) => tally,
             // A key first seen leaving (its arrival was not counted apart)
             // stays out of the table.
-            None if matches!(event, Event::Dequeued(_) | Event::Waited(_) | Event::Left) => {
-                return;
-            }
+            None if matches!(event, Event::Dequeued(_) | Event::Left) => return,
             None if full => {
                 self.untracked.fetch_add(1, Ordering::Relaxed);
                 return;
@@ -273,12 +262,6 @@ impl Stats {
                         .wait_nanos
                         .saturating_add(u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX));
                 }
-            }
-            Event::Waited(wait) => {
-                tally.waited += 1;
-                tally.wait_nanos = tally
-                    .wait_nanos
-                    .saturating_add(u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX));
             }
             Event::Entered => tally.admitted += 1,
             Event::Left => tally.left += 1,

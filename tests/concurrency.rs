@@ -728,12 +728,12 @@ async fn granted_not_ready<X: OneKey>(key: X) {
         assert_pending!(waiter.poll());
         gated.shut.store(true, Ordering::SeqCst);
         drop(held);
-        // Granted its permit, but the service is not ready: not sent.
+        // Granted its permit, but the service is not ready: still waiting.
         assert_pending!(waiter.poll());
         let stats = handle.stats().aggregate;
         assert_eq!(
             (stats.admitted, stats.queued_now, stats.in_flight),
-            (1, 0, Some(0)),
+            (1, 1, Some(0)),
             "key stats {key_stats}: granted, not sent"
         );
         gated.shut.store(false, Ordering::SeqCst);

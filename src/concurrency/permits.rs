@@ -343,8 +343,8 @@ impl KeyState {
             return before & OUT <= 1 && self.owner.is_some();
         };
         // The permit passes on; the count of permits out stays. The waiter
-        // counts as admitted once it reaches the inner service
-        // ([`Granted::enter`]), not now: it may yet be dropped.
+        // still waits (for the inner service now), and counts as admitted
+        // once it is sent ([`Granted::enter`]): it may yet be dropped.
         if self.counts_itself() {
             queue.granted += 1;
         }
@@ -355,8 +355,6 @@ impl KeyState {
         if entered {
             self.left();
         }
-        self.stats
-            .record(self.key, Event::Dequeued(None), &String::new);
         if let Some(waker) = next.waker {
             waker.wake();
         }
@@ -366,6 +364,8 @@ impl KeyState {
     /// A permit handed to a waiter that was dropped before it was sent:
     /// give it back, the request counted neither admitted nor in flight.
     fn abandon(&self) -> bool {
+        self.stats
+            .record(self.key, Event::Dequeued(None), &String::new);
         if self.counts_itself() {
             let mut queue = self.queue.lock();
             queue.granted -= 1;
@@ -385,9 +385,9 @@ impl KeyState {
             queue.granted -= 1;
             drop(queue);
         }
-        self.entered(&String::new);
         self.stats
-            .record(self.key, Event::Waited(waited), &String::new);
+            .record(self.key, Event::Dequeued(Some(waited)), &String::new);
+        self.entered(&String::new);
     }
 
     /// Ready once `ticket` has been granted its permit; otherwise remember
@@ -577,10 +577,11 @@ impl Drop for Permit {
     }
 }
 
-/// A permit handed to a waiter that has not reached the inner service yet.
-/// It becomes a [`Permit`], and its request counts as admitted, only when
-/// the request is sent ([`Granted::enter`]); dropped before, it passes the
-/// permit on and the request counts as neither admitted nor in flight.
+/// A permit handed to a waiter that has not reached the inner service yet
+/// (still counted as queued). It becomes a [`Permit`], and its request
+/// counts as admitted, only when the request is sent ([`Granted::enter`]);
+/// dropped before, it passes the permit on and the request counts as
+/// neither admitted nor in flight.
 pub(crate) struct Granted {
     state: Arc<KeyState>,
     /// When the request joined the queue.
