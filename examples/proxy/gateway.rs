@@ -58,7 +58,7 @@ use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_throttle::backoff::{Backoff429Layer, BackoffHandle};
 use tower_throttle::concurrency::{ConcurrencyBody, ConcurrencyHandle, ConcurrencyLayer};
-use tower_throttle::error::{BoxError, ConfigError, MissingKey};
+use tower_throttle::error::{BoxError, ConfigError, KeyError, MissingKey};
 use tower_throttle::identity::{IdentityHeaderLayer, StableIds};
 use tower_throttle::key::{JsonFieldKey, KeyBuilder, KeyExtractor, key_parts};
 use tower_throttle::rate_limit::{CountAll, Limits, OneUnit, RateLimitHandle, RateLimitLayer};
@@ -97,7 +97,7 @@ impl fmt::Display for Route {
 pub struct RouteKey;
 
 impl<B> KeyExtractor<http::Request<B>> for RouteKey {
-    fn extract(&self, req: &http::Request<B>, key: &mut KeyBuilder<'_>) -> Result<(), MissingKey> {
+    fn extract(&self, req: &http::Request<B>, key: &mut KeyBuilder<'_>) -> Result<(), KeyError> {
         let route = req
             .extensions()
             .get::<Route>()
