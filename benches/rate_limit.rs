@@ -40,7 +40,7 @@ use tower::{Layer, Service};
 use tower_governor::GovernorError;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_throttle::clock::{FastClock, ManualClock};
-use tower_throttle::error::MissingKey;
+use tower_throttle::error::KeyError;
 use tower_throttle::key::{GlobalKey, HeaderKey, KeyBuilder, KeyExtractor};
 use tower_throttle::rate_limit::{Quota, RateLimitLayer};
 
@@ -121,7 +121,7 @@ struct U64Bytes;
 
 impl KeyExtractor<u64> for U64Bytes {
     #[inline]
-    fn extract(&self, req: &u64, key: &mut KeyBuilder<'_>) -> Result<(), MissingKey> {
+    fn extract(&self, req: &u64, key: &mut KeyBuilder<'_>) -> Result<(), KeyError> {
         key.push_bytes(&req.to_le_bytes());
         Ok(())
     }

@@ -143,6 +143,129 @@ impl fmt::Display for MissingKey {
 
 impl Error for MissingKey {}
 
+/// The request names its key in a way that can be read more than one way,
+/// such as a JSON body giving the key field twice. It is refused, never
+/// given a fallback key: the limiter could count one key while the inner
+/// service (or the upstream behind it) acts on another.
+///
+/// `Display` names the field and the reason, never the values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AmbiguousKey {
+    /// What was looked for, e.g. "JSON body field `model`".
+    pub wanted: String,
+    /// Why it can be read more than one way.
+    pub reason: Ambiguity,
+}
+
+impl AmbiguousKey {
+    /// An ambiguous key, saying what was looked for and why.
+    pub fn new(wanted: impl Into<String>, reason: Ambiguity) -> Self {
+        Self {
+            wanted: wanted.into(),
+            reason,
+        }
+    }
+}
+
+impl fmt::Display for AmbiguousKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "request's limit key is ambiguous ({}: {}); refused",
+            self.wanted, self.reason
+        )
+    }
+}
+
+impl Error for AmbiguousKey {}
+
+/// Why an [`AmbiguousKey`] can be read more than one way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Ambiguity {
+    /// The field is given more than once: parsers differ on which one
+    /// counts (serde_json's `Value`, Go, Python and JavaScript take the
+    /// last).
+    Repeated,
+    /// A field whose name differs from the wanted one only in case, which
+    /// Go's `encoding/json` reads as the same field.
+    CaseVariant,
+    /// The body begins as the expected format but does not continue as it,
+    /// so a lenient reader could still find a key in it.
+    Malformed,
+    /// The body is JSON in UTF-16 or UTF-32, which some parsers (Python's
+    /// `json.loads` on bytes) decode.
+    NotUtf8,
+}
+
+impl fmt::Display for Ambiguity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Repeated => "given more than once",
+            Self::CaseVariant => "also given with a name differing only in case",
+            Self::Malformed => "in a body that is not well-formed",
+            Self::NotUtf8 => "in a body that is not UTF-8",
+        })
+    }
+}
+
+/// Why no key could be read from a request: the error of
+/// [`KeyExtractor::extract`](crate::key::KeyExtractor::extract).
+///
+/// A missing key may be replaced by a layer's fallback key; an ambiguous one
+/// never is. Layers return the inner error ([`MissingKey`] or
+/// [`AmbiguousKey`]) boxed, so it is found by downcasting as before.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The request has no key.
+    Missing(MissingKey),
+    /// The request's key can be read more than one way.
+    Ambiguous(AmbiguousKey),
+}
+
+impl KeyError {
+    /// What was looked for.
+    pub fn wanted(&self) -> &str {
+        match self {
+            Self::Missing(e) => &e.wanted,
+            Self::Ambiguous(e) => &e.wanted,
+        }
+    }
+
+    /// The inner error, boxed: what the layers fail with.
+    pub fn into_box(self) -> BoxError {
+        match self {
+            Self::Missing(e) => Box::new(e),
+            Self::Ambiguous(e) => Box::new(e),
+        }
+    }
+}
+
+impl From<MissingKey> for KeyError {
+    fn from(e: MissingKey) -> Self {
+        Self::Missing(e)
+    }
+}
+
+impl From<AmbiguousKey> for KeyError {
+    fn from(e: AmbiguousKey) -> Self {
+        Self::Ambiguous(e)
+    }
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Missing(e) => e.fmt(f),
+            Self::Ambiguous(e) => e.fmt(f),
+        }
+    }
+}
+
+impl Error for KeyError {}
+
 /// The key's wait queue is full; the request was refused at once.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]

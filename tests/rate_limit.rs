@@ -409,13 +409,7 @@ async fn json_body_field_keys_requests_by_model() {
         .await
         .expect_err("gpt-4o again");
     assert_eq!(err.downcast_ref::<RateLimited>().unwrap().key, "gpt-4o");
-    for bad in [
-        r#"{"model":null}"#,
-        r#"{"other":1}"#,
-        "not json",
-        r#"{"model":"#,
-        "",
-    ] {
+    for bad in [r#"{"model":null}"#, r#"{"other":1}"#, "not json", ""] {
         let err = svc
             .ready()
             .await

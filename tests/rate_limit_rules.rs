@@ -152,7 +152,7 @@ impl KeyExtractor<http::Request<()>> for CountingKey {
         &self,
         req: &http::Request<()>,
         key: &mut KeyBuilder<'_>,
-    ) -> Result<(), tower_throttle::error::MissingKey> {
+    ) -> Result<(), tower_throttle::error::KeyError> {
         self.0.fetch_add(1, Ordering::SeqCst);
         key.push_bytes(req.headers()["x-model"].as_bytes());
         Ok(())

@@ -19,6 +19,8 @@ use tower_throttle::error::ConfigError;
 use tower_throttle::identity::IdentityConfig;
 use tower_throttle::rate_limit::RateLimitConfig;
 
+use crate::edge::{AllowedHost, AllowedOrigin};
+
 /// The configuration used without `--config`: the commented example.
 pub const DEFAULT_CONFIG: &str = include_str!("proxy.toml");
 
@@ -30,6 +32,10 @@ pub const RESERVED: [&str; 3] = ["stats", "events", "metrics"];
 
 /// The longest model name a request may carry (it becomes a stats label).
 pub const MAX_MODEL_LEN: usize = 200;
+
+/// The largest request body unless `max_body_bytes` says: the gateway's
+/// limit, and the built-in simulator's (which takes the gateway's).
+pub const DEFAULT_MAX_BODY: usize = 4 << 20;
 
 /// The whole file, as written.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -74,6 +80,10 @@ pub struct GatewaySection {
     pub max_routes: Option<i64>,
     /// Heartbeat comment on `/events` when nothing changes; default `"15s"`.
     pub events_heartbeat: Option<String>,
+    /// `Host` names answered besides the listen address's; default none.
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Browser origins allowed besides the gateway's own; default none.
+    pub allowed_origins: Option<Vec<String>>,
 }
 
 /// `[[providers]]`: one upstream.
@@ -166,17 +176,23 @@ pub struct GatewaySettings {
     pub max_routes: usize,
     /// `/events` heartbeat.
     pub events_heartbeat: Duration,
+    /// `Host`s answered besides the listen address's names.
+    pub allowed_hosts: Vec<AllowedHost>,
+    /// `Origin`s allowed besides the gateway's own.
+    pub allowed_origins: Vec<AllowedOrigin>,
 }
 
 impl Default for GatewaySettings {
     fn default() -> Self {
         Self {
             listen: None,
-            max_body: 4 << 20,
+            max_body: DEFAULT_MAX_BODY,
             upstream_timeout: Duration::from_secs(300),
             shutdown_grace: Duration::from_secs(10),
             max_routes: 1000,
             events_heartbeat: Duration::from_secs(15),
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
         }
     }
 }
@@ -245,6 +261,8 @@ pub struct SimSettings {
     pub api_key: Option<String>,
     /// Models and their limits.
     pub models: Vec<SimModel>,
+    /// Largest request body: the gateway's `max_body_bytes` when it starts.
+    pub max_body: usize,
 }
 
 impl fmt::Debug for SimSettings {
@@ -256,6 +274,7 @@ impl fmt::Debug for SimSettings {
             .field("stream_interval", &self.stream_interval)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("models", &self.models)
+            .field("max_body", &self.max_body)
             .finish()
     }
 }
@@ -292,6 +311,7 @@ impl SimSettings {
                     period: Duration::from_secs(1),
                 },
             ],
+            max_body: DEFAULT_MAX_BODY,
         }
     }
 }
@@ -320,7 +340,12 @@ impl Settings {
             .simulator
             .as_ref()
             .map(|s| s.check(env).map_err(|e| e.within("simulator")))
-            .transpose()?;
+            .transpose()?
+            // One limit: a body the gateway takes, its simulator takes too.
+            .map(|s| SimSettings {
+                max_body: gateway.max_body,
+                ..s
+            });
         let providers = check_providers(&file.providers, simulator.is_some(), env)?;
         let stack = StackConfig {
             rate_limit: file.rate_limit.clone(),
@@ -514,8 +539,28 @@ impl GatewaySection {
                 None => d.max_routes,
             },
             events_heartbeat,
+            allowed_hosts: list("allowed_hosts", &self.allowed_hosts, AllowedHost::parse)?,
+            allowed_origins: list(
+                "allowed_origins",
+                &self.allowed_origins,
+                AllowedOrigin::parse,
+            )?,
         })
     }
+}
+
+/// Each entry of an optional list, checked; an error names the entry.
+fn list<T>(
+    field: &str,
+    entries: &Option<Vec<String>>,
+    parse: fn(&str) -> Result<T, String>,
+) -> Result<Vec<T>, ConfigError> {
+    entries
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, e)| parse(e).map_err(|m| ConfigError::new(format!("{field}[{i}]"), m)))
+        .collect()
 }
 
 impl SimulatorSection {
@@ -568,6 +613,7 @@ impl SimulatorSection {
                 None => None,
             },
             models,
+            max_body: d.max_body,
         })
     }
 }

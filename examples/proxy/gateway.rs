@@ -2,8 +2,11 @@
 //! through the client stack of all four layers.
 //!
 //! ```text
-//! axum handler: provider from the path, body buffered (max_body_bytes),
-//!               model from the body's JSON "model", Route put in extensions
+//! edge::guard   Host not ours -> 421, foreign browser Origin -> 403
+//! axum handler: path that could leave the base path -> 400, provider from
+//!               the path, body buffered (max_body_bytes), model from the
+//!               body's JSON "model" (ambiguous or with control characters
+//!               -> 400), Route put in extensions
 //!   ThrottleResponseLayer   refusals -> 429/503 + Retry-After (+ RateLimit headers)
 //!   map_result              transport errors -> 502/504; body -> axum Body
 //!   Backoff429Layer         route cooling after an upstream 429: refuse or hold
@@ -32,8 +35,8 @@ use std::fmt;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -46,7 +49,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use bytes::Bytes;
 use http::uri::Authority;
-use http_body_util::{Full, LengthLimitError};
+use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -58,13 +61,14 @@ use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_throttle::backoff::{Backoff429Layer, BackoffHandle};
 use tower_throttle::concurrency::{ConcurrencyBody, ConcurrencyHandle, ConcurrencyLayer};
-use tower_throttle::error::{BoxError, ConfigError, MissingKey};
+use tower_throttle::error::{BoxError, ConfigError, KeyError, MissingKey};
 use tower_throttle::identity::{IdentityHeaderLayer, StableIds};
 use tower_throttle::key::{JsonFieldKey, KeyBuilder, KeyExtractor, key_parts};
 use tower_throttle::rate_limit::{CountAll, Limits, OneUnit, RateLimitHandle, RateLimitLayer};
 use tower_throttle::respond::{RateLimitHeaders, Rejection, ThrottleResponseLayer};
 
-use crate::config::{Credential, MAX_MODEL_LEN, Settings, Upstream as UpstreamKind};
+use crate::config::{Credential, Settings, Upstream as UpstreamKind};
+use crate::edge;
 use crate::simulator::Simulator;
 use crate::stats;
 
@@ -97,7 +101,7 @@ impl fmt::Display for Route {
 pub struct RouteKey;
 
 impl<B> KeyExtractor<http::Request<B>> for RouteKey {
-    fn extract(&self, req: &http::Request<B>, key: &mut KeyBuilder<'_>) -> Result<(), MissingKey> {
+    fn extract(&self, req: &http::Request<B>, key: &mut KeyBuilder<'_>) -> Result<(), KeyError> {
         let route = req
             .extensions()
             .get::<Route>()
@@ -382,6 +386,8 @@ struct Inner {
     shutdown: watch::Sender<bool>,
     started: SystemTime,
     model_key: JsonFieldKey,
+    /// Where the gateway listens, once it does: the names it answers to.
+    listen: OnceLock<SocketAddr>,
 }
 
 /// The gateway's shared state; cheap to clone.
@@ -483,6 +489,7 @@ impl Gateway {
                 shutdown: watch::Sender::new(false),
                 started: SystemTime::now(),
                 model_key: JsonFieldKey::new("model"),
+                listen: OnceLock::new(),
             }),
         })
     }
@@ -549,6 +556,11 @@ impl Gateway {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0)
+    }
+
+    /// Where the gateway listens, once it does.
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        self.inner.listen.get().copied()
     }
 
     /// Clients connected to `/events` now.
@@ -771,6 +783,10 @@ pub fn router(gateway: Gateway) -> Router {
         .route("/events", get(stats::events))
         .route("/metrics", get(stats::metrics))
         .fallback(forward)
+        .layer(axum::middleware::from_fn_with_state(
+            gateway.clone(),
+            edge::guard,
+        ))
         .with_state(gateway)
 }
 
@@ -790,6 +806,9 @@ fn target_for<'a>(targets: &'a [Target], path: &'a str) -> Option<(&'a Target, &
 async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response<Body> {
     let current = gateway.current();
     let (parts, body) = req.into_parts();
+    if let Some(problem) = edge::path_problem(parts.uri.path()) {
+        return json_error(StatusCode::BAD_REQUEST, "bad_path", problem);
+    }
     let Some((target, rest)) = target_for(&current.targets, parts.uri.path()) else {
         let names: Vec<&str> = current.targets.iter().map(|t| &*t.name).collect();
         return json_error(
@@ -812,7 +831,7 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
     }
     let body = match axum::body::to_bytes(body, max_body).await {
         Ok(bytes) => bytes,
-        Err(e) if is_length_limit(&e) => return too_large(max_body),
+        Err(e) if edge::is_length_limit(&e) => return too_large(max_body),
         Err(_) => {
             return json_error(
                 StatusCode::BAD_REQUEST,
@@ -847,14 +866,14 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
     *out.headers_mut() = headers;
     let model = match key_parts(&gateway.inner.model_key, &out) {
         Ok(mut parts) => parts.pop().unwrap_or_else(|| NO_MODEL.to_owned()),
+        // The limiter could count another model than the upstream serves.
+        Err(KeyError::Ambiguous(e)) => {
+            return json_error(StatusCode::BAD_REQUEST, "ambiguous_body", &e.to_string());
+        }
         Err(_) => NO_MODEL.to_owned(),
     };
-    if model.len() > MAX_MODEL_LEN || model.is_empty() {
-        return json_error(
-            StatusCode::BAD_REQUEST,
-            "bad_model",
-            "the model name is empty or too long",
-        );
+    if let Some(problem) = edge::model_problem(&model) {
+        return json_error(StatusCode::BAD_REQUEST, "bad_model", problem);
     }
     let route = Route {
         provider: target.name.clone(),
@@ -879,19 +898,8 @@ fn too_large(max: usize) -> Response<Body> {
     json_error(
         StatusCode::PAYLOAD_TOO_LARGE,
         "body_too_large",
-        &format!("the request body is larger than max_body_bytes ({max})"),
+        &edge::too_large_message(max),
     )
-}
-
-fn is_length_limit(e: &axum::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(s) = source {
-        if s.is::<LengthLimitError>() {
-            return true;
-        }
-        source = s.source();
-    }
-    false
 }
 
 /// Why the proxy could not start.
@@ -952,6 +960,14 @@ pub async fn start(
     let addr = listener
         .local_addr()
         .map_err(|e| StartError::Io(format!("cannot listen on {listen}: {e}")))?;
+    let _ = gateway.inner.listen.set(addr);
+    if addr.ip().is_unspecified() {
+        tracing::warn!(
+            %addr,
+            "listening on every interface: requests are answered for localhost and IP \
+             addresses on this port; other host names need gateway.allowed_hosts"
+        );
+    }
     let hub = tokio::spawn(stats::run_hub(gateway.clone()));
     let app = router(gateway.clone());
     let mut stop = gateway.shutdown_signal();

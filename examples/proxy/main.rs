@@ -20,7 +20,8 @@
 //!
 //! The module layout: `cli` (arguments), `config` (the file and its checks),
 //! `app` (start, banner, shutdown), `gateway` (routing and the client
-//! stack), `stats` (the four endpoints and the hub behind `/events`),
+//! stack), `edge` (what is refused before forwarding: foreign `Host` and
+//! `Origin`, paths leaving the base path, bad model names), `stats` (the four endpoints and the hub behind `/events`),
 //! `reload` (watching the file), `simulator` (the built-in upstream), `demo`
 //! and `bench` (a load generator).
 //!
@@ -33,6 +34,7 @@ mod bench;
 mod cli;
 mod config;
 mod demo;
+mod edge;
 mod gateway;
 mod reload;
 mod simulator;

@@ -23,6 +23,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::config::SimSettings;
+use crate::edge;
 
 /// What one model saw.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -258,7 +259,38 @@ fn go_duration(d: Duration) -> String {
     format!("{}m{}s", d.as_secs() / 60, d.as_secs() % 60)
 }
 
-async fn completions(State(sim): State<Arc<Sim>>, headers: HeaderMap, body: Bytes) -> Response {
+/// The body, up to the configured limit (the gateway's): beyond it a JSON
+/// 413 in the gateway's words, not axum's plain-text one at 2 MiB.
+async fn read_body(sim: &Sim, headers: &HeaderMap, body: Body) -> Result<Bytes, Response> {
+    let max = sim.settings.max_body;
+    let too_large = || {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            edge::too_large_message(max),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(too_large());
+    }
+    axum::body::to_bytes(body, max).await.map_err(|e| {
+        if edge::is_length_limit(&e) {
+            too_large()
+        } else {
+            error(
+                StatusCode::BAD_REQUEST,
+                "bad_body",
+                "the request body could not be read".to_owned(),
+            )
+        }
+    })
+}
+
+async fn completions(State(sim): State<Arc<Sim>>, headers: HeaderMap, body: Body) -> Response {
     if let Some(key) = &sim.settings.api_key {
         let sent = headers
             .get(header::AUTHORIZATION)
@@ -273,6 +305,10 @@ async fn completions(State(sim): State<Arc<Sim>>, headers: HeaderMap, body: Byte
             );
         }
     }
+    let body = match read_body(&sim, &headers, body).await {
+        Ok(body) => body,
+        Err(refused) => return refused,
+    };
     let request: serde_json::Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => {

@@ -8,7 +8,7 @@ use tower_service::Service;
 use super::cooldown::{Admit, Cooldowns};
 use super::future::ResponseFuture;
 use super::handle::BackoffHandle;
-use crate::error::{BoxError, MissingKey};
+use crate::error::{BoxError, KeyError};
 use crate::key::{KeyExtractor, KeyHash, join_parts, key_parts};
 use crate::parts::ResponseParts;
 
@@ -51,7 +51,7 @@ impl<X> Shared<X> {
         match (key_parts(&*self.extractor, req), &self.fallback) {
             (Ok(parts), _) => Arc::from(join_parts(&parts)),
             (Err(_), Some((_, key))) => key.clone(),
-            (Err(missing), None) => Arc::from(missing.wanted),
+            (Err(e), None) => Arc::from(e.wanted()),
         }
     }
 }
@@ -126,9 +126,11 @@ where
         let shared = &*self.shared;
         let key = match shared.engine.seed().hash(&*shared.extractor, &req) {
             Ok(key) => key,
-            Err(missing) => match &shared.fallback {
-                Some((key, _)) => *key,
-                None => return ResponseFuture::failed(missing_key(missing)),
+            // Only a missing key takes the fallback; an ambiguous one is
+            // refused.
+            Err(e) => match (&e, &shared.fallback) {
+                (KeyError::Missing(_), Some((key, _))) => *key,
+                _ => return ResponseFuture::failed(no_key(e)),
             },
         };
         let text = || shared.key_text(&req);
@@ -146,7 +148,7 @@ where
     }
 }
 
-fn missing_key(missing: MissingKey) -> BoxError {
-    tracing::debug!(wanted = %missing.wanted, "backoff: request has no key");
-    Box::new(missing)
+fn no_key(e: KeyError) -> BoxError {
+    tracing::debug!(error = %e, "backoff: request has no usable key");
+    e.into_box()
 }

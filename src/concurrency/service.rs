@@ -10,7 +10,7 @@ use super::future::ResponseFuture;
 use super::handle::ConcurrencyHandle;
 use super::hold::HoldPermit;
 use super::permits::{Acquire, LastKey, Permits, QueueTicket};
-use crate::error::{BoxError, MissingKey, QueueFull, QueueTimeout};
+use crate::error::{BoxError, KeyError, QueueFull, QueueTimeout};
 use crate::key::{GlobalKey, KeyExtractor, KeyHash, join_parts, key_parts};
 
 /// Everything a concurrency service reads per request, shared by its clones.
@@ -90,7 +90,7 @@ impl<X> Shared<X> {
         match (key_parts(&*self.extractor, req), &self.fallback) {
             (Ok(parts), _) => join_parts(&parts),
             (Err(_), Some((_, key))) => key.to_string(),
-            (Err(missing), None) => missing.wanted,
+            (Err(e), None) => e.wanted().to_owned(),
         }
     }
 }
@@ -182,9 +182,11 @@ where
         } else {
             let key = match shared.permits.seed().hash(&*shared.extractor, &req) {
                 Ok(key) => key,
-                Err(missing) => match &shared.fallback {
-                    Some((key, _)) => *key,
-                    None => return ResponseFuture::failed(missing_key(missing)),
+                // Only a missing key takes the fallback; an ambiguous one is
+                // refused.
+                Err(e) => match (&e, &shared.fallback) {
+                    (KeyError::Missing(_), Some((key, _))) => *key,
+                    _ => return ResponseFuture::failed(no_key(e)),
                 },
             };
             self.last.state(key, &shared.permits)
@@ -228,7 +230,7 @@ fn is_global<X: 'static>() -> bool {
     TypeId::of::<X>() == TypeId::of::<GlobalKey>()
 }
 
-fn missing_key(missing: MissingKey) -> BoxError {
-    tracing::debug!(wanted = %missing.wanted, "concurrency: request has no key");
-    Box::new(missing)
+fn no_key(e: KeyError) -> BoxError {
+    tracing::debug!(error = %e, "concurrency: request has no usable key");
+    e.into_box()
 }

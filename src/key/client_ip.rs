@@ -3,7 +3,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 use super::{KeyBuilder, KeyExtractor};
-use crate::error::MissingKey;
+use crate::error::{KeyError, MissingKey};
 use crate::parts::RequestParts;
 
 /// The address of the client that sent the request.
@@ -125,7 +125,7 @@ fn parse_ip(text: &str) -> Option<IpAddr> {
 }
 
 impl<R: RequestParts> KeyExtractor<R> for ClientIpKey {
-    fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), MissingKey> {
+    fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), KeyError> {
         let ip = if self.trusted_proxies > 0 {
             self.forwarded(req).or_else(|| Self::peer(req))
         } else {
@@ -138,7 +138,8 @@ impl<R: RequestParts> KeyExtractor<R> for ClientIpKey {
             }
             None => Err(MissingKey::new(
                 "the client address (serve with connect info, or insert a SocketAddr)",
-            )),
+            )
+            .into()),
         }
     }
 }

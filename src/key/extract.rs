@@ -4,11 +4,10 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use http::HeaderName;
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 
 use super::{KeyBuilder, KeyExtractor, KeyPart};
-use crate::error::{ConfigError, MissingKey};
-use crate::parts::{BodyBytes, RequestParts};
+use crate::error::{ConfigError, KeyError, MissingKey};
+use crate::parts::RequestParts;
 
 /// One key for every request: a limit on the whole service.
 #[derive(Clone, Copy, Debug, Default)]
@@ -16,7 +15,7 @@ pub struct GlobalKey;
 
 impl<R> KeyExtractor<R> for GlobalKey {
     #[inline]
-    fn extract(&self, _req: &R, _key: &mut KeyBuilder<'_>) -> Result<(), MissingKey> {
+    fn extract(&self, _req: &R, _key: &mut KeyBuilder<'_>) -> Result<(), KeyError> {
         Ok(())
     }
 }
@@ -44,13 +43,13 @@ impl HeaderKey {
 
 impl<R: RequestParts> KeyExtractor<R> for HeaderKey {
     #[inline]
-    fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), MissingKey> {
+    fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), KeyError> {
         match req.headers().get(&self.name) {
             Some(value) => {
                 key.push_bytes(value.as_bytes());
                 Ok(())
             }
-            None => Err(MissingKey::new(format!("header `{}`", self.name))),
+            None => Err(MissingKey::new(format!("header `{}`", self.name)).into()),
         }
     }
 }
@@ -91,16 +90,15 @@ where
     R: RequestParts,
     T: KeyPart + Send + Sync + 'static,
 {
-    fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), MissingKey> {
+    fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), KeyError> {
         match req.extensions().and_then(|ext| ext.get::<T>()) {
             Some(value) => {
                 key.push(value);
                 Ok(())
             }
-            None => Err(MissingKey::new(format!(
-                "extension `{}`",
-                std::any::type_name::<T>()
-            ))),
+            None => {
+                Err(MissingKey::new(format!("extension `{}`", std::any::type_name::<T>())).into())
+            }
         }
     }
 }
@@ -110,7 +108,7 @@ where
 pub struct HostKey;
 
 impl<R: RequestParts> KeyExtractor<R> for HostKey {
-    fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), MissingKey> {
+    fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), KeyError> {
         match req.host() {
             Some(host) if host.bytes().any(|b| b.is_ascii_uppercase()) => {
                 key.push_str(&host.to_ascii_lowercase());
@@ -120,7 +118,7 @@ impl<R: RequestParts> KeyExtractor<R> for HostKey {
                 key.push_str(host);
                 Ok(())
             }
-            None => Err(MissingKey::new("host")),
+            None => Err(MissingKey::new("host").into()),
         }
     }
 }
@@ -147,7 +145,7 @@ impl PathPrefixKey {
 }
 
 impl<R: RequestParts> KeyExtractor<R> for PathPrefixKey {
-    fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), MissingKey> {
+    fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), KeyError> {
         let path = req.path();
         // Each '/' after the first starts a new segment.
         let end = path
@@ -157,136 +155,5 @@ impl<R: RequestParts> KeyExtractor<R> for PathPrefixKey {
             .map_or(path.len(), |(i, _)| i);
         key.push_str(&path[..end]);
         Ok(())
-    }
-}
-
-/// A top-level field of a JSON request body, such as `"model"` of an LLM
-/// request. Strings key by their value, numbers and booleans by their text;
-/// a body that is absent, not in memory, not JSON, or without the field (or
-/// with `null`, an object or an array there) has no key.
-///
-/// Works for request types whose body bytes can be read without consuming the
-/// body (see [`BodyBytes`]). Only the top-level object is walked; other fields
-/// are skipped without being built.
-#[derive(Clone, Debug)]
-pub struct JsonFieldKey {
-    field: String,
-}
-
-impl JsonFieldKey {
-    /// Key by the top-level field `field`.
-    pub fn new(field: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-        }
-    }
-}
-
-impl<R: BodyBytes> KeyExtractor<R> for JsonFieldKey {
-    fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), MissingKey> {
-        let missing = || MissingKey::new(format!("JSON body field `{}`", self.field));
-        let body = req.body_bytes().ok_or_else(missing)?;
-        let mut de = serde_json::Deserializer::from_slice(body);
-        let found = FindField {
-            field: &self.field,
-            key,
-        }
-        .deserialize(&mut de)
-        .map_err(|_| missing())?;
-        if found { Ok(()) } else { Err(missing()) }
-    }
-}
-
-/// Walks a JSON object, pushing the named field's value into the key.
-struct FindField<'f, 'k, 'b> {
-    field: &'f str,
-    key: &'k mut KeyBuilder<'b>,
-}
-
-impl<'de> DeserializeSeed<'de> for FindField<'_, '_, '_> {
-    type Value = bool;
-
-    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<bool, D::Error> {
-        de.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for FindField<'_, '_, '_> {
-    type Value = bool;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
-        let mut found = false;
-        while let Some(name) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            if !found && name == self.field {
-                found = map.next_value_seed(Scalar { key: self.key })?;
-            } else {
-                map.next_value::<IgnoredAny>()?;
-            }
-        }
-        Ok(found)
-    }
-}
-
-/// Pushes a JSON scalar into the key; reports whether it was a scalar.
-struct Scalar<'k, 'b> {
-    key: &'k mut KeyBuilder<'b>,
-}
-
-impl<'de> DeserializeSeed<'de> for Scalar<'_, '_> {
-    type Value = bool;
-
-    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<bool, D::Error> {
-        de.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Scalar<'_, '_> {
-    type Value = bool;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<bool, E> {
-        self.key.push_str(v);
-        Ok(true)
-    }
-
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<bool, E> {
-        self.key.push(&v);
-        Ok(true)
-    }
-
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<bool, E> {
-        self.key.push(&v);
-        Ok(true)
-    }
-
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<bool, E> {
-        self.key.push(&v);
-        Ok(true)
-    }
-
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<bool, E> {
-        self.key.push_str(&v.to_string());
-        Ok(true)
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<bool, E> {
-        Ok(false)
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(false)
-    }
-
-    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(false)
     }
 }

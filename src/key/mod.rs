@@ -26,6 +26,7 @@
 
 mod client_ip;
 mod extract;
+mod json;
 mod part;
 
 use std::fmt;
@@ -33,10 +34,11 @@ use std::hash::{BuildHasher, Hasher};
 
 use foldhash::fast::{FoldHasher, RandomState};
 
-use crate::error::MissingKey;
+use crate::error::{KeyError, MissingKey};
 
 pub use client_ip::ClientIpKey;
-pub use extract::{ExtensionKey, GlobalKey, HeaderKey, HostKey, JsonFieldKey, PathPrefixKey};
+pub use extract::{ExtensionKey, GlobalKey, HeaderKey, HostKey, PathPrefixKey};
+pub use json::JsonFieldKey;
 pub use part::KeyPart;
 
 /// Reads a request's limit key.
@@ -44,8 +46,10 @@ pub use part::KeyPart;
 /// Implemented by the extractors in this module, by tuples of extractors, and
 /// by closures `Fn(&R) -> Option<T>` where `T:` [`KeyPart`].
 pub trait KeyExtractor<R>: Send + Sync + 'static {
-    /// Push the parts of `req`'s key into `key`, or say what is missing.
-    fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), MissingKey>;
+    /// Push the parts of `req`'s key into `key`, or say why there is none:
+    /// [`KeyError::Missing`] (a layer may use its fallback key instead) or
+    /// [`KeyError::Ambiguous`] (the request is refused).
+    fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), KeyError>;
 }
 
 /// Collects the parts of one key: hashes them, and writes their text when
@@ -132,7 +136,7 @@ impl KeySeed {
         &self,
         extractor: &X,
         req: &R,
-    ) -> Result<KeyHash, MissingKey> {
+    ) -> Result<KeyHash, KeyError> {
         let mut builder = KeyBuilder::new(self, None);
         extractor.extract(req, &mut builder)?;
         Ok(builder.finish())
@@ -158,7 +162,7 @@ impl KeySeed {
 pub fn key_parts<R, X: KeyExtractor<R> + ?Sized>(
     extractor: &X,
     req: &R,
-) -> Result<Vec<String>, MissingKey> {
+) -> Result<Vec<String>, KeyError> {
     let seed = KeySeed::default();
     let mut parts = Vec::new();
     let mut builder = KeyBuilder::new(&seed, Some(&mut parts));
@@ -184,7 +188,7 @@ pub(crate) fn join_parts<S: AsRef<str>>(parts: &[S]) -> String {
 pub fn key_text<R, X: KeyExtractor<R> + ?Sized>(
     extractor: &X,
     req: &R,
-) -> Result<String, MissingKey> {
+) -> Result<String, KeyError> {
     key_parts(extractor, req).map(|parts| join_parts(&parts))
 }
 
@@ -193,13 +197,13 @@ where
     F: Fn(&R) -> Option<T> + Send + Sync + 'static,
     T: KeyPart,
 {
-    fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), MissingKey> {
+    fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), KeyError> {
         match self(req) {
             Some(part) => {
                 key.push(&part);
                 Ok(())
             }
-            None => Err(MissingKey::new("the closure's key")),
+            None => Err(MissingKey::new("the closure's key").into()),
         }
     }
 }
@@ -211,7 +215,7 @@ macro_rules! tuple_extractor {
             $($name: KeyExtractor<R>,)+
         {
             #[allow(non_snake_case)]
-            fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), MissingKey> {
+            fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), KeyError> {
                 let ($($name,)+) = self;
                 $($name.extract(req, key)?;)+
                 Ok(())

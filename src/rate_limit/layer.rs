@@ -189,7 +189,9 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
     }
 
     /// Count requests without a key under this one shared key, instead of
-    /// refusing them with [`MissingKey`](crate::error::MissingKey).
+    /// refusing them with [`MissingKey`](crate::error::MissingKey). A request
+    /// whose key is ambiguous is still refused, with
+    /// [`AmbiguousKey`](crate::error::AmbiguousKey).
     pub fn with_fallback_key(mut self, key: impl Into<String>) -> Self {
         let key: Arc<str> = Arc::from(key.into());
         self.shared.fallback = Some((self.shared.limiter.seed().hash_parts(&[&*key]), key));

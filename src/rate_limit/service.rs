@@ -12,7 +12,7 @@ use super::handle::RateLimitHandle;
 use super::limiter::{Decision, Limiter, RateLimitInfo, Want};
 use super::policy::Policy;
 use crate::clock::Nanos;
-use crate::error::{BoxError, CostTooHigh, MissingKey, RateLimited};
+use crate::error::{BoxError, CostTooHigh, KeyError, RateLimited};
 use crate::key::{KeyExtractor, KeyHash, join_parts, key_parts};
 
 /// Everything a rate-limit service reads per request, shared by its clones.
@@ -64,7 +64,7 @@ impl<X, F, A, H> Shared<X, F, A, H> {
         match (key_parts(&*self.extractor, req), &self.fallback) {
             (Ok(parts), _) => parts,
             (Err(_), Some((_, key))) => vec![key.to_string()],
-            (Err(missing), None) => vec![missing.wanted],
+            (Err(e), None) => vec![e.wanted().to_owned()],
         }
     }
 }
@@ -161,9 +161,11 @@ where
         }
         let key = match shared.limiter.seed().hash(&*shared.extractor, &req) {
             Ok(key) => key,
-            Err(missing) => match &shared.fallback {
-                Some((key, _)) => *key,
-                None => return ResponseFuture::failed(missing_key(missing)),
+            // Only a missing key takes the fallback; an ambiguous one is
+            // refused.
+            Err(e) => match (&e, &shared.fallback) {
+                (KeyError::Missing(_), Some((key, _))) => *key,
+                _ => return ResponseFuture::failed(no_key(e)),
             },
         };
         let cost = shared.cost.cost(&req);
@@ -273,7 +275,7 @@ impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
     }
 }
 
-fn missing_key(missing: MissingKey) -> BoxError {
-    tracing::debug!(wanted = %missing.wanted, "rate limit: request has no key");
-    Box::new(missing)
+fn no_key(e: KeyError) -> BoxError {
+    tracing::debug!(error = %e, "rate limit: request has no usable key");
+    e.into_box()
 }

@@ -3,7 +3,8 @@ use std::time::Duration;
 use http::StatusCode;
 
 use crate::error::{
-    BoxError, CoolingDown, CostTooHigh, MissingKey, QueueFull, QueueTimeout, RateLimited,
+    AmbiguousKey, BoxError, CoolingDown, CostTooHigh, MissingKey, QueueFull, QueueTimeout,
+    RateLimited,
 };
 
 /// One of this crate's refusals, found in a [`BoxError`]: what a response
@@ -17,6 +18,9 @@ pub enum Rejection<'a> {
     CostTooHigh(&'a CostTooHigh),
     /// The request has no key and no fallback was set.
     MissingKey(&'a MissingKey),
+    /// The request's key can be read more than one way (a JSON body giving
+    /// the key field twice).
+    AmbiguousKey(&'a AmbiguousKey),
     /// A concurrency queue was full.
     QueueFull(&'a QueueFull),
     /// A request waited in a concurrency queue as long as allowed.
@@ -44,12 +48,15 @@ impl<'a> Rejection<'a> {
         if let Some(x) = e.downcast_ref() {
             return Some(Self::CostTooHigh(x));
         }
+        if let Some(x) = e.downcast_ref() {
+            return Some(Self::AmbiguousKey(x));
+        }
         e.downcast_ref().map(Self::MissingKey)
     }
 
     /// The status a server answers with: 429 for a rate limit, 503 for a
     /// full queue, a queue timeout or a cooldown, 413 for a request that can
-    /// never fit, 400 for one without a key.
+    /// never fit, 400 for one without a key or with an ambiguous one.
     pub fn status(&self) -> StatusCode {
         match self {
             Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -57,7 +64,7 @@ impl<'a> Rejection<'a> {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Self::CostTooHigh(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::MissingKey(_) => StatusCode::BAD_REQUEST,
+            Self::MissingKey(_) | Self::AmbiguousKey(_) => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -76,6 +83,7 @@ impl<'a> Rejection<'a> {
             Self::RateLimited(_) => "rate_limited",
             Self::CostTooHigh(_) => "cost_too_high",
             Self::MissingKey(_) => "missing_key",
+            Self::AmbiguousKey(_) => "ambiguous_key",
             Self::QueueFull(_) => "queue_full",
             Self::QueueTimeout(_) => "queue_timeout",
             Self::CoolingDown(_) => "cooling_down",
@@ -88,6 +96,7 @@ impl<'a> Rejection<'a> {
             Self::RateLimited(e) => e.to_string(),
             Self::CostTooHigh(e) => e.to_string(),
             Self::MissingKey(e) => e.to_string(),
+            Self::AmbiguousKey(e) => e.to_string(),
             Self::QueueFull(e) => e.to_string(),
             Self::QueueTimeout(e) => e.to_string(),
             Self::CoolingDown(e) => e.to_string(),
