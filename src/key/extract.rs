@@ -9,6 +9,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visi
 use super::{KeyBuilder, KeyExtractor, KeyPart};
 use crate::error::{ConfigError, MissingKey};
 use crate::parts::{BodyBytes, RequestParts};
+use crate::redact::is_secret_name;
 
 /// One key for every request: a limit on the whole service.
 #[derive(Clone, Copy, Debug, Default)]
@@ -23,22 +24,59 @@ impl<R> KeyExtractor<R> for GlobalKey {
 
 /// The value of one request header (the first, if it repeats), e.g. an API key
 /// or a tenant id.
+///
+/// The value of a header whose name says it is a secret (`Authorization`,
+/// `Cookie`, names containing `key`, `token`, `secret`, `password` or
+/// `credential`: see [`is_secret_name`]) is a secret part: errors, stats
+/// names and logs show its [fingerprint](crate::redact::Fingerprint), never
+/// the value. [`show_raw`](Self::show_raw) and [`redact`](Self::redact) say
+/// otherwise for one key.
+///
+/// ```
+/// use tower_throttle::key::{HeaderKey, key_label};
+///
+/// let req = http::Request::builder()
+///     .header("x-api-key", "sk-live-0000")
+///     .header("x-tenant", "acme")
+///     .body(())
+///     .unwrap();
+/// let shown = key_label(&HeaderKey::new("x-api-key").unwrap(), &req).unwrap();
+/// assert!(shown.starts_with('#') && !shown.contains("sk-live"));
+/// assert_eq!(key_label(&HeaderKey::new("x-tenant").unwrap(), &req).unwrap(), "acme");
+/// ```
 #[derive(Clone, Debug)]
 pub struct HeaderKey {
     name: HeaderName,
+    secret: bool,
 }
 
 impl HeaderKey {
     /// Key by the header `name`; an invalid header name is an error.
     pub fn new(name: &str) -> Result<Self, ConfigError> {
         HeaderName::try_from(name)
-            .map(|name| Self { name })
+            .map(Self::from_name)
             .map_err(|_| ConfigError::new("header", format!("`{name}` is not a valid header name")))
     }
 
     /// Key by an already valid header name.
     pub fn from_name(name: HeaderName) -> Self {
-        Self { name }
+        let secret = is_secret_name(name.as_str());
+        Self { name, secret }
+    }
+
+    /// Show the value as it is in errors, stats names and logs, even though
+    /// the header's name says it is a secret: for values that are not, such
+    /// as a `x-model-key` naming a model.
+    pub fn show_raw(mut self) -> Self {
+        self.secret = false;
+        self
+    }
+
+    /// Show only the value's fingerprint, whatever the header's name: for
+    /// values that identify a person, such as `x-user-email`.
+    pub fn redact(mut self) -> Self {
+        self.secret = true;
+        self
     }
 }
 
@@ -47,7 +85,7 @@ impl<R: RequestParts> KeyExtractor<R> for HeaderKey {
     fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), MissingKey> {
         match req.headers().get(&self.name) {
             Some(value) => {
-                key.push_bytes(value.as_bytes());
+                key.push_part(value.as_bytes(), self.secret);
                 Ok(())
             }
             None => Err(MissingKey::new(format!("header `{}`", self.name))),
@@ -168,17 +206,35 @@ impl<R: RequestParts> KeyExtractor<R> for PathPrefixKey {
 /// Works for request types whose body bytes can be read without consuming the
 /// body (see [`BodyBytes`]). Only the top-level object is walked; other fields
 /// are skipped without being built.
+///
+/// As with [`HeaderKey`], a field whose name says it is a secret
+/// (`api_key`, `token`, …: see [`is_secret_name`]) is shown only as its
+/// fingerprint; a model name is shown as it is (escaped).
 #[derive(Clone, Debug)]
 pub struct JsonFieldKey {
     field: String,
+    secret: bool,
 }
 
 impl JsonFieldKey {
     /// Key by the top-level field `field`.
     pub fn new(field: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-        }
+        let field = field.into();
+        let secret = is_secret_name(&field);
+        Self { field, secret }
+    }
+
+    /// Show the value as it is (escaped), even though the field's name says
+    /// it is a secret.
+    pub fn show_raw(mut self) -> Self {
+        self.secret = false;
+        self
+    }
+
+    /// Show only the value's fingerprint, whatever the field's name.
+    pub fn redact(mut self) -> Self {
+        self.secret = true;
+        self
     }
 }
 
@@ -189,6 +245,7 @@ impl<R: BodyBytes> KeyExtractor<R> for JsonFieldKey {
         let mut de = serde_json::Deserializer::from_slice(body);
         let found = FindField {
             field: &self.field,
+            secret: self.secret,
             key,
         }
         .deserialize(&mut de)
@@ -200,6 +257,7 @@ impl<R: BodyBytes> KeyExtractor<R> for JsonFieldKey {
 /// Walks a JSON object, pushing the named field's value into the key.
 struct FindField<'f, 'k, 'b> {
     field: &'f str,
+    secret: bool,
     key: &'k mut KeyBuilder<'b>,
 }
 
@@ -222,7 +280,10 @@ impl<'de> Visitor<'de> for FindField<'_, '_, '_> {
         let mut found = false;
         while let Some(name) = map.next_key::<std::borrow::Cow<'de, str>>()? {
             if !found && name == self.field {
-                found = map.next_value_seed(Scalar { key: self.key })?;
+                found = map.next_value_seed(Scalar {
+                    key: self.key,
+                    secret: self.secret,
+                })?;
             } else {
                 map.next_value::<IgnoredAny>()?;
             }
@@ -234,6 +295,14 @@ impl<'de> Visitor<'de> for FindField<'_, '_, '_> {
 /// Pushes a JSON scalar into the key; reports whether it was a scalar.
 struct Scalar<'k, 'b> {
     key: &'k mut KeyBuilder<'b>,
+    secret: bool,
+}
+
+impl Scalar<'_, '_> {
+    fn push(self, text: &str) -> bool {
+        self.key.push_part(text.as_bytes(), self.secret);
+        true
+    }
 }
 
 impl<'de> DeserializeSeed<'de> for Scalar<'_, '_> {
@@ -252,28 +321,23 @@ impl<'de> Visitor<'de> for Scalar<'_, '_> {
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<bool, E> {
-        self.key.push_str(v);
-        Ok(true)
+        Ok(self.push(v))
     }
 
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<bool, E> {
-        self.key.push(&v);
-        Ok(true)
+        Ok(self.push(if v { "true" } else { "false" }))
     }
 
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<bool, E> {
-        self.key.push(&v);
-        Ok(true)
+        Ok(self.push(itoa::Buffer::new().format(v)))
     }
 
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<bool, E> {
-        self.key.push(&v);
-        Ok(true)
+        Ok(self.push(itoa::Buffer::new().format(v)))
     }
 
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<bool, E> {
-        self.key.push_str(&v.to_string());
-        Ok(true)
+        Ok(self.push(&v.to_string()))
     }
 
     fn visit_unit<E: de::Error>(self) -> Result<bool, E> {
