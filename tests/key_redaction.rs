@@ -145,7 +145,7 @@ async fn secret_never_shown(source: Source, secret: &str) {
     check("RateLimited Display", &limited.to_string());
     check("RateLimited Debug", &format!("{limited:?}"));
     let names: Vec<String> = handle.stats().keys.into_iter().map(|k| k.key).collect();
-    assert_eq!(names, [fp.clone()], "rate-limit stats names");
+    assert_eq!(names, [fp.as_str()], "rate-limit stats names");
 
     let mut server = ThrottleResponseLayer::new()
         .with_headers(RateLimitHeaders::both())
@@ -192,7 +192,7 @@ async fn secret_never_shown(source: Source, secret: &str) {
     check("QueueTimeout Display", &timed_out.to_string());
     drop(held);
     let names: Vec<String> = handle.stats().keys.into_iter().map(|k| k.key).collect();
-    assert_eq!(names, [fp.clone()], "concurrency stats names");
+    assert_eq!(names, [fp.as_str()], "concurrency stats names");
 
     // Backoff: a 429 from upstream cools the key down.
     let backoff = Backoff429Layer::new(AnyKey::of(source)).with_key_stats(10);
@@ -221,7 +221,7 @@ async fn secret_never_shown(source: Source, secret: &str) {
     let cooling = cooling.downcast_ref::<CoolingDown>().unwrap();
     check("CoolingDown Display", &cooling.to_string());
     let cooldowns: Vec<String> = handle.cooldowns().into_iter().map(|c| c.key).collect();
-    assert_eq!(cooldowns, [fp.clone()], "cooldown list");
+    assert_eq!(cooldowns, [fp.as_str()], "cooldown list");
     let names: Vec<String> = handle
         .stats()
         .requests
@@ -229,7 +229,7 @@ async fn secret_never_shown(source: Source, secret: &str) {
         .into_iter()
         .map(|k| k.key)
         .collect();
-    assert_eq!(names, [fp.clone()], "backoff stats names");
+    assert_eq!(names, [fp.as_str()], "backoff stats names");
 
     // The layers' log lines: the fingerprint, never the key.
     let logs = log_text();

@@ -681,7 +681,7 @@ pub fn prometheus(s: &Snapshot) -> String {
     p.family(
         "proxy_untracked_routes",
         "gauge",
-        "Routes beyond max_routes, counted in no route's series.",
+        "Requests of routes beyond the stats tables, counted under (other).",
     );
     p.sample("proxy_untracked_routes", &[], s.untracked_routes as f64);
     p.family(

@@ -12,6 +12,15 @@
 //! never meet. A closure `Fn(&Request) -> Option<impl KeyPart>` is an extractor
 //! too.
 //!
+//! Some parts are secret: the value of a header named like a credential
+//! ([`HeaderKey`] on `x-api-key`, `Authorization`, …), a client address
+//! ([`ClientIpKey`], any `IpAddr`), anything wrapped in [`Secret`]. Limits,
+//! rules and [`key_text`] see their text like any other, but wherever the
+//! layers show a key (errors, stats names, logs, refusal responses) a secret
+//! part appears only as its [fingerprint](crate::redact::Fingerprint) and
+//! the others [escaped](crate::redact::Escaped): see [`key_label`]. Each
+//! extractor's `show_raw()` / `redact()` says otherwise for one key.
+//!
 //! ```
 //! use tower_throttle::key::{HeaderKey, KeyExtractor, PathPrefixKey, key_text};
 //!
@@ -275,7 +284,7 @@ pub fn key_text<R, X: KeyExtractor<R> + ?Sized>(
 
 /// `req`'s key as the layers show it in errors, stats names and logs: parts
 /// joined by `/`, each secret part as its
-/// [fingerprint](crate::redact::fingerprint), the others
+/// [fingerprint](crate::redact::Fingerprint), the others
 /// [escaped](crate::redact::Escaped); `(global)` for a key with no parts.
 ///
 /// ```
