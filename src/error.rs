@@ -12,6 +12,11 @@
 //! }
 //! # let _ = retry_hint;
 //! ```
+//!
+//! The key an error names is the key as it may be shown: a secret part (the
+//! value of an `x-api-key` or `Authorization` header, a client address) is
+//! given as its [fingerprint](crate::redact::Fingerprint), so a `Display`
+//! of any of these errors can go to a log or a client as it is.
 
 use std::error::Error;
 use std::fmt;
@@ -36,7 +41,11 @@ impl fmt::Display for Secs {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RateLimited {
-    /// The key in its text form (parts joined by `/`).
+    /// The key as it may be shown: parts joined by `/`, a secret part (an
+    /// API key, a token, a client address) as its
+    /// [fingerprint](crate::redact::Fingerprint), the others with control
+    /// characters [escaped](crate::redact::Escaped). Never the raw text of
+    /// a secret, so the error can be logged and sent to the client.
     pub key: String,
     /// How long until this key would admit this request: the exact instant,
     /// not the window length.
@@ -84,7 +93,7 @@ impl Error for RateLimited {}
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CostTooHigh {
-    /// The key in its text form.
+    /// The key as it may be shown (see [`RateLimited::key`]).
     pub key: String,
     /// What the request would cost.
     pub cost: u32,
@@ -270,7 +279,7 @@ impl Error for KeyError {}
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct QueueFull {
-    /// The key in its text form.
+    /// The key as it may be shown (see [`RateLimited::key`]).
     pub key: String,
     /// The queue limit that was reached.
     pub max_queue: usize,
@@ -299,7 +308,7 @@ impl Error for QueueFull {}
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct QueueTimeout {
-    /// The key in its text form.
+    /// The key as it may be shown (see [`RateLimited::key`]).
     pub key: String,
     /// How long it waited.
     pub waited: Duration,
@@ -330,7 +339,7 @@ impl Error for QueueTimeout {}
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CoolingDown {
-    /// The key in its text form.
+    /// The key as it may be shown (see [`RateLimited::key`]).
     pub key: String,
     /// How long until the cooldown ends.
     pub retry_after: Duration,

@@ -53,6 +53,7 @@ pub mod identity;
 pub mod key;
 pub mod parts;
 pub mod rate_limit;
+pub mod redact;
 pub mod respond;
 pub mod stats;
 mod store;

@@ -33,11 +33,19 @@ use tokio::sync::Notify;
 
 use crate::key::KeyHash;
 
+/// The name under which keys not counted apart are added up: those a
+/// [filter](crate::rate_limit::RateLimitLayer::with_key_stats_where)
+/// declined, and those beyond the table's size.
+pub const OTHER_KEYS: &str = "(other)";
+
 /// One key's counters (or the sum over all keys), as plain numbers.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct KeyStats {
-    /// The key's text, or `*` for the aggregate.
+    /// The key as it may be shown: parts joined by `/`, secret parts as
+    /// their [fingerprint](crate::redact::Fingerprint), the others with
+    /// control characters [escaped](crate::redact::Escaped). `*` for the
+    /// aggregate, [`OTHER_KEYS`] for the keys not counted apart.
     pub key: String,
     /// Requests let through to the inner service.
     pub admitted: u64,
@@ -67,6 +75,8 @@ pub struct StatsSnapshot {
     /// The sum over every key.
     pub aggregate: KeyStats,
     /// Per key, sorted by key text; empty unless per-key counting is on.
+    /// Keys not counted apart are added up in one more entry,
+    /// [`OTHER_KEYS`], listed once it has counted anything.
     pub keys: Vec<KeyStats>,
     /// Keys not counted apart because the per-key table was full.
     pub untracked_keys: u64,
@@ -124,6 +134,27 @@ struct Tally {
     left: u64,
 }
 
+impl Tally {
+    fn count(&mut self, event: Event) {
+        match event {
+            Event::Admitted | Event::Entered => self.admitted += 1,
+            Event::Rejected => self.rejected += 1,
+            Event::WouldReject => self.would_reject += 1,
+            Event::Queued => self.queued += 1,
+            Event::Dequeued(wait) => {
+                self.queued -= 1;
+                if let Some(wait) = wait {
+                    self.waited += 1;
+                    self.wait_nanos = self
+                        .wait_nanos
+                        .saturating_add(u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX));
+                }
+            }
+            Event::Left => self.left += 1,
+        }
+    }
+}
+
 /// What happened to one request, as the counters see it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Event {
@@ -143,6 +174,65 @@ pub(crate) enum Event {
     Left,
 }
 
+/// Which keys a layer counts apart: at most `max_keys`, and of those only
+/// the ones `filter` accepts (by the name the stats show).
+#[derive(Clone, Default)]
+pub(crate) struct KeyTracking {
+    pub(crate) max_keys: usize,
+    pub(crate) filter: Option<KeyFilter>,
+}
+
+/// Decides by a key's shown name whether it is counted apart.
+pub(crate) type KeyFilter = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+impl KeyTracking {
+    /// Up to `max_keys` keys, each as it comes.
+    pub(crate) fn up_to(max_keys: usize) -> Self {
+        Self {
+            max_keys,
+            filter: None,
+        }
+    }
+
+    /// Up to `max_keys` keys, those `filter` accepts.
+    pub(crate) fn filtered(
+        max_keys: usize,
+        filter: impl Fn(&str) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            max_keys,
+            filter: Some(Arc::new(filter)),
+        }
+    }
+}
+
+impl fmt::Debug for KeyTracking {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyTracking")
+            .field("max_keys", &self.max_keys)
+            .field("filtered", &self.filter.is_some())
+            .finish()
+    }
+}
+
+/// The per-key table: the keys counted apart, and the rest added up.
+#[derive(Default)]
+struct KeyTable {
+    keys: HashMap<u64, Tally>,
+    other: Option<Tally>,
+}
+
+impl KeyTable {
+    fn count_other(&mut self, event: Event) {
+        self.other
+            .get_or_insert_with(|| Tally {
+                text: OTHER_KEYS.to_owned(),
+                ..Tally::default()
+            })
+            .count(event);
+    }
+}
+
 /// Counts a layer keeps itself instead of in the stripes, added to the
 /// aggregate at every snapshot: requests admitted, and requests that left.
 /// It reads them from state that a subscription keeps alive (see
@@ -153,8 +243,9 @@ pub(crate) type Outside = Box<dyn Fn() -> (u64, u64) + Send + Sync>;
 pub(crate) struct Stats {
     stripes: Box<[Stripe]>,
     outside: Option<Outside>,
-    keys: Option<Mutex<HashMap<u64, Tally>>>,
+    keys: Option<Mutex<KeyTable>>,
     max_keys: usize,
+    filter: Option<KeyFilter>,
     untracked: AtomicU64,
     /// Whether the layer reports requests in flight.
     tracks_in_flight: bool,
@@ -166,20 +257,23 @@ impl fmt::Debug for Stats {
         f.debug_struct("Stats")
             .field("per_key", &self.keys.is_some())
             .field("max_keys", &self.max_keys)
+            .field("filtered", &self.filter.is_some())
             .field("tracks_in_flight", &self.tracks_in_flight)
             .finish_non_exhaustive()
     }
 }
 
 impl Stats {
-    /// Counters for a layer; `max_keys` above zero also counts up to that
-    /// many keys apart.
-    pub(crate) fn new(max_keys: usize) -> Self {
+    /// Counters for a layer; `tracking.max_keys` above zero also counts up
+    /// to that many keys apart.
+    pub(crate) fn new(tracking: KeyTracking) -> Self {
+        let max_keys = tracking.max_keys;
         Self {
             stripes: (0..STRIPES).map(|_| Stripe::default()).collect(),
             outside: None,
-            keys: (max_keys > 0).then(|| Mutex::new(HashMap::new())),
+            keys: (max_keys > 0).then(|| Mutex::new(KeyTable::default())),
             max_keys,
+            filter: tracking.filter,
             untracked: AtomicU64::new(0),
             tracks_in_flight: false,
             hub: Arc::new(Hub::default()),
@@ -228,44 +322,56 @@ impl Stats {
 
     fn record_key(
         &self,
-        keys: &Mutex<HashMap<u64, Tally>>,
+        keys: &Mutex<KeyTable>,
         key: KeyHash,
         event: Event,
         text: &dyn Fn() -> String,
     ) {
-        let mut keys = keys.lock();
-        let full = keys.len() >= self.max_keys;
-        let tally = match keys.get_mut(&key.0) {
-            Some(tally) => tally,
-            // A key first seen leaving (its arrival was not counted apart)
-            // stays out of the table.
-            None if matches!(event, Event::Dequeued(_) | Event::Left) => return,
-            None if full => {
-                self.untracked.fetch_add(1, Ordering::Relaxed);
+        let mut table = keys.lock();
+        if let Some(tally) = table.keys.get_mut(&key.0) {
+            tally.count(event);
+            return;
+        }
+        if matches!(event, Event::Dequeued(_) | Event::Left) {
+            // Keys never leave the table: one not in it when its request
+            // leaves was not in it when the request came either, and was
+            // added up with the others.
+            table.count_other(event);
+            return;
+        }
+        let mut name = None;
+        if let Some(filter) = &self.filter {
+            // The name and the filter may cost something (and the filter
+            // is the user's code): not under the lock.
+            drop(table);
+            let shown = text();
+            let tracked = filter(&shown);
+            table = keys.lock();
+            if !tracked {
+                table.count_other(event);
                 return;
             }
-            None => keys.entry(key.0).or_insert_with(|| Tally {
-                text: text(),
-                ..Tally::default()
-            }),
-        };
-        match event {
-            Event::Admitted => tally.admitted += 1,
-            Event::Rejected => tally.rejected += 1,
-            Event::WouldReject => tally.would_reject += 1,
-            Event::Queued => tally.queued += 1,
-            Event::Dequeued(wait) => {
-                tally.queued -= 1;
-                if let Some(wait) = wait {
-                    tally.waited += 1;
-                    tally.wait_nanos = tally
-                        .wait_nanos
-                        .saturating_add(u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX));
-                }
+            name = Some(shown);
+            // Another request on this key may have put it in meanwhile.
+            if let Some(tally) = table.keys.get_mut(&key.0) {
+                tally.count(event);
+                return;
             }
-            Event::Entered => tally.admitted += 1,
-            Event::Left => tally.left += 1,
         }
+        if table.keys.len() >= self.max_keys {
+            self.untracked.fetch_add(1, Ordering::Relaxed);
+            table.count_other(event);
+            return;
+        }
+        let text = name.unwrap_or_else(text);
+        table
+            .keys
+            .entry(key.0)
+            .or_insert_with(|| Tally {
+                text,
+                ..Tally::default()
+            })
+            .count(event);
     }
 
     /// The counters now.
@@ -294,7 +400,15 @@ impl Stats {
         let mut keys: Vec<KeyStats> = self
             .keys
             .as_ref()
-            .map(|keys| keys.lock().values().map(|t| self.render(t)).collect())
+            .map(|keys| {
+                let table = keys.lock();
+                table
+                    .keys
+                    .values()
+                    .chain(&table.other)
+                    .map(|t| self.render(t))
+                    .collect()
+            })
             .unwrap_or_default();
         keys.sort_by(|a, b| a.key.cmp(&b.key));
         StatsSnapshot {

@@ -142,7 +142,12 @@ fn request(key: &str, seq: usize) -> Request {
 }
 
 fn layer() -> Backoff429Layer<HeaderKey> {
-    Backoff429Layer::new(HeaderKey::new("x-key").expect("valid header name"))
+    // The test keys are plain names, not secrets: shown as they are.
+    Backoff429Layer::new(
+        HeaderKey::new("x-key")
+            .expect("valid header name")
+            .show_raw(),
+    )
 }
 
 type Svc = Backoff429<Upstream, HeaderKey>;

@@ -9,36 +9,10 @@
 
 mod support;
 
-#[allow(dead_code)]
-#[path = "../examples/proxy/app.rs"]
-mod app;
-#[allow(dead_code)]
-#[path = "../examples/proxy/bench.rs"]
-mod bench;
-#[allow(dead_code)]
-#[path = "../examples/proxy/cli.rs"]
-mod cli;
-#[allow(dead_code)]
-#[path = "../examples/proxy/config.rs"]
-mod config;
-#[allow(dead_code)]
-#[path = "../examples/proxy/demo.rs"]
-mod demo;
-#[allow(dead_code)]
-#[path = "../examples/proxy/edge.rs"]
-mod edge;
-#[allow(dead_code)]
-#[path = "../examples/proxy/gateway.rs"]
-mod gateway;
-#[allow(dead_code)]
-#[path = "../examples/proxy/reload.rs"]
-mod reload;
-#[allow(dead_code)]
-#[path = "../examples/proxy/simulator.rs"]
-mod simulator;
-#[allow(dead_code)]
-#[path = "../examples/proxy/stats.rs"]
-mod stats;
+#[macro_use]
+#[path = "support/proxy_modules.rs"]
+mod proxy_modules;
+proxy_modules!();
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

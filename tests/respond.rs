@@ -11,6 +11,7 @@ use axum::routing::get;
 use tower::ServiceBuilder;
 use tower_throttle::key::{ClientIpKey, HeaderKey};
 use tower_throttle::rate_limit::{KeyPattern, Quota, RateLimitLayer, Rule};
+use tower_throttle::redact::fingerprint;
 use tower_throttle::respond::{RateLimitHeaders, ThrottleResponseLayer};
 
 /// Serve `app` on an ephemeral loopback port, with connect info; it stops
@@ -85,12 +86,13 @@ async fn a_refusal_is_a_429_with_retry_after_headers_and_json() {
     assert_eq!(body["error"]["code"], "rate_limited");
     let retry = body["error"]["retry_after"].as_f64().unwrap();
     assert!(retry > 29.0 && retry <= 30.0, "{retry}");
+    // The API key is a secret: the message names its fingerprint.
+    let message = body["error"]["message"].as_str().unwrap();
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("`alice`")
+        message.contains(&format!("`{}`", fingerprint("alice"))),
+        "{message}"
     );
+    assert!(!message.contains("alice"), "{message}");
 
     // The stricter rule's policy and window.
     assert_eq!(get("trial").await.unwrap().status(), 200);
@@ -187,12 +189,13 @@ async fn client_ip_keys_trust_forwarded_headers_only_when_told() {
         "a spoofed first entry changes nothing"
     );
     let body: serde_json::Value = serde_json::from_str(&refused.text().await.unwrap()).unwrap();
+    // An address is shown as its fingerprint, never as it is.
+    let message = body["error"]["message"].as_str().unwrap();
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("203.0.113.1")
+        message.contains(&fingerprint("203.0.113.1").to_string()),
+        "{message}"
     );
+    assert!(!message.contains("203.0.113"), "{message}");
     let _ = stop.send(());
     tokio::time::sleep(Duration::from_millis(1)).await;
 }

@@ -65,12 +65,13 @@ use tower_throttle::error::{BoxError, ConfigError, KeyError, MissingKey};
 use tower_throttle::identity::{IdentityHeaderLayer, StableIds};
 use tower_throttle::key::{JsonFieldKey, KeyBuilder, KeyExtractor, key_parts};
 use tower_throttle::rate_limit::{CountAll, Limits, OneUnit, RateLimitHandle, RateLimitLayer};
+use tower_throttle::redact::Escaped;
 use tower_throttle::respond::{RateLimitHeaders, Rejection, ThrottleResponseLayer};
 
 use crate::config::{Credential, Settings, Upstream as UpstreamKind};
 use crate::edge;
 use crate::simulator::Simulator;
-use crate::stats;
+use crate::stats::{self, OTHER, TrackedRoutes};
 
 /// Concurrency without a `[concurrency]` section: the layer still counts
 /// requests in flight per route, it just never makes one wait.
@@ -89,9 +90,12 @@ pub struct Route {
     pub model: Arc<str>,
 }
 
+/// `provider/model`, each escaped as the layers show key parts (a model name
+/// is the client's text): the name the layers' stats give the route, and
+/// safe in a log line.
 impl fmt::Display for Route {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.provider, self.model)
+        write!(f, "{}/{}", Escaped(&self.provider), Escaped(&self.model))
     }
 }
 
@@ -192,35 +196,43 @@ impl Changed {
     }
 }
 
-/// Upstream answers by route, up to `max` routes apart.
+/// Upstream answers by route: the [tracked](TrackedRoutes) ones by name,
+/// the rest added up as [`OTHER`].
 #[derive(Debug)]
 pub struct UpstreamCounters {
-    max: usize,
-    table: Mutex<(UpstreamCounts, HashMap<Route, UpstreamCounts>)>,
+    tracked: Arc<TrackedRoutes>,
+    table: Mutex<(UpstreamCounts, HashMap<String, UpstreamCounts>)>,
     /// Touched on every answer.
     pub changed: Changed,
 }
 
 impl UpstreamCounters {
-    fn new(max: usize) -> Self {
+    fn new(tracked: Arc<TrackedRoutes>) -> Self {
         Self {
-            max,
+            tracked,
             table: Mutex::new(Default::default()),
             changed: Changed::default(),
         }
     }
 
     fn record(&self, route: Option<&Route>, status: Option<StatusCode>) {
+        let name = route.map(|route| {
+            // A route the upstream serves is real: counted by name from now.
+            if status.is_some_and(|s| s.is_success()) {
+                self.tracked.answered(route);
+            }
+            let name = route.to_string();
+            if self.tracked.contains(&name) {
+                name
+            } else {
+                OTHER.to_owned()
+            }
+        });
         {
             let mut table = self.table.lock();
             table.0.add(status);
-            if let Some(route) = route {
-                let full = table.1.len() >= self.max;
-                match table.1.get_mut(route) {
-                    Some(counts) => counts.add(status),
-                    None if !full => table.1.entry(route.clone()).or_default().add(status),
-                    None => {}
-                }
+            if let Some(name) = name {
+                table.1.entry(name).or_default().add(status);
             }
         }
         self.changed.touch();
@@ -232,7 +244,7 @@ impl UpstreamCounters {
         let mut routes: Vec<_> = table
             .1
             .iter()
-            .map(|(k, v)| (k.to_string(), v.clone()))
+            .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         routes.sort_by(|a, b| a.0.cmp(&b.0));
         (table.0.clone(), routes)
@@ -293,7 +305,8 @@ impl Service<http::Request<Bytes>> for Upstream {
             // hyper's body, boxed as is: frames still pass one by one.
             result.map(|r| r.map(Body::new)).map_err(|e| {
                 let route = route.map(|r| r.to_string()).unwrap_or_default();
-                tracing::warn!(%route, error = %error_chain(&e), "upstream request failed");
+                let error = error_chain(&e);
+                tracing::warn!(%route, error = %Escaped(&error), "upstream request failed");
                 Box::new(e) as BoxError
             })
         })
@@ -376,6 +389,7 @@ struct Inner {
     handles: Handles,
     upstream: Upstream,
     counters: Arc<UpstreamCounters>,
+    tracked: Arc<TrackedRoutes>,
     simulator: Option<SocketAddr>,
     source: String,
     config_changed: Changed,
@@ -430,9 +444,17 @@ impl Gateway {
         simulator: Option<SocketAddr>,
         source: impl Into<String>,
     ) -> Result<Self, ConfigError> {
-        let routes = settings.gateway.max_routes;
+        // Routes are counted by name only once known to be real, so that
+        // made-up models cannot push real routes out of the stats.
+        let tracked = Arc::new(TrackedRoutes::new(settings.gateway.max_routes));
+        tracked.add_configured(&settings);
+        let routes = tracked.room();
+        let is_tracked = |tracked: &Arc<TrackedRoutes>| {
+            let tracked = tracked.clone();
+            move |name: &str| tracked.contains(name)
+        };
         let rate = RateLimitLayer::with_quotas(Vec::new(), RouteKey)
-            .with_key_stats(routes)
+            .with_key_stats_where(routes, is_tracked(&tracked))
             .with_response_headers(RateLimitHeaders::ietf());
         let limits = settings.stack.rate_limit.clone().unwrap_or_default();
         rate.handle()
@@ -447,7 +469,7 @@ impl Gateway {
         };
         let mut concurrency = ConcurrencyLayer::new(max_in_flight, RouteKey)
             .map_err(|e| e.within("concurrency"))?
-            .with_key_stats(routes);
+            .with_key_stats_where(routes, is_tracked(&tracked));
         if release_at_headers {
             concurrency = concurrency.release_at_headers();
         }
@@ -455,13 +477,13 @@ impl Gateway {
             .stack
             .backoff_layer(RouteKey)?
             .unwrap_or_else(|| Backoff429Layer::new(RouteKey))
-            .with_key_stats(routes);
+            .with_key_stats_where(routes, is_tracked(&tracked));
         let handles = Handles {
             rate: rate.handle(),
             concurrency: concurrency.handle(),
             backoff: backoff.handle(),
         };
-        let counters = Arc::new(UpstreamCounters::new(routes));
+        let counters = Arc::new(UpstreamCounters::new(tracked.clone()));
         let upstream = Upstream {
             client: http_client(),
             counters: counters.clone(),
@@ -480,6 +502,7 @@ impl Gateway {
                 handles,
                 upstream,
                 counters,
+                tracked,
                 simulator,
                 source: source.into(),
                 config_changed: Changed::default(),
@@ -516,6 +539,7 @@ impl Gateway {
             .rate
             .apply(&limits)
             .map_err(|e| e.within("rate_limit"))?;
+        self.inner.tracked.add_configured(&current.settings);
         self.inner.current.store(Arc::new(current));
         self.inner.config_changed.touch();
         Ok(Applied {
@@ -537,6 +561,11 @@ impl Gateway {
     /// Upstream answers by route.
     pub fn counters(&self) -> &UpstreamCounters {
         &self.inner.counters
+    }
+
+    /// The routes counted by name.
+    pub fn tracked(&self) -> &TrackedRoutes {
+        &self.inner.tracked
     }
 
     /// Touched on every applied reload.

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
+use tower_throttle::redact::Escaped;
 
 use crate::config::Settings;
 use crate::gateway::Gateway;
@@ -97,7 +98,9 @@ pub fn apply(
             true
         }
         Err(e) => {
-            let e = e.replace(['\n', '\r'], " ");
+            // The file's text can be anything: no raw control character
+            // reaches the log.
+            let e = Escaped(&e);
             tracing::error!("config reload refused: {e}; the running configuration stays in force");
             false
         }

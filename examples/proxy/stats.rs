@@ -7,8 +7,14 @@
 //! [`COALESCE`] for the rest of the burst, builds one snapshot and publishes
 //! it to every `/events` client through a `watch` channel (a slow client
 //! skips to the latest). With nobody listening it builds nothing.
+//!
+//! Model names are chosen by clients, so a flood of made-up ones must not
+//! push real routes out of the stats: only [`TrackedRoutes`] are counted by
+//! name, everything else is added up as one route, [`OTHER`], and no view
+//! lists more than `max_routes` routes. Every name is escaped where it is
+//! written (JSON by serde, Prometheus label values by [`label_value`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -21,12 +27,94 @@ use axum::http::{Response, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse};
 use futures::Stream;
+use parking_lot::RwLock;
 use serde::Serialize;
 use tokio::sync::watch;
 use tower_throttle::backoff::CooldownEntry;
-use tower_throttle::stats::KeyStats;
+use tower_throttle::stats::{KeyStats, OTHER_KEYS};
 
-use crate::gateway::{Gateway, ProviderInfo, UpstreamCounts};
+use crate::config::{Settings, Upstream};
+use crate::gateway::{Gateway, ProviderInfo, Route, UpstreamCounts};
+
+/// The route every route not counted by name is added up in.
+pub const OTHER: &str = OTHER_KEYS;
+
+/// The routes counted by name: those the configuration names (a rate-limit
+/// rule for one provider and one model, a simulator model) and those the
+/// upstream answered with a 2xx; at most `max_routes - 1` of them, the last
+/// entry being [`OTHER`]. Names are only ever added, so every name a layer
+/// once counted stays tracked.
+#[derive(Debug)]
+pub struct TrackedRoutes {
+    room: usize,
+    names: RwLock<HashSet<String>>,
+}
+
+impl TrackedRoutes {
+    /// Room for `max_routes` entries in all, [`OTHER`] included.
+    pub fn new(max_routes: usize) -> Self {
+        Self {
+            room: max_routes.saturating_sub(1),
+            names: RwLock::new(HashSet::new()),
+        }
+    }
+
+    /// How many routes may be counted by name.
+    pub fn room(&self) -> usize {
+        self.room
+    }
+
+    /// Whether the route shown as `name` is counted by name.
+    pub fn contains(&self, name: &str) -> bool {
+        self.names.read().contains(name)
+    }
+
+    /// Track `name` if there is room.
+    fn add(&self, name: String) {
+        if self.contains(&name) {
+            return;
+        }
+        let mut names = self.names.write();
+        if names.len() < self.room {
+            names.insert(name);
+        }
+    }
+
+    /// Track the routes `settings` names.
+    pub fn add_configured(&self, settings: &Settings) {
+        let rules = settings.file.rate_limit.iter().flat_map(|r| &r.rules);
+        for rule in rules {
+            if let (Some(provider), Some(model)) = (&rule.provider, &rule.model) {
+                if !provider.contains(['*', '?']) && !model.contains(['*', '?']) {
+                    self.add(route_name(provider, model));
+                }
+            }
+        }
+        let simulated = settings
+            .providers
+            .iter()
+            .filter(|p| p.upstream == Upstream::Simulator);
+        for provider in simulated {
+            for model in settings.simulator.iter().flat_map(|s| &s.models) {
+                self.add(route_name(&provider.name, &model.name));
+            }
+        }
+    }
+
+    /// The upstream answered `route` with a 2xx: it is real.
+    pub fn answered(&self, route: &Route) {
+        self.add(route.to_string());
+    }
+}
+
+/// A route's name as the layers show it (see [`Route`]'s `Display`).
+fn route_name(provider: &str, model: &str) -> String {
+    Route {
+        provider: provider.into(),
+        model: model.into(),
+    }
+    .to_string()
+}
 
 /// How long the hub gathers a burst of changes into one event.
 pub const COALESCE: Duration = Duration::from_millis(50);
@@ -60,9 +148,11 @@ pub struct Snapshot {
     pub providers: Vec<ProviderInfo>,
     /// Every route added up.
     pub aggregate: Aggregate,
-    /// Per (provider, model) route, sorted.
+    /// Per (provider, model) route, sorted: at most `max_routes`, routes not
+    /// counted by name added up as one, [`OTHER`].
     pub routes: Vec<RouteStats>,
-    /// Routes beyond `max_routes`, counted in the aggregate only.
+    /// Requests of routes beyond `max_routes`, counted in the aggregate and
+    /// [`OTHER`] only.
     pub untracked_routes: u64,
     /// Clients on `/events` now.
     pub event_clients: usize,
@@ -132,9 +222,12 @@ pub fn snapshot(gateway: &Gateway, seq: u64) -> Snapshot {
     let mut rate_keys = keyed(rate.keys);
     let mut concurrency_keys = keyed(concurrency.keys);
     let mut backoff_keys = keyed(backoff.requests.keys);
+    // A cooldown is listed on its route's line, so only a tracked route's.
+    let tracked = gateway.tracked();
     let mut cooldowns: BTreeMap<String, CooldownEntry> = backoff
         .cooldowns
         .into_iter()
+        .filter(|c| tracked.contains(&c.key))
         .map(|c| (c.key.clone(), c))
         .collect();
     let mut upstream: BTreeMap<String, UpstreamCounts> = upstream.into_iter().collect();
@@ -156,7 +249,11 @@ pub fn snapshot(gateway: &Gateway, seq: u64) -> Snapshot {
     let routes = names
         .into_iter()
         .map(|route| {
-            let (provider, model) = route.split_once('/').unwrap_or((&route, ""));
+            let (provider, model) = match route.split_once('/') {
+                _ if route == OTHER => (OTHER, OTHER),
+                Some(split) => split,
+                None => (route.as_str(), ""),
+            };
             RouteStats {
                 provider: provider.to_owned(),
                 model: model.to_owned(),
@@ -354,14 +451,30 @@ struct Prom {
     out: String,
 }
 
-/// A label value with `\`, `"` and newlines escaped.
-fn escape(value: &str) -> String {
+/// A label value as the text format wants it: `\`, `"` and line feeds
+/// escaped as `\\`, `\"` and `\n`. The format lets every other character
+/// through raw; a control character (CR, ESC, NUL, …) is written as the text
+/// of its Rust escape instead (the value then reads `\u{1b}`), so none
+/// reaches a scraper or a terminal. Route names come escaped from the layers
+/// already; this holds for every other label too (provider names come from
+/// the file).
+///
+/// Written here rather than with `prometheus-client`: that crate writes
+/// OpenMetrics (`# EOF`, counter families named without `_total`), which
+/// would change every series this endpoint has always served.
+pub fn label_value(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
     for c in value.chars() {
         match c {
             '\\' => out.push_str("\\\\"),
             '"' => out.push_str("\\\""),
             '\n' => out.push_str("\\n"),
+            '\0' => out.push_str("\\\\0"),
+            c if c.is_control() => {
+                // `\u{1b}` with its backslash escaped: `\\u{1b}`.
+                out.push('\\');
+                out.extend(c.escape_default());
+            }
             c => out.push(c),
         }
     }
@@ -382,7 +495,7 @@ impl Prom {
                 if i > 0 {
                     self.out.push(',');
                 }
-                let _ = write!(self.out, "{k}=\"{}\"", escape(v));
+                let _ = write!(self.out, "{k}=\"{}\"", label_value(v));
             }
             self.out.push('}');
         }
@@ -568,7 +681,7 @@ pub fn prometheus(s: &Snapshot) -> String {
     p.family(
         "proxy_untracked_routes",
         "gauge",
-        "Routes beyond max_routes, counted in no route's series.",
+        "Requests of routes beyond the stats tables, counted under (other).",
     );
     p.sample("proxy_untracked_routes", &[], s.untracked_routes as f64);
     p.family(

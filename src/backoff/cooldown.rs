@@ -26,17 +26,17 @@ use super::stats::CooldownEntry;
 use crate::clock::{ClockSource, Nanos, Timeline, saturating_nanos};
 use crate::error::CoolingDown;
 use crate::key::{KeyHash, KeySeed};
-use crate::stats::{Event, Stats};
+use crate::stats::{Event, KeyTracking, Stats};
 use crate::store::{Idle, Store};
 
 /// What a backoff layer is built with.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Config {
     pub(crate) backoff: ExponentialBackoff,
     pub(crate) max_cooldown: Duration,
     pub(crate) on_503: bool,
     pub(crate) proactive: bool,
-    pub(crate) key_stats: usize,
+    pub(crate) key_stats: KeyTracking,
 }
 
 /// One waiter in a route's queue.
@@ -181,6 +181,7 @@ pub(crate) struct Watch {
 
 impl Cooldowns {
     pub(crate) fn new(config: Config) -> Self {
+        let key_stats = config.key_stats.clone();
         Self {
             timeline: Timeline::new(ClockSource::Tokio),
             seed: KeySeed::default(),
@@ -189,7 +190,7 @@ impl Cooldowns {
             config,
             epochs: AtomicU64::new(0),
             started: AtomicU64::new(0),
-            stats: Arc::new(Stats::new(config.key_stats)),
+            stats: Arc::new(Stats::new(key_stats)),
         }
     }
 

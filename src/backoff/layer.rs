@@ -9,6 +9,7 @@ use super::exponential::ExponentialBackoff;
 use super::handle::BackoffHandle;
 use super::service::{Backoff429, Shared};
 use crate::error::ConfigError;
+use crate::stats::KeyTracking;
 
 /// The first exponential cooldown, by default: 1 s.
 pub const DEFAULT_INITIAL_BACKOFF: Duration = Duration::from_secs(1);
@@ -65,7 +66,7 @@ impl<X> Backoff429Layer<X> {
             max_cooldown: DEFAULT_MAX_COOLDOWN,
             on_503: false,
             proactive: false,
-            key_stats: 0,
+            key_stats: KeyTracking::default(),
         };
         Self {
             shared: Shared {
@@ -79,7 +80,7 @@ impl<X> Backoff429Layer<X> {
 
     /// Build the table again with a changed configuration.
     fn rebuild(mut self, change: impl FnOnce(&mut Config)) -> Self {
-        let mut config = *self.shared.engine.config();
+        let mut config = self.shared.engine.config().clone();
         change(&mut config);
         let engine = Cooldowns::new(config);
         if let Some((_, key)) = self.shared.fallback.take() {
@@ -139,9 +140,23 @@ impl<X> Backoff429Layer<X> {
     }
 
     /// Count up to `max_keys` keys apart in the [stats](BackoffHandle::stats)
-    /// (the aggregate is always counted).
+    /// (the aggregate is always counted). Keys beyond that are added up as
+    /// [`OTHER_KEYS`](crate::stats::OTHER_KEYS).
     pub fn with_key_stats(self, max_keys: usize) -> Self {
-        self.rebuild(|c| c.key_stats = max_keys)
+        self.rebuild(|c| c.key_stats = KeyTracking::up_to(max_keys))
+    }
+
+    /// Count up to `max_keys` keys apart in the stats, only those whose
+    /// shown name `filter` accepts; the others are added up as
+    /// [`OTHER_KEYS`](crate::stats::OTHER_KEYS). See
+    /// [`RateLimitLayer::with_key_stats_where`](crate::rate_limit::RateLimitLayer::with_key_stats_where).
+    pub fn with_key_stats_where(
+        self,
+        max_keys: usize,
+        filter: impl Fn(&str) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        let tracking = KeyTracking::filtered(max_keys, filter);
+        self.rebuild(|c| c.key_stats = tracking)
     }
 
     /// Put requests without a key under this one shared key, instead of

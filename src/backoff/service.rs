@@ -9,8 +9,9 @@ use super::cooldown::{Admit, Cooldowns};
 use super::future::ResponseFuture;
 use super::handle::BackoffHandle;
 use crate::error::{BoxError, KeyError};
-use crate::key::{KeyExtractor, KeyHash, join_parts, key_parts};
+use crate::key::{KeyExtractor, KeyHash, key_label};
 use crate::parts::ResponseParts;
+use crate::redact::Escaped;
 
 /// Everything a backoff service reads per request, shared by its clones.
 pub(crate) struct Shared<X> {
@@ -43,14 +44,15 @@ impl<X> fmt::Debug for Shared<X> {
 }
 
 impl<X> Shared<X> {
-    /// `req`'s key as text, for errors, stats and the cooldown list.
+    /// `req`'s key as it may be shown, for errors, stats and the cooldown
+    /// list (secret parts as fingerprints).
     fn key_text<R>(&self, req: &R) -> Arc<str>
     where
         X: KeyExtractor<R>,
     {
-        match (key_parts(&*self.extractor, req), &self.fallback) {
-            (Ok(parts), _) => Arc::from(join_parts(&parts)),
-            (Err(_), Some((_, key))) => key.clone(),
+        match (key_label(&*self.extractor, req), &self.fallback) {
+            (Ok(label), _) => Arc::from(label),
+            (Err(_), Some((_, key))) => Arc::from(Escaped(key).to_string()),
             (Err(e), None) => Arc::from(e.wanted()),
         }
     }

@@ -12,7 +12,7 @@ use crate::stats::{StatsSnapshot, StatsSubscription};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct CooldownEntry {
-    /// The key in its text form.
+    /// The key as it may be shown (see [`KeyStats::key`](crate::stats::KeyStats::key)).
     pub key: String,
     /// How long the cooldown has left (serialized as `remaining_ms`).
     #[serde(rename = "remaining_ms", serialize_with = "millis")]

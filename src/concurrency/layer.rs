@@ -8,6 +8,7 @@ use super::handle::ConcurrencyHandle;
 use super::permits::Permits;
 use super::service::{Concurrency, Shared};
 use crate::error::ConfigError;
+use crate::stats::KeyTracking;
 
 /// Caps the requests in flight per key; further requests wait their turn in
 /// strict arrival order.
@@ -68,7 +69,7 @@ impl<X> ConcurrencyLayer<X> {
         }
         Ok(Self {
             shared: Shared {
-                permits: Permits::new(max_in_flight, 0),
+                permits: Permits::new(max_in_flight, KeyTracking::default()),
                 extractor: Arc::new(extractor),
                 max_queue: usize::MAX,
                 queue_timeout: None,
@@ -115,8 +116,26 @@ impl<X> ConcurrencyLayer<X> {
 
     /// Count up to `max_keys` keys apart in the
     /// [stats](ConcurrencyHandle::stats) (the aggregate is always counted).
-    pub fn with_key_stats(mut self, max_keys: usize) -> Self {
-        let permits = Permits::new(self.shared.permits.max(), max_keys);
+    /// Keys beyond that are added up as
+    /// [`OTHER_KEYS`](crate::stats::OTHER_KEYS).
+    pub fn with_key_stats(self, max_keys: usize) -> Self {
+        self.with_key_tracking(KeyTracking::up_to(max_keys))
+    }
+
+    /// Count up to `max_keys` keys apart in the stats, only those whose
+    /// shown name `filter` accepts; the others are added up as
+    /// [`OTHER_KEYS`](crate::stats::OTHER_KEYS). See
+    /// [`RateLimitLayer::with_key_stats_where`](crate::rate_limit::RateLimitLayer::with_key_stats_where).
+    pub fn with_key_stats_where(
+        self,
+        max_keys: usize,
+        filter: impl Fn(&str) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.with_key_tracking(KeyTracking::filtered(max_keys, filter))
+    }
+
+    fn with_key_tracking(mut self, tracking: KeyTracking) -> Self {
+        let permits = Permits::new(self.shared.permits.max(), tracking);
         if let Some((_, key)) = self.shared.fallback.take() {
             self.shared.fallback = Some((permits.seed().hash_parts(&[&*key]), key));
         }

@@ -31,6 +31,7 @@
 //! use tower_throttle::concurrency::ConcurrencyLayer;
 //! use tower_throttle::error::QueueFull;
 //! use tower_throttle::key::HeaderKey;
+//! use tower_throttle::redact::fingerprint;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -45,7 +46,9 @@
 //! // The first answer's body is not read yet: alice's one permit is in use.
 //! let answer = svc.ready().await?.call(request()).await?;
 //! let refused = svc.ready().await?.call(request()).await.unwrap_err();
-//! assert_eq!(refused.downcast_ref::<QueueFull>().unwrap().key, "alice");
+//! // An API key is a secret: the error names its fingerprint.
+//! let key = &refused.downcast_ref::<QueueFull>().unwrap().key;
+//! assert_eq!(*key, fingerprint("alice").to_string());
 //!
 //! // Done with the body: the permit is back.
 //! drop(answer);

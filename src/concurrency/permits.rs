@@ -47,7 +47,7 @@ use tokio::time::Instant;
 
 use crate::clock::Nanos;
 use crate::key::{KeyHash, KeySeed};
-use crate::stats::{Event, Stats};
+use crate::stats::{Event, KeyTracking, Stats};
 use crate::store::{Idle, Store};
 
 /// Set in a key's word while its queue has waiters.
@@ -463,19 +463,19 @@ impl fmt::Debug for Permits {
 
 impl Permits {
     /// Permits for at most `max` requests in flight per key (`max > 0`,
-    /// checked by the layer); `key_stats` keys counted apart.
-    pub(crate) fn new(max: usize, key_stats: usize) -> Arc<Self> {
+    /// checked by the layer); `key_stats` says which keys are counted apart.
+    pub(crate) fn new(max: usize, key_stats: KeyTracking) -> Arc<Self> {
         let max = max.min(MAX_PERMITS);
         let seed = KeySeed::default();
         // The key with no parts: what `seed.hash` makes of `GlobalKey`.
         let global = seed.hash_parts::<&str>(&[]);
         Arc::new_cyclic(|me: &Weak<Self>| {
-            let mut stats = Stats::new(key_stats).tracking_in_flight();
             // The single key counts its requests in flight in its own word,
             // with the atomic operations that take and give back permits,
             // rather than with two more on the stats; a snapshot adds them
             // in. Counted apart, its requests go to the per-key table.
-            let counts_itself = key_stats == 0;
+            let counts_itself = key_stats.max_keys == 0;
+            let mut stats = Stats::new(key_stats).tracking_in_flight();
             if counts_itself {
                 let me = me.clone();
                 stats = stats.counting_outside(Box::new(move || {
@@ -750,7 +750,7 @@ mod tests {
 
     #[test]
     fn the_single_key_moves_its_admissions_out_of_its_word_and_loses_none() {
-        let permits = Permits::new(1, 0);
+        let permits = Permits::new(1, KeyTracking::default());
         let single = permits.single();
         let text = || String::from("(global)");
         // As if CARRY - 1 requests had come and gone.

@@ -11,7 +11,8 @@ use super::handle::ConcurrencyHandle;
 use super::hold::HoldPermit;
 use super::permits::{Acquire, LastKey, Permits, QueueTicket};
 use crate::error::{BoxError, KeyError, QueueFull, QueueTimeout};
-use crate::key::{GlobalKey, KeyExtractor, KeyHash, join_parts, key_parts};
+use crate::key::{GlobalKey, KeyExtractor, KeyHash, key_label};
+use crate::redact::Escaped;
 
 /// Everything a concurrency service reads per request, shared by its clones.
 pub(crate) struct Shared<X> {
@@ -82,14 +83,15 @@ impl<X> Shared<X> {
         }
     }
 
-    /// The text of `req`'s key, for errors, logs and per-key counters.
+    /// `req`'s key as it may be shown, for errors, logs and per-key
+    /// counters (secret parts as fingerprints).
     fn key_text<R>(&self, req: &R) -> String
     where
         X: KeyExtractor<R>,
     {
-        match (key_parts(&*self.extractor, req), &self.fallback) {
-            (Ok(parts), _) => join_parts(&parts),
-            (Err(_), Some((_, key))) => key.to_string(),
+        match (key_label(&*self.extractor, req), &self.fallback) {
+            (Ok(label), _) => label,
+            (Err(_), Some((_, key))) => Escaped(key).to_string(),
             (Err(e), None) => e.wanted().to_owned(),
         }
     }

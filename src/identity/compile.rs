@@ -13,26 +13,6 @@ use super::{
 };
 use crate::error::ConfigError;
 
-/// Parts of a header name that mark its value as secret.
-const SENSITIVE_MARKERS: [&str; 7] = [
-    "authorization",
-    "cookie",
-    "key",
-    "token",
-    "secret",
-    "password",
-    "credential",
-];
-
-/// Whether a header with this name carries a secret by its name alone.
-pub(super) fn name_looks_sensitive(name: &str) -> bool {
-    SENSITIVE_MARKERS.iter().any(|marker| {
-        name.as_bytes()
-            .windows(marker.len())
-            .any(|w| w.eq_ignore_ascii_case(marker.as_bytes()))
-    })
-}
-
 /// Where a rule's host condition puts it in the index.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum HostMatch {
@@ -374,24 +354,6 @@ fn host_match(host: &str) -> Result<HostMatch, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sensitive_names() {
-        for name in [
-            "authorization",
-            "Proxy-Authorization",
-            "x-api-key",
-            "X-Auth-Token",
-            "client-secret",
-            "cookie",
-            "x-password",
-        ] {
-            assert!(name_looks_sensitive(name), "{name}");
-        }
-        for name in ["user-agent", "x-title", "x-request-id", "accept"] {
-            assert!(!name_looks_sensitive(name), "{name}");
-        }
-    }
 
     #[test]
     fn hosts() {

@@ -14,7 +14,8 @@
 //! invalid one is a [`ConfigError`](crate::error::ConfigError) naming the
 //! rule and the header, never a panic. Secret values (`Authorization`, names
 //! containing `key`, `token`, `secret`, `cookie`, `password` or
-//! `credential`, and any the user marks) are stored with
+//! `credential`, as [`is_secret_name`](crate::redact::is_secret_name) decides
+//! for the key extractors too, and any the user marks) are stored with
 //! [`HeaderValue::set_sensitive`](http::HeaderValue::set_sensitive) and
 //! shown as `<redacted>` in `Debug`.
 //!

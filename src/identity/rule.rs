@@ -7,7 +7,7 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 
-use super::compile::name_looks_sensitive;
+use crate::redact::is_secret_name;
 
 /// One identity rule: which outbound requests it matches, and the headers it
 /// sets on them.
@@ -212,7 +212,7 @@ impl Rule {
 
     /// Whether this rule treats the value of header `name` as secret.
     pub(super) fn is_sensitive(&self, name: &str) -> bool {
-        name_looks_sensitive(name) || self.sensitive.iter().any(|s| s.eq_ignore_ascii_case(name))
+        is_secret_name(name) || self.sensitive.iter().any(|s| s.eq_ignore_ascii_case(name))
     }
 }
 

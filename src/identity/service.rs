@@ -9,6 +9,7 @@ use super::compile::{Compiled, Value};
 use super::ids::{RequestIds, StableValues};
 use super::matching::RuleSet;
 use crate::parts::{RequestHeadersMut, RequestParts};
+use crate::redact::Escaped;
 
 /// What every service of one layer shares: the rules, the stable ids and the
 /// request id generator.
@@ -36,7 +37,7 @@ impl Shared {
         let Some(rule) = self.rules.find(req).and_then(|i| self.rules.get(i)) else {
             return;
         };
-        tracing::trace!(rule = %rule.label, "identity: rule applies");
+        tracing::trace!(rule = %Escaped(&rule.label), "identity: rule applies");
         self.write(rule, RequestHeadersMut::headers_mut(req));
     }
 
@@ -63,7 +64,7 @@ impl Shared {
             if written.is_err() {
                 // `HeaderMap` holds at most 32,768 headers; never panic over it.
                 tracing::warn!(
-                    rule = %rule.label,
+                    rule = %Escaped(&rule.label),
                     header = %write.name,
                     "identity: request has too many headers; header not set"
                 );

@@ -2,6 +2,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
+use super::part::push_display;
 use super::{KeyBuilder, KeyExtractor};
 use crate::error::{KeyError, MissingKey};
 use crate::parts::RequestParts;
@@ -16,6 +17,10 @@ use crate::parts::RequestParts;
 /// never trusted unless [`trust_proxies`](Self::trust_proxies) says how many
 /// proxies in front of the server add them: then the address those proxies
 /// saw is used, and entries a client put before them are ignored.
+///
+/// An address identifies a person: errors, stats names and logs show its
+/// [fingerprint](crate::redact::Fingerprint), unless
+/// [`show_raw`](Self::show_raw) says otherwise.
 ///
 /// ```
 /// use tower_throttle::key::{ClientIpKey, key_text};
@@ -33,6 +38,7 @@ use crate::parts::RequestParts;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ClientIpKey {
     trusted_proxies: usize,
+    show_raw: bool,
 }
 
 impl ClientIpKey {
@@ -47,6 +53,13 @@ impl ClientIpKey {
     /// `X-Real-IP` set by it is used when no list is present.
     pub fn trust_proxies(mut self, n: usize) -> Self {
         self.trusted_proxies = n;
+        self
+    }
+
+    /// Show the address as it is in errors, stats names and logs, not as
+    /// its fingerprint.
+    pub fn show_raw(mut self) -> Self {
+        self.show_raw = true;
         self
     }
 
@@ -133,7 +146,7 @@ impl<R: RequestParts> KeyExtractor<R> for ClientIpKey {
         };
         match ip {
             Some(ip) => {
-                key.push(&ip);
+                push_display(&ip, key, !self.show_raw);
                 Ok(())
             }
             None => Err(MissingKey::new(

@@ -8,6 +8,7 @@ use http::HeaderName;
 use super::{KeyBuilder, KeyExtractor, KeyPart};
 use crate::error::{ConfigError, KeyError, MissingKey};
 use crate::parts::RequestParts;
+use crate::redact::is_secret_name;
 
 /// One key for every request: a limit on the whole service.
 #[derive(Clone, Copy, Debug, Default)]
@@ -22,22 +23,59 @@ impl<R> KeyExtractor<R> for GlobalKey {
 
 /// The value of one request header (the first, if it repeats), e.g. an API key
 /// or a tenant id.
+///
+/// The value of a header whose name says it is a secret (`Authorization`,
+/// `Cookie`, names containing `key`, `token`, `secret`, `password` or
+/// `credential`: see [`is_secret_name`]) is a secret part: errors, stats
+/// names and logs show its [fingerprint](crate::redact::Fingerprint), never
+/// the value. [`show_raw`](Self::show_raw) and [`redact`](Self::redact) say
+/// otherwise for one key.
+///
+/// ```
+/// use tower_throttle::key::{HeaderKey, key_label};
+///
+/// let req = http::Request::builder()
+///     .header("x-api-key", "sk-live-0000")
+///     .header("x-tenant", "acme")
+///     .body(())
+///     .unwrap();
+/// let shown = key_label(&HeaderKey::new("x-api-key").unwrap(), &req).unwrap();
+/// assert!(shown.starts_with('#') && !shown.contains("sk-live"));
+/// assert_eq!(key_label(&HeaderKey::new("x-tenant").unwrap(), &req).unwrap(), "acme");
+/// ```
 #[derive(Clone, Debug)]
 pub struct HeaderKey {
     name: HeaderName,
+    secret: bool,
 }
 
 impl HeaderKey {
     /// Key by the header `name`; an invalid header name is an error.
     pub fn new(name: &str) -> Result<Self, ConfigError> {
         HeaderName::try_from(name)
-            .map(|name| Self { name })
+            .map(Self::from_name)
             .map_err(|_| ConfigError::new("header", format!("`{name}` is not a valid header name")))
     }
 
     /// Key by an already valid header name.
     pub fn from_name(name: HeaderName) -> Self {
-        Self { name }
+        let secret = is_secret_name(name.as_str());
+        Self { name, secret }
+    }
+
+    /// Show the value as it is in errors, stats names and logs, even though
+    /// the header's name says it is a secret: for values that are not, such
+    /// as a `x-model-key` naming a model.
+    pub fn show_raw(mut self) -> Self {
+        self.secret = false;
+        self
+    }
+
+    /// Show only the value's fingerprint, whatever the header's name: for
+    /// values that identify a person, such as `x-user-email`.
+    pub fn redact(mut self) -> Self {
+        self.secret = true;
+        self
     }
 }
 
@@ -46,7 +84,7 @@ impl<R: RequestParts> KeyExtractor<R> for HeaderKey {
     fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), KeyError> {
         match req.headers().get(&self.name) {
             Some(value) => {
-                key.push_bytes(value.as_bytes());
+                key.push_part(value.as_bytes(), self.secret);
                 Ok(())
             }
             None => Err(MissingKey::new(format!("header `{}`", self.name)).into()),

@@ -20,6 +20,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visi
 use super::{KeyBuilder, KeyExtractor};
 use crate::error::{Ambiguity, AmbiguousKey, KeyError, MissingKey};
 use crate::parts::BodyBytes;
+use crate::redact::is_secret_name;
 
 /// A top-level field of a JSON request body, such as `"model"` of an LLM
 /// request. Strings key by their value, numbers and booleans by their text.
@@ -37,17 +38,35 @@ use crate::parts::BodyBytes;
 /// Works for request types whose body bytes can be read without consuming the
 /// body (see [`BodyBytes`]). Only the top-level object is walked; other
 /// fields are skipped without being parsed, however deep they nest.
+///
+/// As with [`HeaderKey`](super::HeaderKey), a field whose name says it is a
+/// secret (`api_key`, `token`, …: see [`is_secret_name`]) is shown only as
+/// its fingerprint; a model name is shown as it is (escaped).
 #[derive(Clone, Debug)]
 pub struct JsonFieldKey {
     field: String,
+    secret: bool,
 }
 
 impl JsonFieldKey {
     /// Key by the top-level field `field`.
     pub fn new(field: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-        }
+        let field = field.into();
+        let secret = is_secret_name(&field);
+        Self { field, secret }
+    }
+
+    /// Show the value as it is (escaped), even though the field's name says
+    /// it is a secret.
+    pub fn show_raw(mut self) -> Self {
+        self.secret = false;
+        self
+    }
+
+    /// Show only the value's fingerprint, whatever the field's name.
+    pub fn redact(mut self) -> Self {
+        self.secret = true;
+        self
     }
 
     #[cold]
@@ -77,7 +96,11 @@ impl<R: BodyBytes> KeyExtractor<R> for JsonFieldKey {
             return Err(self.missing());
         }
         let mut de = serde_json::Deserializer::from_slice(value);
-        let read = Scalar { key }.deserialize(&mut de);
+        let read = Scalar {
+            key,
+            secret: self.secret,
+        }
+        .deserialize(&mut de);
         match read.and_then(|found| de.end().map(|()| found)) {
             Ok(true) => Ok(()),
             Ok(false) => Err(self.missing()),
@@ -330,6 +353,14 @@ fn wide_object(body: &[u8]) -> bool {
 /// Pushes a JSON scalar into the key; reports whether it was a scalar.
 struct Scalar<'k, 'b> {
     key: &'k mut KeyBuilder<'b>,
+    secret: bool,
+}
+
+impl Scalar<'_, '_> {
+    fn push(self, text: &str) -> bool {
+        self.key.push_part(text.as_bytes(), self.secret);
+        true
+    }
 }
 
 impl<'de> DeserializeSeed<'de> for Scalar<'_, '_> {
@@ -348,28 +379,23 @@ impl<'de> Visitor<'de> for Scalar<'_, '_> {
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<bool, E> {
-        self.key.push_str(v);
-        Ok(true)
+        Ok(self.push(v))
     }
 
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<bool, E> {
-        self.key.push(&v);
-        Ok(true)
+        Ok(self.push(if v { "true" } else { "false" }))
     }
 
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<bool, E> {
-        self.key.push(&v);
-        Ok(true)
+        Ok(self.push(itoa::Buffer::new().format(v)))
     }
 
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<bool, E> {
-        self.key.push(&v);
-        Ok(true)
+        Ok(self.push(itoa::Buffer::new().format(v)))
     }
 
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<bool, E> {
-        self.key.push_str(&v.to_string());
-        Ok(true)
+        Ok(self.push(&v.to_string()))
     }
 
     fn visit_unit<E: de::Error>(self) -> Result<bool, E> {

@@ -12,6 +12,15 @@
 //! never meet. A closure `Fn(&Request) -> Option<impl KeyPart>` is an extractor
 //! too.
 //!
+//! Some parts are secret: the value of a header named like a credential
+//! ([`HeaderKey`] on `x-api-key`, `Authorization`, …), a client address
+//! ([`ClientIpKey`], any `IpAddr`), anything wrapped in [`Secret`]. Limits,
+//! rules and [`key_text`] see their text like any other, but wherever the
+//! layers show a key (errors, stats names, logs, refusal responses) a secret
+//! part appears only as its [fingerprint](crate::redact::Fingerprint) and
+//! the others [escaped](crate::redact::Escaped): see [`key_label`]. Each
+//! extractor's `show_raw()` / `redact()` says otherwise for one key.
+//!
 //! ```
 //! use tower_throttle::key::{HeaderKey, KeyExtractor, PathPrefixKey, key_text};
 //!
@@ -29,17 +38,18 @@ mod extract;
 mod json;
 mod part;
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::hash::{BuildHasher, Hasher};
 
 use foldhash::fast::{FoldHasher, RandomState};
 
 use crate::error::{KeyError, MissingKey};
+use crate::redact::{fingerprint, push_escaped};
 
 pub use client_ip::ClientIpKey;
 pub use extract::{ExtensionKey, GlobalKey, HeaderKey, HostKey, PathPrefixKey};
 pub use json::JsonFieldKey;
-pub use part::KeyPart;
+pub use part::{KeyPart, Secret};
 
 /// Reads a request's limit key.
 ///
@@ -54,10 +64,17 @@ pub trait KeyExtractor<R>: Send + Sync + 'static {
 
 /// Collects the parts of one key: hashes them, and writes their text when
 /// asked to.
+///
+/// A part pushed as secret ([`push_secret_bytes`](Self::push_secret_bytes),
+/// [`push_secret`](Self::push_secret)) is hashed and matched by rules like
+/// any other; it only differs where the key is shown: errors, stats names and
+/// logs show its [fingerprint](crate::redact::Fingerprint), never its text.
 pub struct KeyBuilder<'a> {
     hasher: FoldHasher<'static>,
-    text: Option<&'a mut Vec<String>>,
+    text: Option<&'a mut KeyTexts>,
     parts: u32,
+    /// Inside [`push_secret`](Self::push_secret): every part is secret.
+    secret: bool,
 }
 
 impl fmt::Debug for KeyBuilder<'_> {
@@ -73,36 +90,32 @@ impl fmt::Debug for KeyBuilder<'_> {
 /// inline.
 #[cold]
 #[inline(never)]
-fn push_text(text: &mut Vec<String>, bytes: &[u8]) {
-    text.push(String::from_utf8_lossy(bytes).into_owned());
+fn push_text(text: &mut KeyTexts, bytes: &[u8], secret: bool) {
+    text.parts.push(String::from_utf8_lossy(bytes).into_owned());
+    text.secret.push(secret);
 }
 
 impl<'a> KeyBuilder<'a> {
     #[inline]
-    fn new(seed: &KeySeed, text: Option<&'a mut Vec<String>>) -> Self {
+    fn new(seed: &KeySeed, text: Option<&'a mut KeyTexts>) -> Self {
         Self {
             hasher: seed.0.build_hasher(),
             text,
             parts: 0,
+            secret: false,
         }
     }
 
     /// Add one part, as raw bytes.
     #[inline]
     pub fn push_bytes(&mut self, bytes: &[u8]) {
-        // The length goes in first so that parts cannot run into each other.
-        self.hasher.write_usize(bytes.len());
-        self.hasher.write(bytes);
-        if let Some(text) = self.text.as_deref_mut() {
-            push_text(text, bytes);
-        }
-        self.parts += 1;
+        self.push_part(bytes, false);
     }
 
     /// Add one part, as text.
     #[inline]
     pub fn push_str(&mut self, part: &str) {
-        self.push_bytes(part.as_bytes());
+        self.push_part(part.as_bytes(), false);
     }
 
     /// Add one part of any [`KeyPart`] type.
@@ -110,9 +123,86 @@ impl<'a> KeyBuilder<'a> {
         part.push_to(self);
     }
 
+    /// Add one secret part, as raw bytes: shown only as its fingerprint.
+    #[inline]
+    pub fn push_secret_bytes(&mut self, bytes: &[u8]) {
+        self.push_part(bytes, true);
+    }
+
+    /// Add one secret part, as text: shown only as its fingerprint.
+    #[inline]
+    pub fn push_secret_str(&mut self, part: &str) {
+        self.push_part(part.as_bytes(), true);
+    }
+
+    /// Add `part` (any [`KeyPart`]) as secret: every part it pushes is shown
+    /// only as its fingerprint.
+    pub fn push_secret<P: KeyPart + ?Sized>(&mut self, part: &P) {
+        let outer = std::mem::replace(&mut self.secret, true);
+        part.push_to(self);
+        self.secret = outer;
+    }
+
+    /// Add one part; `secret` only matters where the key is shown, so it is
+    /// only read when the text is collected.
+    #[inline]
+    pub(crate) fn push_part(&mut self, bytes: &[u8], secret: bool) {
+        // The length goes in first so that parts cannot run into each other.
+        self.hasher.write_usize(bytes.len());
+        self.hasher.write(bytes);
+        if let Some(text) = self.text.as_deref_mut() {
+            push_text(text, bytes, secret || self.secret);
+        }
+        self.parts += 1;
+    }
+
     #[inline]
     fn finish(&self) -> KeyHash {
         KeyHash(self.hasher.finish())
+    }
+}
+
+/// The texts of a key's parts, each marked secret or not: rules match the
+/// texts, and [`label`](Self::label) is what errors, stats and logs show.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct KeyTexts {
+    parts: Vec<String>,
+    secret: Vec<bool>,
+}
+
+impl KeyTexts {
+    /// One part that is not secret: a fallback key, or what was missing.
+    pub(crate) fn plain(text: impl Into<String>) -> Self {
+        Self {
+            parts: vec![text.into()],
+            secret: vec![false],
+        }
+    }
+
+    /// The parts' texts, as the request had them: what rules match.
+    pub(crate) fn parts(&self) -> &[String] {
+        &self.parts
+    }
+
+    /// The key as it may be shown: parts joined by `/`, a secret part as its
+    /// fingerprint, the others with control characters escaped; `(global)`
+    /// for a key with no parts.
+    pub(crate) fn label(&self) -> String {
+        if self.parts.is_empty() {
+            return "(global)".to_owned();
+        }
+        let mut out = String::new();
+        for (i, (part, &secret)) in self.parts.iter().zip(&self.secret).enumerate() {
+            if i > 0 {
+                out.push('/');
+            }
+            if secret {
+                let _ = write!(out, "{}", fingerprint(part));
+            } else {
+                push_escaped(&mut out, part);
+            }
+        }
+        out
     }
 }
 
@@ -158,38 +248,66 @@ impl KeySeed {
     }
 }
 
-/// The texts of `req`'s key parts under `extractor`.
+/// The texts of `req`'s key parts under `extractor`, as the request had
+/// them, secret parts included: for rules and tests, not for showing (see
+/// [`key_label`]).
 pub fn key_parts<R, X: KeyExtractor<R> + ?Sized>(
     extractor: &X,
     req: &R,
 ) -> Result<Vec<String>, KeyError> {
+    key_texts(extractor, req).map(|texts| texts.parts)
+}
+
+/// The texts of `req`'s key parts, each marked secret or not.
+pub(crate) fn key_texts<R, X: KeyExtractor<R> + ?Sized>(
+    extractor: &X,
+    req: &R,
+) -> Result<KeyTexts, KeyError> {
     let seed = KeySeed::default();
-    let mut parts = Vec::new();
-    let mut builder = KeyBuilder::new(&seed, Some(&mut parts));
+    let mut texts = KeyTexts::default();
+    let mut builder = KeyBuilder::new(&seed, Some(&mut texts));
     extractor.extract(req, &mut builder)?;
-    Ok(parts)
+    Ok(texts)
 }
 
-/// A key's text: its parts joined by `/`, and `(global)` for a key with no
-/// parts.
-pub(crate) fn join_parts<S: AsRef<str>>(parts: &[S]) -> String {
-    if parts.is_empty() {
-        return "(global)".to_owned();
-    }
-    parts
-        .iter()
-        .map(AsRef::as_ref)
-        .collect::<Vec<_>>()
-        .join("/")
-}
-
-/// The text form of `req`'s key under `extractor`: parts joined by `/`, and
-/// `(global)` for a key with no parts.
+/// The text form of `req`'s key under `extractor`, as the request had it:
+/// parts joined by `/`, and `(global)` for a key with no parts. Secret parts
+/// are included as they are; [`key_label`] is what may be shown.
 pub fn key_text<R, X: KeyExtractor<R> + ?Sized>(
     extractor: &X,
     req: &R,
 ) -> Result<String, KeyError> {
-    key_parts(extractor, req).map(|parts| join_parts(&parts))
+    key_parts(extractor, req).map(|parts| {
+        if parts.is_empty() {
+            "(global)".to_owned()
+        } else {
+            parts.join("/")
+        }
+    })
+}
+
+/// `req`'s key as the layers show it in errors, stats names and logs: parts
+/// joined by `/`, each secret part as its
+/// [fingerprint](crate::redact::Fingerprint), the others
+/// [escaped](crate::redact::Escaped); `(global)` for a key with no parts.
+///
+/// ```
+/// use tower_throttle::key::{HeaderKey, PathPrefixKey, key_label};
+/// use tower_throttle::redact::fingerprint;
+///
+/// let key = (PathPrefixKey::segments(1).unwrap(), HeaderKey::new("x-api-key").unwrap());
+/// let req = http::Request::builder()
+///     .uri("/chat/completions")
+///     .header("x-api-key", "sk-live-0000")
+///     .body(())
+///     .unwrap();
+/// assert_eq!(key_label(&key, &req).unwrap(), format!("/chat/{}", fingerprint("sk-live-0000")));
+/// ```
+pub fn key_label<R, X: KeyExtractor<R> + ?Sized>(
+    extractor: &X,
+    req: &R,
+) -> Result<String, KeyError> {
+    key_texts(extractor, req).map(|texts| texts.label())
 }
 
 impl<R, F, T> KeyExtractor<R> for F

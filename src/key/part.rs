@@ -13,7 +13,10 @@ use super::KeyBuilder;
 /// A value that can be one part of a key.
 ///
 /// Numbers and addresses are keyed by their text form, so `42u64` and `"42"`
-/// are the same part.
+/// are the same part. Addresses (`IpAddr`, `SocketAddr`) are secret parts:
+/// where the key is shown, they appear as their
+/// [fingerprint](crate::redact::Fingerprint). Wrap any other value in
+/// [`Secret`] to treat it the same way.
 pub trait KeyPart {
     /// Push this value into `key` as one part.
     fn push_to(&self, key: &mut KeyBuilder<'_>);
@@ -72,30 +75,62 @@ impl fmt::Write for StackText {
     }
 }
 
-fn push_display(value: &dyn fmt::Display, key: &mut KeyBuilder<'_>) {
+pub(super) fn push_display(value: &dyn fmt::Display, key: &mut KeyBuilder<'_>, secret: bool) {
     let mut text = StackText {
         buf: [0; 64],
         len: 0,
     };
     if write!(text, "{value}").is_ok() {
-        key.push_bytes(&text.buf[..text.len]);
+        key.push_part(&text.buf[..text.len], secret);
     } else {
         // Longer than any number or address; never expected, still correct.
-        key.push_str(&value.to_string());
+        key.push_part(value.to_string().as_bytes(), secret);
     }
 }
 
 macro_rules! display_part {
-    ($($ty:ty),+) => {$(
+    ($secret:expr => $($ty:ty),+) => {$(
         impl KeyPart for $ty {
             fn push_to(&self, key: &mut KeyBuilder<'_>) {
-                push_display(self, key);
+                push_display(self, key, $secret);
             }
         }
     )+};
 }
 
-display_part!(char, bool, IpAddr, SocketAddr);
+display_part!(false => char, bool);
+// A client's address identifies a person: shown only as a fingerprint.
+display_part!(true => IpAddr, SocketAddr);
+
+/// A key part that is secret: hashed and matched by rules like `T`, but
+/// shown only as its [fingerprint](crate::redact::Fingerprint) in errors,
+/// stats names and logs. For closures and extensions whose value is a
+/// credential or a person's identifier.
+///
+/// ```
+/// use tower_throttle::key::{KeyExtractor, Secret, key_label, key_text};
+///
+/// let session = |req: &http::Request<()>| {
+///     req.headers().get("x-session").map(|v| Secret(v.clone()))
+/// };
+/// let req = http::Request::builder().header("x-session", "s3cr3t").body(()).unwrap();
+/// assert_eq!(key_text(&session, &req).unwrap(), "s3cr3t");
+/// assert!(!key_label(&session, &req).unwrap().contains("s3cr3t"));
+/// ```
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Secret<T>(pub T);
+
+impl<T> fmt::Debug for Secret<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+impl<T: KeyPart> KeyPart for Secret<T> {
+    fn push_to(&self, key: &mut KeyBuilder<'_>) {
+        key.push_secret(&self.0);
+    }
+}
 
 // Integers are formatted by `itoa`: the same text as `Display`, without
 // `core::fmt`'s machinery (a per-request cost with integer keys).

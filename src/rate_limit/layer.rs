@@ -13,6 +13,7 @@ use super::rule::{Rule, check_names};
 use super::service::{RateLimit, Shared};
 use crate::clock::{Clock, ClockSource, saturating_nanos};
 use crate::error::ConfigError;
+use crate::stats::KeyTracking;
 
 /// What the limiter is built from; kept so that a builder method can build
 /// it again.
@@ -21,7 +22,7 @@ struct Setup {
     default: Vec<Quota>,
     rules: Vec<Rule>,
     clock: ClockSource,
-    key_stats: usize,
+    key_stats: KeyTracking,
 }
 
 /// Applies a keyed rate limit to every request of the wrapped service.
@@ -77,7 +78,7 @@ impl<X> RateLimitLayer<X> {
             default: quotas,
             rules: Vec::new(),
             clock: ClockSource::default(),
-            key_stats: 0,
+            key_stats: KeyTracking::default(),
         };
         Self {
             shared: Shared {
@@ -85,7 +86,7 @@ impl<X> RateLimitLayer<X> {
                     setup.default.clone(),
                     Vec::new(),
                     setup.clock.clone(),
-                    setup.key_stats,
+                    setup.key_stats.clone(),
                 )),
                 extractor: Arc::new(extractor),
                 cost: OneUnit,
@@ -121,7 +122,7 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
             setup.default.clone(),
             setup.rules.clone(),
             setup.clock.clone(),
-            setup.key_stats,
+            setup.key_stats.clone(),
         );
         if let Some((_, key)) = self.shared.fallback.take() {
             self.shared.fallback = Some((limiter.seed().hash_parts(&[&*key]), key));
@@ -150,10 +151,41 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
     }
 
     /// Count up to `max_keys` keys apart in the [stats](RateLimitHandle::stats)
-    /// (the aggregate is always counted). Keys beyond that are counted in
-    /// the aggregate only.
+    /// (the aggregate is always counted). Keys beyond that are added up as
+    /// one entry, [`OTHER_KEYS`](crate::stats::OTHER_KEYS).
     pub fn with_key_stats(mut self, max_keys: usize) -> Self {
-        self.setup.key_stats = max_keys;
+        self.setup.key_stats = KeyTracking::up_to(max_keys);
+        self.rebuild()
+    }
+
+    /// Count up to `max_keys` keys apart in the stats, only those `filter`
+    /// accepts; the others are added up as one entry,
+    /// [`OTHER_KEYS`](crate::stats::OTHER_KEYS). `filter` gets the key's
+    /// shown name (as [`key_label`](crate::key::key_label) makes it) when a
+    /// key not yet counted apart is seen, and again until it accepts it, so
+    /// it may start accepting a key later (once it proves real).
+    ///
+    /// Keys are chosen by whoever sends the requests: with a plain
+    /// [`with_key_stats`](Self::with_key_stats), a flood of made-up keys
+    /// fills the table first and real keys arriving later are never shown.
+    /// A filter that accepts only keys known to be real keeps them visible.
+    ///
+    /// ```
+    /// use tower_throttle::key::JsonFieldKey;
+    /// use tower_throttle::rate_limit::{Quota, RateLimitLayer};
+    ///
+    /// let known = ["gpt-4o", "gpt-4o-mini"];
+    /// let layer = RateLimitLayer::new(Quota::per_minute(60)?, JsonFieldKey::new("model"))
+    ///     .with_key_stats_where(100, move |model| known.contains(&model));
+    /// # let _ = layer;
+    /// # Ok::<(), tower_throttle::error::ConfigError>(())
+    /// ```
+    pub fn with_key_stats_where(
+        mut self,
+        max_keys: usize,
+        filter: impl Fn(&str) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.setup.key_stats = KeyTracking::filtered(max_keys, filter);
         self.rebuild()
     }
 

@@ -20,8 +20,8 @@ use super::rule::{Rule, check_names};
 use super::table::{Ask, Held, One, Table};
 use crate::clock::{ClockSource, Nanos, Timeline};
 use crate::error::ConfigError;
-use crate::key::{KeyHash, KeySeed};
-use crate::stats::{Event, Stats};
+use crate::key::{KeyHash, KeySeed, KeyTexts};
+use crate::stats::{Event, KeyTracking, Stats};
 use crate::store::{Idle, Store, Tidy};
 
 /// Capacity booked on one key: enough to give it back.
@@ -236,7 +236,7 @@ impl Limiter {
         default: Vec<Quota>,
         rules: Vec<Rule>,
         clock: ClockSource,
-        key_stats: usize,
+        key_stats: KeyTracking,
     ) -> Self {
         let timeline = Timeline::new(clock);
         let seed = KeySeed::default();
@@ -295,10 +295,10 @@ impl Limiter {
         key: KeyHash,
         cost: u32,
         max_wait: Nanos,
-        parts: &dyn Fn() -> Vec<String>,
+        parts: &dyn Fn() -> KeyTexts,
         want: Want,
     ) -> Decision {
-        let text = || parts().join("/");
+        let text = || parts().label();
         let index = if policy.has_rules() {
             self.rule_of(policy, key, self.timeline.now(), parts)
         } else {
@@ -498,7 +498,7 @@ impl Limiter {
         policy: &Policy,
         key: KeyHash,
         now: Nanos,
-        parts: &dyn Fn() -> Vec<String>,
+        parts: &dyn Fn() -> KeyTexts,
     ) -> usize {
         let idle_at = now
             .saturating_add(policy.longest_period)
@@ -509,7 +509,7 @@ impl Limiter {
             slot.idle_at = idle_at;
             return slot.rule as usize;
         }
-        let index = policy.find(&parts());
+        let index = policy.find(parts().parts());
         let name = name_id(&policy.compiled[index].name);
         let moved = if slot.generation == 0 {
             // Not seen under any rule: it may have spent under the default
@@ -706,14 +706,19 @@ mod tests {
     use crate::clock::ManualClock;
 
     fn limiter(quotas: Vec<Quota>) -> Limiter {
-        Limiter::new(quotas, Vec::new(), ClockSource::of(ManualClock::new()), 0)
+        Limiter::new(
+            quotas,
+            Vec::new(),
+            ClockSource::of(ManualClock::new()),
+            KeyTracking::default(),
+        )
     }
 
     /// One request of cost 1 on key `k`.
     fn ask(limiter: &Limiter, max_wait: Nanos, want: Want) -> Decision {
         let policy = limiter.policy();
         let key = limiter.seed().hash_parts(&["k"]);
-        limiter.acquire(&policy, key, 1, max_wait, &Vec::new, want)
+        limiter.acquire(&policy, key, 1, max_wait, &KeyTexts::default, want)
     }
 
     fn per_second(n: u32) -> Quota {
@@ -813,7 +818,7 @@ mod tests {
             slow(),
             Vec::new(),
             ClockSource::of(clock.clone()),
-            0,
+            KeyTracking::default(),
         ));
         let key = limiter.seed().hash_parts(&["k"]);
         let done = Arc::new(AtomicBool::new(false));
@@ -845,7 +850,8 @@ mod tests {
                         }
                         limiter.refresh(&mut policy);
                         let wait = 1_000_000_000_000;
-                        let decision = limiter.acquire(&policy, key, 1, wait, &Vec::new, want);
+                        let decision =
+                            limiter.acquire(&policy, key, 1, wait, &KeyTexts::default, want);
                         booked.push(booked_at(&decision));
                         if i % 40 == 0 {
                             clock.advance(Duration::from_millis(1));

@@ -13,6 +13,7 @@
 //! use tower_throttle::error::RateLimited;
 //! use tower_throttle::key::HeaderKey;
 //! use tower_throttle::rate_limit::{Quota, RateLimitLayer};
+//! use tower_throttle::redact::fingerprint;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -28,7 +29,10 @@
 //! svc.ready().await?.call(request()).await?;
 //! let refused = svc.ready().await?.call(request()).await.unwrap_err();
 //! let refused = refused.downcast_ref::<RateLimited>().unwrap();
-//! assert_eq!(refused.key, "alice");
+//! // An API key is a secret: the error (and its `Display`) shows only a
+//! // fingerprint, `#` and 8 hex digits, the same for every request of alice's.
+//! assert_eq!(refused.key, fingerprint("alice").to_string());
+//! assert!(!refused.to_string().contains("alice"));
 //! assert!(refused.retry_after.as_secs() <= 30);
 //! # Ok(())
 //! # }

@@ -13,7 +13,7 @@ use super::limiter::{Decision, Limiter, RateLimitInfo, Want};
 use super::policy::Policy;
 use crate::clock::Nanos;
 use crate::error::{BoxError, CostTooHigh, KeyError, RateLimited};
-use crate::key::{KeyExtractor, KeyHash, join_parts, key_parts};
+use crate::key::{KeyExtractor, KeyHash, KeyTexts, key_texts};
 
 /// Everything a rate-limit service reads per request, shared by its clones.
 pub(crate) struct Shared<X, F, A, H> {
@@ -57,14 +57,14 @@ impl<X, F, A, H> fmt::Debug for Shared<X, F, A, H> {
 
 impl<X, F, A, H> Shared<X, F, A, H> {
     /// The texts of `req`'s key parts, for rule lookup, errors and logs.
-    fn key_parts<R>(&self, req: &R) -> Vec<String>
+    fn key_texts<R>(&self, req: &R) -> KeyTexts
     where
         X: KeyExtractor<R>,
     {
-        match (key_parts(&*self.extractor, req), &self.fallback) {
-            (Ok(parts), _) => parts,
-            (Err(_), Some((_, key))) => vec![key.to_string()],
-            (Err(e), None) => vec![e.wanted().to_owned()],
+        match (key_texts(&*self.extractor, req), &self.fallback) {
+            (Ok(texts), _) => texts,
+            (Err(_), Some((_, key))) => KeyTexts::plain(&**key),
+            (Err(e), None) => KeyTexts::plain(e.wanted()),
         }
     }
 }
@@ -183,7 +183,7 @@ where
             key,
             cost,
             shared.max_wait,
-            &|| shared.key_parts(&req),
+            &|| shared.key_texts(&req),
             want,
         ));
         match *decision {
@@ -213,7 +213,7 @@ impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
         H: Annotate<S::Response>,
     {
         let shared = &*self.shared;
-        let parts = || shared.key_parts(&req);
+        let texts = || shared.key_texts(&req);
         let refund = |ticket| {
             (!shared.counts.always()).then(|| Refund {
                 limiter: shared.limiter.clone(),
@@ -246,7 +246,7 @@ impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
                 let booking = Booking::new(shared.limiter.clone(), ticket, key, turn);
                 if tracing::enabled!(tracing::Level::DEBUG) {
                     let wait = until.saturating_duration_since(tokio::time::Instant::now());
-                    tracing::debug!(key = %join_parts(&parts()), ?wait, "rate limit: waiting for turn");
+                    tracing::debug!(key = %texts().label(), ?wait, "rate limit: waiting for turn");
                 }
                 let after = After {
                     refund: refund_ticket.and_then(refund),
@@ -259,7 +259,7 @@ impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
                 ResponseFuture::waiting(until, due, inner, req, booking, after)
             }
             Decision::Denied(denied) => {
-                let key = join_parts(&parts());
+                let key = texts().label();
                 let retry_after = denied.retry_after;
                 tracing::debug!(%key, ?retry_after, "rate limit: refused");
                 let refused =
@@ -267,7 +267,7 @@ impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
                 ResponseFuture::failed(Box::new(refused))
             }
             Decision::TooCostly { capacity } => {
-                let key = join_parts(&parts());
+                let key = texts().label();
                 tracing::debug!(%key, cost, capacity, "rate limit: cost above capacity");
                 ResponseFuture::failed(Box::new(CostTooHigh::new(key, cost, capacity)))
             }

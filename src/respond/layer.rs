@@ -13,6 +13,7 @@ use tower_service::Service;
 use super::headers::RateLimitHeaders;
 use super::rejection::{Rejection, ceil_secs};
 use crate::error::BoxError;
+use crate::redact::Escaped;
 
 /// Builds the response for a rejection. Implemented for closures
 /// `Fn(&Rejection<'_>) -> http::Response<B>`; `Retry-After` and the
@@ -240,8 +241,9 @@ where
                 .unwrap_or_else(|| "response future polled after completion".into()),
         };
         let Some(rejection) = Rejection::of(&error) else {
-            // Not a refusal: do not leak its text to the client.
-            tracing::error!(%error, "service failed");
+            // Not a refusal: do not leak its text to the client, and log it
+            // escaped (an inner error may quote what a client sent).
+            tracing::error!(error = %Escaped(&error.to_string()), "service failed");
             let mut response = http::Response::new(B::from(
                 r#"{"error":{"code":"internal","message":"internal error"}}"#.to_owned(),
             ));

@@ -8,8 +8,12 @@
 //! up) and the rate-limit headers ([`RateLimitHeaders`]), and a JSON body:
 //!
 //! ```json
-//! {"error":{"code":"rate_limited","message":"rate limited on key `alice`; retry after 1.250 s","retry_after":1.25}}
+//! {"error":{"code":"rate_limited","message":"rate limited on key `#5be0c3a1`; retry after 1.250 s","retry_after":1.25}}
 //! ```
+//!
+//! The message names the key as the layers show it: a secret part (here the
+//! `x-api-key` value) as its [fingerprint](crate::redact::Fingerprint), so
+//! the body never echoes a caller's credential or address.
 //!
 //! ```
 //! use axum::{Router, routing::get};

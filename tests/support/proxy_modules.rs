@@ -1,0 +1,38 @@
+//! The `proxy` example's modules, compiled into a test crate that drives
+//! the gateway directly: `proxy_modules!();` at the test crate's root. One
+//! list, so a module added to the example is added to every proxy test.
+
+macro_rules! proxy_modules {
+    () => {
+        #[allow(dead_code)]
+        #[path = "../examples/proxy/app.rs"]
+        mod app;
+        #[allow(dead_code)]
+        #[path = "../examples/proxy/bench.rs"]
+        mod bench;
+        #[allow(dead_code)]
+        #[path = "../examples/proxy/cli.rs"]
+        mod cli;
+        #[allow(dead_code)]
+        #[path = "../examples/proxy/config.rs"]
+        mod config;
+        #[allow(dead_code)]
+        #[path = "../examples/proxy/demo.rs"]
+        mod demo;
+        #[allow(dead_code)]
+        #[path = "../examples/proxy/edge.rs"]
+        mod edge;
+        #[allow(dead_code)]
+        #[path = "../examples/proxy/gateway.rs"]
+        mod gateway;
+        #[allow(dead_code)]
+        #[path = "../examples/proxy/reload.rs"]
+        mod reload;
+        #[allow(dead_code)]
+        #[path = "../examples/proxy/simulator.rs"]
+        mod simulator;
+        #[allow(dead_code)]
+        #[path = "../examples/proxy/stats.rs"]
+        mod stats;
+    };
+}
