@@ -29,6 +29,9 @@ mod gateway;
 #[path = "../examples/proxy/reload.rs"]
 mod reload;
 #[allow(dead_code)]
+#[path = "../examples/proxy/serve.rs"]
+mod serve;
+#[allow(dead_code)]
 #[path = "../examples/proxy/simulator.rs"]
 mod simulator;
 #[allow(dead_code)]
