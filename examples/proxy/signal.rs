@@ -1,7 +1,7 @@
 //! Stopping on a signal: Ctrl-C (SIGINT) or SIGTERM, the signal systemd,
 //! Docker and Kubernetes send, both mean "stop gracefully"; a second one
-//! means "quit now" (exit code 130). Shared by the `proxy` and `ratecheck`
-//! examples.
+//! means "quit now" (exit code 130). Shared by the `proxy`, `ratecheck`
+//! and `axum_server` examples.
 //!
 //! The handlers are installed by [`StopSignals::listen`], before anything
 //! else starts: a signal that arrives while the program is starting is
