@@ -329,11 +329,9 @@ async fn connection(
         let response = app.clone().oneshot(req);
         async move {
             let response = response.await?;
-            Ok::<_, std::convert::Infallible>(response.map(|body| {
-                Body::new(Counted {
-                    body,
-                    _guard: guard,
-                })
+            Ok::<_, std::convert::Infallible>(response.map(|body| Counted {
+                body,
+                _guard: guard,
             }))
         }
     });
