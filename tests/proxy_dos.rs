@@ -5,6 +5,9 @@
 //! on its own ephemeral loopback ports; only events (a socket closed, a
 //! response, an exit) are waited for, with generous bounds as hang guards.
 
+// Signals are sent with `nix`, on Unix.
+#![cfg(unix)]
+
 mod support;
 
 #[path = "support/child.rs"]

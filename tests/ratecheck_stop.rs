@@ -3,6 +3,9 @@
 //! partial report, and exit code 3 when no request got an HTTP answer. The
 //! signals are sent to ratecheck running in a child process.
 
+// Signals are sent with `nix`, on Unix.
+#![cfg(unix)]
+
 mod support;
 
 #[path = "support/child.rs"]
