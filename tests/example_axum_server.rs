@@ -3,24 +3,18 @@
 #[path = "../examples/axum_server.rs"]
 mod axum_server;
 
-use std::net::SocketAddr;
-
 #[tokio::test]
 async fn the_example_limits_the_expensive_path_per_api_key() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let app = axum_server::app().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(async {
+    let server = tokio::spawn(axum_server::run(
+        listener,
+        axum_server::serve::ServeLimits::default(),
+        async {
             let _ = stopped.await;
-        })
-        .await
-    });
+        },
+    ));
     let client = reqwest::Client::new();
     let expensive = |key: &'static str| {
         client
@@ -49,6 +43,43 @@ async fn the_example_limits_the_expensive_path_per_api_key() {
         .unwrap();
     assert_eq!(home.status(), 200);
     assert_eq!(home.headers()["ratelimit"], r#""(default)";r=59;t=1"#);
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn the_example_caps_connections_and_request_heads() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = axum_server::serve::ServeLimits {
+        max_connections: 1,
+        header_read_timeout: std::time::Duration::from_millis(200),
+        ..axum_server::serve::ServeLimits::default()
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(axum_server::run(listener, limits, async {
+        let _ = stopped.await;
+    }));
+    // The one connection allowed, idle: the next request waits for it to
+    // be closed by the header timeout, then is served.
+    let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let client = reqwest::Client::new();
+    let home = client.get(format!("http://{addr}/")).send().await.unwrap();
+    assert_eq!(home.status(), 200);
+    let mut rest = Vec::new();
+    let closed = tokio::io::AsyncReadExt::read_to_end(&mut idle, &mut rest);
+    tokio::time::timeout(std::time::Duration::from_secs(10), closed)
+        .await
+        .expect("the idle connection is closed")
+        .unwrap();
+    assert!(rest.is_empty(), "closed without an answer");
+    let big = client
+        .get(format!("http://{addr}/"))
+        .header("x-padding", "a".repeat(100 << 10))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(big.status(), 431);
     let _ = stop.send(());
     server.await.unwrap().unwrap();
 }

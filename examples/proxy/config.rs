@@ -20,6 +20,7 @@ use tower_throttle::identity::IdentityConfig;
 use tower_throttle::rate_limit::RateLimitConfig;
 
 use crate::edge::{AllowedHost, AllowedOrigin};
+use crate::serve;
 
 /// The configuration used without `--config`: the commented example.
 pub const DEFAULT_CONFIG: &str = include_str!("proxy.toml");
@@ -84,6 +85,16 @@ pub struct GatewaySection {
     pub allowed_hosts: Option<Vec<String>>,
     /// Browser origins allowed besides the gateway's own; default none.
     pub allowed_origins: Option<Vec<String>>,
+    /// Connections open at once, more wait in the listen backlog; default
+    /// from the process's file-descriptor limit.
+    pub max_connections: Option<i64>,
+    /// From a connection opening, or its previous response, to a complete
+    /// request head; default `"10s"`.
+    pub header_read_timeout: Option<String>,
+    /// Request line and headers, in bytes (431 beyond); default 64 KiB.
+    pub max_header_bytes: Option<i64>,
+    /// Clients on `/events` at once (503 beyond); default 64.
+    pub max_event_clients: Option<i64>,
 }
 
 /// `[[providers]]`: one upstream.
@@ -180,6 +191,14 @@ pub struct GatewaySettings {
     pub allowed_hosts: Vec<AllowedHost>,
     /// `Origin`s allowed besides the gateway's own.
     pub allowed_origins: Vec<AllowedOrigin>,
+    /// Connections open at once; `None`: from the fd limit at start.
+    pub max_connections: Option<usize>,
+    /// Longest wait for a complete request head (and idle keep-alive).
+    pub header_read_timeout: Duration,
+    /// Largest request head.
+    pub max_header_bytes: usize,
+    /// Clients on `/events` at once.
+    pub max_event_clients: usize,
 }
 
 impl Default for GatewaySettings {
@@ -193,6 +212,10 @@ impl Default for GatewaySettings {
             events_heartbeat: Duration::from_secs(15),
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
+            max_connections: None,
+            header_read_timeout: serve::HEADER_READ_TIMEOUT,
+            max_header_bytes: serve::MAX_HEADER_BYTES,
+            max_event_clients: 64,
         }
     }
 }
@@ -376,6 +399,15 @@ impl Settings {
         if self.gateway.max_routes != new.gateway.max_routes {
             changed.push("gateway.max_routes");
         }
+        if self.gateway.max_connections != new.gateway.max_connections {
+            changed.push("gateway.max_connections");
+        }
+        if self.gateway.header_read_timeout != new.gateway.header_read_timeout {
+            changed.push("gateway.header_read_timeout");
+        }
+        if self.gateway.max_header_bytes != new.gateway.max_header_bytes {
+            changed.push("gateway.max_header_bytes");
+        }
         if a.simulator != b.simulator {
             changed.push("simulator");
         }
@@ -522,6 +554,17 @@ impl GatewaySection {
                 "must be at least 10ms; the default is 15s",
             ));
         }
+        let header_read_timeout = duration(
+            "header_read_timeout",
+            &self.header_read_timeout,
+            d.header_read_timeout,
+        )?;
+        if header_read_timeout < Duration::from_millis(10) {
+            return Err(ConfigError::new(
+                "header_read_timeout",
+                "must be at least 10ms; the default is 10s",
+            ));
+        }
         Ok(GatewaySettings {
             listen: self
                 .listen
@@ -545,6 +588,19 @@ impl GatewaySection {
                 &self.allowed_origins,
                 AllowedOrigin::parse,
             )?,
+            max_connections: self
+                .max_connections
+                .map(|n| bounded("max_connections", n, 1, 1_000_000))
+                .transpose()?,
+            header_read_timeout,
+            max_header_bytes: match self.max_header_bytes {
+                Some(n) => bounded("max_header_bytes", n, 1024, 1 << 20)?,
+                None => d.max_header_bytes,
+            },
+            max_event_clients: match self.max_event_clients {
+                Some(n) => bounded("max_event_clients", n, 0, 100_000)?,
+                None => d.max_event_clients,
+            },
         })
     }
 }

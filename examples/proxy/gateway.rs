@@ -68,10 +68,10 @@ use tower_throttle::rate_limit::{CountAll, Limits, OneUnit, RateLimitHandle, Rat
 use tower_throttle::redact::Escaped;
 use tower_throttle::respond::{RateLimitHeaders, Rejection, ThrottleResponseLayer};
 
-use crate::config::{Credential, Settings, Upstream as UpstreamKind};
-use crate::edge;
+use crate::config::{Credential, GatewaySettings, Settings, Upstream as UpstreamKind};
 use crate::simulator::Simulator;
-use crate::stats::{self, OTHER, TrackedRoutes};
+use crate::stats::{OTHER, TrackedRoutes};
+use crate::{edge, serve, stats};
 
 /// Concurrency without a `[concurrency]` section: the layer still counts
 /// requests in flight per route, it just never makes one wait.
@@ -394,6 +394,7 @@ struct Inner {
     source: String,
     config_changed: Changed,
     event_clients: AtomicUsize,
+    event_bytes: Arc<AtomicUsize>,
     hub: watch::Sender<stats::Published>,
     /// The last publication's sequence number and body, for the hub.
     last_published: Mutex<(u64, String)>,
@@ -507,6 +508,7 @@ impl Gateway {
                 source: source.into(),
                 config_changed: Changed::default(),
                 event_clients: AtomicUsize::new(0),
+                event_bytes: Arc::default(),
                 hub: watch::Sender::new(stats::Published::default()),
                 last_published: Mutex::new((0, String::new())),
                 shutdown: watch::Sender::new(false),
@@ -595,6 +597,12 @@ impl Gateway {
     /// Clients connected to `/events` now.
     pub fn event_clients(&self) -> &AtomicUsize {
         &self.inner.event_clients
+    }
+
+    /// Bytes of snapshots handed to `/events` clients' connections and not
+    /// yet written out, counted once per client.
+    pub fn event_bytes(&self) -> &Arc<AtomicUsize> {
+        &self.inner.event_bytes
     }
 
     /// The latest stats published to `/events`.
@@ -957,6 +965,8 @@ pub struct Running {
     pub addr: SocketAddr,
     /// The built-in upstream, if configured.
     pub simulator: Option<Simulator>,
+    /// Client connections and requests in progress.
+    pub connections: serve::Connections,
     server: JoinHandle<()>,
     hub: JoinHandle<()>,
 }
@@ -997,24 +1007,53 @@ pub async fn start(
              addresses on this port; other host names need gateway.allowed_hosts"
         );
     }
+    let limits = serve_limits(&gateway.current().settings.gateway);
     let hub = tokio::spawn(stats::run_hub(gateway.clone()));
     let app = router(gateway.clone());
     let mut stop = gateway.shutdown_signal();
-    let server = tokio::spawn(async move {
-        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+    let connections = serve::Connections::default();
+    let server = tokio::spawn(serve::serve(
+        listener,
+        app,
+        limits,
+        connections.clone(),
+        async move {
             let _ = stop.wait_for(|s| *s).await;
-        });
-        if let Err(e) = serve.await {
-            tracing::error!(error = %e, "gateway stopped");
-        }
-    });
+        },
+    ));
     Ok(Running {
         gateway,
         addr,
         simulator,
+        connections,
         server,
         hub,
     })
+}
+
+/// The server's limits from `[gateway]`; a `max_connections` the fd limit
+/// cannot carry is logged, since the process would run out of descriptors
+/// before it reached it.
+fn serve_limits(settings: &GatewaySettings) -> serve::ServeLimits {
+    let max_connections = settings
+        .max_connections
+        .unwrap_or_else(serve::default_max_connections);
+    let fd_limit = serve::fd_limit();
+    if let Some(fds) = fd_limit {
+        if max_connections as u64 > serve::connections_within(fds) {
+            tracing::warn!(
+                max_connections,
+                fd_limit = fds,
+                "max_connections is above what the open-file limit can carry; raise `ulimit -n` or lower it"
+            );
+        }
+    }
+    tracing::debug!(max_connections, ?fd_limit, "connection limit");
+    serve::ServeLimits {
+        max_connections,
+        header_read_timeout: settings.header_read_timeout,
+        max_header_bytes: settings.max_header_bytes,
+    }
 }
 
 impl Running {
@@ -1024,14 +1063,21 @@ impl Running {
     }
 
     /// Stop accepting, end `/events` streams, let in-flight requests finish
-    /// for at most `shutdown_grace`, then stop the simulator. True when
-    /// everything finished in time.
+    /// for at most `shutdown_grace`, then stop the simulator. Connections
+    /// with no request in progress (idle, or a request head never
+    /// completed) are closed at once. True when everything finished in
+    /// time.
     pub async fn shutdown(mut self) -> bool {
         let grace = self.gateway.current().settings.gateway.shutdown_grace;
         self.gateway.begin_shutdown();
+        let in_flight = self.connections.requests();
+        if in_flight > 0 {
+            tracing::info!(in_flight, ?grace, "waiting for requests in flight");
+        }
         let clean = tokio::time::timeout(grace, &mut self.server).await.is_ok();
         if !clean {
             tracing::warn!(
+                in_flight = self.connections.requests(),
                 ?grace,
                 "requests still in flight after shutdown_grace; closing them"
             );

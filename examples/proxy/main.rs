@@ -21,13 +21,16 @@
 //! The module layout: `cli` (arguments), `config` (the file and its checks),
 //! `app` (start, banner, shutdown), `gateway` (routing and the client
 //! stack), `edge` (what is refused before forwarding: foreign `Host` and
-//! `Origin`, paths leaving the base path, bad model names), `stats` (the four endpoints and the hub behind `/events`),
-//! `reload` (watching the file), `simulator` (the built-in upstream), `demo`
-//! and `bench` (a load generator).
+//! `Origin`, paths leaving the base path, bad model names), `stats` (the
+//! four endpoints and the hub behind `/events`), `reload` (watching the
+//! file), `serve` (connection limits, timeouts and graceful shutdown),
+//! `signal` (Ctrl-C and SIGTERM), `simulator` (the built-in upstream),
+//! `demo` and `bench` (a load generator).
 //!
-//! Exit codes: 0 after Ctrl-C and a graceful shutdown; 2 for a mistake in
-//! the command line or the configuration (one line naming the field); 1
-//! when a socket cannot be opened.
+//! Exit codes: 0 after Ctrl-C or SIGTERM and a graceful shutdown; 2 for a
+//! mistake in the command line or the configuration (one line naming the
+//! field); 1 when a socket cannot be opened; 130 when a second Ctrl-C or
+//! SIGTERM cuts the shutdown short.
 
 mod app;
 mod bench;
@@ -37,6 +40,8 @@ mod demo;
 mod edge;
 mod gateway;
 mod reload;
+mod serve;
+mod signal;
 mod simulator;
 mod stats;
 
@@ -68,20 +73,6 @@ fn init_logs(filter: Option<&str>) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
-/// Completes on the first Ctrl-C; a second one exits at once.
-async fn interrupted() {
-    if tokio::signal::ctrl_c().await.is_err() {
-        // No signal handling here: run until killed.
-        std::future::pending::<()>().await;
-    }
-    eprintln!("shutting down; Ctrl-C again to quit at once");
-    tokio::spawn(async {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            std::process::exit(130);
-        }
-    });
-}
-
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     if let Err(e) = init_logs(cli.log.as_deref()) {
@@ -98,7 +89,18 @@ fn main() -> ExitCode {
             return ExitCode::from(app::EXIT_FAILURE);
         }
     };
-    let code = runtime.block_on(app::run(cli, interrupted(), None));
+    let code = runtime.block_on(async {
+        // Installed before anything starts, so an early SIGTERM is a
+        // graceful stop too.
+        let signals = match signal::StopSignals::listen() {
+            Ok(signals) => signals,
+            Err(e) => {
+                eprintln!("proxy: cannot listen for signals: {e}");
+                return app::EXIT_FAILURE;
+            }
+        };
+        app::run(cli, signals.stopped("shutting down"), None).await
+    });
     // Streams still held by clients must not keep the process alive.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     ExitCode::from(code)

@@ -6,7 +6,10 @@
 //! counters and config reloads; when something moves it waits
 //! [`COALESCE`] for the rest of the burst, builds one snapshot and publishes
 //! it to every `/events` client through a `watch` channel (a slow client
-//! skips to the latest). With nobody listening it builds nothing.
+//! skips to the latest). With nobody listening it builds nothing. Every
+//! client is sent the same JSON (shared, not copied), a reader that stops
+//! reading holds at most the server's per-connection buffer, and at most
+//! `max_event_clients` are connected at once.
 //!
 //! Model names are chosen by clients, so a flood of made-up ones must not
 //! push real routes out of the stats: only [`TrackedRoutes`] are counted by
@@ -18,15 +21,14 @@ use std::collections::{BTreeMap, HashSet};
 use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{Response, StatusCode, header};
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse};
-use futures::Stream;
+use bytes::Bytes;
 use parking_lot::RwLock;
 use serde::Serialize;
 use tokio::sync::watch;
@@ -34,7 +36,7 @@ use tower_throttle::backoff::CooldownEntry;
 use tower_throttle::stats::{KeyStats, OTHER_KEYS};
 
 use crate::config::{Settings, Upstream};
-use crate::gateway::{Gateway, ProviderInfo, Route, UpstreamCounts};
+use crate::gateway::{Gateway, ProviderInfo, Route, UpstreamCounts, json_error};
 
 /// The route every route not counted by name is added up in.
 pub const OTHER: &str = OTHER_KEYS;
@@ -366,37 +368,93 @@ pub async fn page() -> Html<&'static str> {
 struct Client(Gateway);
 
 impl Client {
-    fn new(gateway: Gateway) -> Self {
-        gateway.event_clients().fetch_add(1, Ordering::Relaxed);
-        Self(gateway)
+    /// A place among `max` clients, or `None` when every one is taken.
+    fn join(gateway: Gateway, max: usize) -> Option<Self> {
+        gateway
+            .event_clients()
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()?;
+        Some(Self(gateway))
     }
 }
 
 impl Drop for Client {
     fn drop(&mut self) {
-        self.0.event_clients().fetch_sub(1, Ordering::Relaxed);
+        self.0.event_clients().fetch_sub(1, Ordering::AcqRel);
     }
 }
 
+/// A snapshot's JSON as a body frame: shared with every other client (an
+/// `Arc`, not a copy per client), and counted in the gateway's
+/// [`Gateway::event_bytes`] until hyper has written and dropped it.
+struct Held {
+    json: Arc<str>,
+    bytes: Arc<AtomicUsize>,
+}
+
+impl Held {
+    fn frame(json: &Arc<str>, bytes: &Arc<AtomicUsize>) -> Bytes {
+        bytes.fetch_add(json.len(), Ordering::Relaxed);
+        Bytes::from_owner(Held {
+            json: json.clone(),
+            bytes: bytes.clone(),
+        })
+    }
+}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        self.json.as_bytes()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.bytes.fetch_sub(self.json.len(), Ordering::Relaxed);
+    }
+}
+
+/// One client's stream. It holds no queue: a client that reads slowly is
+/// not polled while hyper's buffer for it is full, and then gets the
+/// latest publication, skipping those it missed.
 struct Feed {
     first: Option<Published>,
     rx: watch::Receiver<Published>,
     shutdown: watch::Receiver<bool>,
     last: u64,
+    heartbeat: Duration,
+    /// The rest of the event being sent, last part first.
+    rest: Vec<Bytes>,
+    bytes: Arc<AtomicUsize>,
     _client: Client,
 }
 
-fn event(p: &Published) -> Event {
-    Event::default().id(p.seq.to_string()).data(&*p.json)
+impl Feed {
+    /// `p` as a server-sent event in three frames: `id` and `data:`, the
+    /// shared JSON (serde_json writes no raw newline), the blank line.
+    fn event(&mut self, p: &Published, retry: bool) -> Bytes {
+        self.last = p.seq;
+        self.rest = vec![
+            Bytes::from_static(b"\n\n"),
+            Held::frame(&p.json, &self.bytes),
+        ];
+        let retry = if retry { "retry: 2000\n" } else { "" };
+        Bytes::from(format!("{retry}id: {}\ndata: ", p.seq))
+    }
 }
 
-/// The next event of a feed: the snapshot on connect, then each
-/// publication; on shutdown, the latest one not yet sent, then the end.
-async fn next(mut feed: Feed) -> Option<(Result<Event, Infallible>, Feed)> {
+/// The next frame of a feed: the snapshot on connect, then each
+/// publication, a heartbeat comment when nothing was sent for a while; on
+/// shutdown, the latest publication not yet sent, then the end.
+async fn next(mut feed: Feed) -> Option<(Result<Bytes, Infallible>, Feed)> {
+    if let Some(part) = feed.rest.pop() {
+        return Some((Ok(part), feed));
+    }
     if let Some(first) = feed.first.take() {
-        feed.last = first.seq;
-        let event = event(&first).retry(Duration::from_secs(2));
-        return Some((Ok(event), feed));
+        let frame = feed.event(&first, true);
+        return Some((Ok(frame), feed));
     }
     loop {
         let ending = tokio::select! {
@@ -405,15 +463,19 @@ async fn next(mut feed: Feed) -> Option<(Result<Event, Infallible>, Feed)> {
                 if changed.is_err() {
                     return None;
                 }
-                false
+                Some(false)
             }
-            _ = feed.shutdown.wait_for(|s| *s) => true,
+            _ = feed.shutdown.wait_for(|s| *s) => Some(true),
+            () = tokio::time::sleep(feed.heartbeat) => None,
+        };
+        let Some(ending) = ending else {
+            return Some((Ok(Bytes::from_static(b": heartbeat\n\n")), feed));
         };
         // On shutdown, the latest publication not yet sent goes out first.
         let published = feed.rx.borrow_and_update().clone();
         if published.seq > feed.last {
-            feed.last = published.seq;
-            return Some((Ok(event(&published)), feed));
+            let frame = feed.event(&published, false);
+            return Some((Ok(frame), feed));
         }
         if ending {
             return None;
@@ -422,28 +484,43 @@ async fn next(mut feed: Feed) -> Option<(Result<Event, Infallible>, Feed)> {
 }
 
 /// `GET /events`: a snapshot on connect, then one per burst of changes,
-/// and a heartbeat comment when nothing happens.
-pub async fn events(
-    State(gateway): State<Gateway>,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+/// and a heartbeat comment when nothing happens; 503 when
+/// `max_event_clients` are connected already.
+pub async fn events(State(gateway): State<Gateway>) -> Response<Body> {
+    let settings = gateway.current().settings.clone();
+    let max = settings.gateway.max_event_clients;
     // Counted before the first snapshot, which then includes this client.
-    let client = Client::new(gateway.clone());
+    let Some(client) = Client::join(gateway.clone(), max) else {
+        return json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_event_clients",
+            &format!("{max} clients are on /events already (max_event_clients)"),
+        );
+    };
     let rx = gateway.hub().subscribe();
     let seq = rx.borrow().seq;
     let first = Published {
         seq,
         json: Arc::from(to_json(&snapshot(&gateway, seq))),
     };
-    let heartbeat = gateway.current().settings.gateway.events_heartbeat;
     let feed = Feed {
         first: Some(first),
         rx,
         shutdown: gateway.shutdown_signal(),
         last: 0,
+        heartbeat: settings.gateway.events_heartbeat,
+        rest: Vec::new(),
+        bytes: gateway.event_bytes().clone(),
         _client: client,
     };
-    Sse::new(futures::stream::unfold(feed, next))
-        .keep_alive(KeepAlive::new().interval(heartbeat).text("heartbeat"))
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(futures::stream::unfold(feed, next)),
+    )
+        .into_response()
 }
 
 /// Prometheus text exposition, one family at a time.

@@ -24,13 +24,25 @@ const MAX_SPAN: Duration = Duration::from_secs(86_400);
 /// Diagnose needs a few refills in half a window to read a refill rate.
 const DIAGNOSE_MIN_RPM: u32 = 4;
 
+/// Stopping and exit codes, after the options in `--help`.
+const AFTER_HELP: &str = "\
+Ctrl-C or SIGTERM stops a run at once: nothing more is sent, requests in
+flight are cancelled (reported as `cancelled`), and the partial report is
+written. A second Ctrl-C or SIGTERM quits without a report (exit code 130).
+
+Exit codes:
+  0  the run finished (or was stopped) and the report was written
+  1  the run could not start, or the report could not be written
+  2  a mistake in the command line
+  3  no request got an HTTP answer (the report is written; see its errors)";
+
 /// Measure and diagnose the rate limiter in front of an HTTP endpoint.
 ///
 /// `--rpm` is the limit to probe, in requests per `--window` (60 s unless
 /// set, so requests per minute). Requests answered 429 count as refusals by
 /// the limiter; every other failure is reported apart.
 #[derive(Parser)]
-#[command(name = "ratecheck", version)]
+#[command(name = "ratecheck", version, after_help = AFTER_HELP)]
 pub(crate) struct Cli {
     /// The endpoint to probe (plain http). Credentials and the query string
     /// are sent but never written to the report.

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 
@@ -34,6 +34,8 @@ pub(crate) enum TransportKind {
     Body,
     /// Anything else.
     Other,
+    /// Still waiting when the run was stopped (Ctrl-C, SIGTERM).
+    Cancelled,
 }
 
 impl TransportKind {
@@ -44,6 +46,7 @@ impl TransportKind {
             TransportKind::Request => "request",
             TransportKind::Body => "body",
             TransportKind::Other => "other",
+            TransportKind::Cancelled => "cancelled",
         }
     }
 
@@ -112,7 +115,8 @@ pub(crate) struct Run {
     pub(crate) outcomes: Vec<Outcome>,
     /// From the start until the last response.
     pub(crate) elapsed: Duration,
-    /// The run was stopped before sending everything.
+    /// The run was stopped before it finished: requests still planned were
+    /// not sent, those in flight were cancelled.
     pub(crate) interrupted: bool,
 }
 
@@ -194,8 +198,9 @@ fn phase_message(phase: Phase) -> &'static str {
 
 /// Plan and run `config`'s probe. `progress` allows a progress bar on stderr
 /// (shown only for runs longer than a few seconds, on a terminal). When
-/// `cancel` completes, no more requests are sent; those in flight finish and
-/// the run is marked interrupted.
+/// `cancel` completes, no more requests are sent, those in flight are
+/// cancelled at once (recorded as `cancelled` transport failures), and the
+/// run is marked interrupted.
 pub(crate) async fn run(
     config: &Config,
     progress: bool,
@@ -218,6 +223,7 @@ pub(crate) async fn run(
     }
 
     let slots = Arc::new(Semaphore::new(config.concurrency));
+    let (stop, stopped) = watch::channel(false);
     let mut tasks = JoinSet::new();
     let mut outcomes = Vec::with_capacity(plan.events.len());
     let mut interrupted = false;
@@ -248,9 +254,13 @@ pub(crate) async fn run(
         }
         let request = request(&client, config);
         let bar = bar.clone();
+        let mut stopped = stopped.clone();
         tasks.spawn(async move {
             let sent = Instant::now();
-            let class = send(request).await;
+            let class = tokio::select! {
+                class = send(request) => class,
+                _ = stopped.wait_for(|s| *s) => Class::Transport(TransportKind::Cancelled),
+            };
             let latency = sent.elapsed();
             drop(slot);
             bar.inc(1);
@@ -262,8 +272,20 @@ pub(crate) async fn run(
             }
         });
     }
+    while !interrupted {
+        tokio::select! {
+            biased;
+            () = &mut cancel => interrupted = true,
+            done = tasks.join_next() => match done {
+                Some(Ok(outcome)) => outcomes.push(outcome),
+                Some(Err(_)) => {}
+                None => break,
+            },
+        }
+    }
     if interrupted {
-        bar.set_message("interrupted; waiting for requests in flight");
+        bar.set_message("interrupted; cancelling requests in flight");
+        stop.send_replace(true);
     }
     while let Some(done) = tasks.join_next().await {
         // A task only fails by panicking, which sending does not do; such a

@@ -59,10 +59,11 @@ pub(crate) struct RunInfo {
     pub(crate) burst: u32,
     pub(crate) concurrency: usize,
     pub(crate) planned_requests: usize,
-    /// Requests sent per window, over the time from the first request to the
-    /// last response.
+    /// Requests sent per window: n requests sent over the time from the
+    /// first to the last is n - 1 intervals. 0 when fewer than two were
+    /// sent, or all at one instant (a burst).
     pub(crate) actual_rpm: f64,
-    /// Requests admitted (2xx) per window, over the same time.
+    /// The admitted (2xx) share of `actual_rpm`.
     pub(crate) admitted_rpm: f64,
     /// Stopped early (Ctrl-C); the counts cover what was sent.
     pub(crate) interrupted: bool,
@@ -348,6 +349,17 @@ fn errors(outcomes: &[Outcome]) -> Errors {
     errors
 }
 
+/// Requests sent per second: `n` sends from the first to the last span
+/// `n - 1` intervals (dividing `n` by the span, or by the time to the last
+/// response, overstates it: 3 requests a second apart are 1/s, not 1.5/s).
+/// `None` for fewer than two sends, or sends all at one instant.
+pub(crate) fn sent_per_second(outcomes: &[Outcome]) -> Option<f64> {
+    let first = outcomes.iter().map(|o| o.sent).min()?;
+    let last = outcomes.iter().map(|o| o.sent).max()?;
+    let span = (last - first).as_secs_f64();
+    (outcomes.len() > 1 && span > 0.0).then(|| (outcomes.len() - 1) as f64 / span)
+}
+
 /// The report of `run`, made with `config`.
 pub(crate) fn build(config: &Config, run: &Run) -> Report {
     let outcomes = run.outcomes.as_slice();
@@ -357,8 +369,16 @@ pub(crate) fn build(config: &Config, run: &Run) -> Report {
         counts
     };
     let wait = run.plan.initial_wait().min(run.elapsed);
-    let active_s = (run.elapsed - wait).as_secs_f64().max(0.001);
-    let per_window = |n: u64| round3(n as f64 / active_s * config.window.as_secs_f64());
+    let sent_per_s = sent_per_second(outcomes).unwrap_or(0.0);
+    // The share of the sent rate that `n` of the `all.sent` requests are.
+    let per_window = |n: u64| {
+        let share = if all.sent == 0 {
+            0.0
+        } else {
+            n as f64 / all.sent as f64
+        };
+        round3(sent_per_s * share * config.window.as_secs_f64())
+    };
     Report {
         mode: config.mode,
         target: config.target.clone(),

@@ -29,6 +29,12 @@ macro_rules! proxy_modules {
         #[path = "../examples/proxy/reload.rs"]
         mod reload;
         #[allow(dead_code)]
+        #[path = "../examples/proxy/serve.rs"]
+        mod serve;
+        #[allow(dead_code)]
+        #[path = "../examples/proxy/signal.rs"]
+        mod signal;
+        #[allow(dead_code)]
         #[path = "../examples/proxy/simulator.rs"]
         mod simulator;
         #[allow(dead_code)]
