@@ -15,7 +15,7 @@ use tower::{Layer, Service, ServiceExt};
 use tower_throttle::backoff::Backoff429Layer;
 use tower_throttle::concurrency::ConcurrencyLayer;
 use tower_throttle::error::{Ambiguity, AmbiguousKey, BoxError, KeyError, MissingKey};
-use tower_throttle::key::{JsonFieldKey, key_text};
+use tower_throttle::key::{HeaderKey, JsonFieldKey, key_text};
 use tower_throttle::rate_limit::{Quota, RateLimitLayer};
 use tower_throttle::respond::ThrottleResponseLayer;
 
@@ -468,4 +468,44 @@ async fn a_server_answers_an_ambiguous_key_with_400() {
     assert_eq!(body["error"]["code"], "ambiguous_key");
     assert!(!body.to_string().contains("decoy"), "{body}");
     assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_header_key_given_twice_is_refused_by_every_layer_as_ambiguous() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let api_key = || HeaderKey::new("x-api-key").unwrap();
+    let twice = || {
+        http::Request::builder()
+            .header("x-api-key", "sk-decoy")
+            .header("x-api-key", "sk-real")
+            .body(Bytes::new())
+            .unwrap()
+    };
+    let quota = Quota::per_minute(100).unwrap();
+    let mut rate = RateLimitLayer::new(quota, api_key())
+        .with_fallback_key("anonymous")
+        .layer(counting(&calls));
+    let mut concurrency = ConcurrencyLayer::new(4, api_key())
+        .unwrap()
+        .with_fallback_key("anonymous")
+        .layer(counting(&calls));
+    let mut backoff = Backoff429Layer::new(api_key())
+        .with_fallback_key("anonymous")
+        .layer(counting(&calls));
+    let errors = [
+        rate.ready().await.unwrap().call(twice()).await.err(),
+        concurrency.ready().await.unwrap().call(twice()).await.err(),
+        backoff.ready().await.unwrap().call(twice()).await.err(),
+    ];
+    for err in errors {
+        let err = err.expect("refused");
+        let ambiguous = err.downcast_ref::<AmbiguousKey>().expect("AmbiguousKey");
+        assert_eq!(ambiguous.reason, Ambiguity::Repeated);
+        assert!(!err.to_string().contains("sk-"), "{err}");
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "nothing reached the inner service"
+    );
 }

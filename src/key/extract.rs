@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use http::HeaderName;
 
 use super::{KeyBuilder, KeyExtractor, KeyPart};
-use crate::error::{ConfigError, KeyError, MissingKey};
+use crate::error::{Ambiguity, AmbiguousKey, ConfigError, KeyError, MissingKey};
 use crate::parts::RequestParts;
 use crate::redact::is_secret_name;
 
@@ -21,8 +21,10 @@ impl<R> KeyExtractor<R> for GlobalKey {
     }
 }
 
-/// The value of one request header (the first, if it repeats), e.g. an API key
-/// or a tenant id.
+/// The value of one request header, e.g. an API key or a tenant id. A
+/// request without it has no key ([`MissingKey`]); one that gives it more
+/// than once is refused ([`AmbiguousKey`]), since servers differ on which of
+/// the values they act on.
 ///
 /// The value of a header whose name says it is a secret (`Authorization`,
 /// `Cookie`, names containing `key`, `token`, `secret`, `password` or
@@ -82,13 +84,24 @@ impl HeaderKey {
 impl<R: RequestParts> KeyExtractor<R> for HeaderKey {
     #[inline]
     fn extract(&self, req: &R, key: &mut KeyBuilder<'_>) -> Result<(), KeyError> {
-        match req.headers().get(&self.name) {
-            Some(value) => {
+        let mut values = req.headers().get_all(&self.name).iter();
+        match (values.next(), values.next()) {
+            (Some(value), None) => {
                 key.push_part(value.as_bytes(), self.secret);
                 Ok(())
             }
-            None => Err(MissingKey::new(format!("header `{}`", self.name)).into()),
+            // Servers differ on which of several they act on (the first,
+            // the last, or all joined), so the limiter cannot know which.
+            (Some(_), Some(_)) => Err(self.repeated()),
+            (None, _) => Err(MissingKey::new(format!("header `{}`", self.name)).into()),
         }
+    }
+}
+
+impl HeaderKey {
+    #[cold]
+    fn repeated(&self) -> KeyError {
+        AmbiguousKey::new(format!("header `{}`", self.name), Ambiguity::Repeated).into()
     }
 }
 
