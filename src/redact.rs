@@ -32,26 +32,57 @@ use std::fmt::{self, Write as _};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::OnceLock;
 
-/// Parts of a header (or field) name that mark its value as secret.
-const SECRET_MARKERS: [&str; 7] = [
-    "authorization",
+/// Parts of a header (or field) name that mark its value as secret: a
+/// credential, or who the client is (a session, an address).
+const SECRET_MARKERS: [&str; 11] = [
+    "auth",
     "cookie",
     "key",
     "token",
     "secret",
     "password",
     "credential",
+    "session",
+    "jwt",
+    "signature",
+    "forwarded",
 ];
 
 /// Whether a header or field with this name carries a secret by its name
-/// alone: `Authorization`, `Cookie`, and any name containing `key`, `token`,
-/// `secret`, `password` or `credential`, in any case.
+/// alone, in any case: `Authorization`, `Cookie`, names containing `auth`,
+/// `key`, `token`, `secret`, `password`, `credential`, `session`, `jwt`,
+/// `signature` or `forwarded` (`X-Forwarded-For`), and names ending in
+/// `-ip` or `_ip` (`X-Real-IP`, `CF-Connecting-IP`), which carry a client's
+/// address.
 pub fn is_secret_name(name: &str) -> bool {
-    SECRET_MARKERS.iter().any(|marker| {
-        name.as_bytes()
-            .windows(marker.len())
-            .any(|w| w.eq_ignore_ascii_case(marker.as_bytes()))
-    })
+    let bytes = name.as_bytes();
+    let address = bytes.len() >= 3
+        && matches!(bytes[bytes.len() - 3], b'-' | b'_')
+        && bytes[bytes.len() - 2..].eq_ignore_ascii_case(b"ip");
+    address
+        || SECRET_MARKERS.iter().any(|marker| {
+            bytes
+                .windows(marker.len())
+                .any(|w| w.eq_ignore_ascii_case(marker.as_bytes()))
+        })
+}
+
+/// Whether `c` must not reach a log line, a terminal or a label as it is:
+/// control characters, and the invisible ones that change how text around
+/// them reads (line and paragraph separators, bidirectional marks and
+/// overrides, zero-width characters, the byte-order mark).
+pub fn is_hidden(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{2028}'
+                | '\u{2029}'
+                | '\u{061C}'
+                | '\u{200B}'..='\u{200F}'
+                | '\u{202A}'..='\u{202E}'
+                | '\u{2060}'..='\u{2069}'
+                | '\u{FEFF}'
+        )
 }
 
 /// A short stand-in for a secret: `#` and the first 8 hex digits of a keyed
@@ -86,10 +117,11 @@ impl fmt::Debug for Fingerprint {
 }
 
 /// Text as it may be shown in a log line, an error or a stats name:
-/// backslashes doubled and control characters (newline, carriage return,
-/// escape, NUL, …) written as Rust escapes (`\n`, `\r`, `\u{1b}`, `\0`), so
-/// nothing it holds can start a new line or reach a terminal raw. Everything
-/// else is kept as it is.
+/// backslashes doubled and [hidden](is_hidden) characters (newline, carriage
+/// return, escape, NUL, bidirectional overrides, …) written as Rust escapes
+/// (`\n`, `\r`, `\u{1b}`, `\0`, `\u{202e}`), so nothing it holds can start a
+/// new line, reach a terminal raw or make text read backwards. Everything
+/// else is kept as it is. (Logged as a field, it is [quoted](Quoted).)
 #[derive(Clone, Copy)]
 pub struct Escaped<'a>(pub &'a str);
 
@@ -98,7 +130,7 @@ impl fmt::Display for Escaped<'_> {
         let text = self.0;
         let mut start = 0;
         for (i, c) in text.char_indices() {
-            if c == '\\' || c.is_control() {
+            if c == '\\' || is_hidden(c) {
                 f.write_str(&text[start..i])?;
                 if c == '\\' {
                     f.write_str("\\\\")?;
@@ -121,6 +153,35 @@ impl fmt::Display for Escaped<'_> {
 }
 
 impl fmt::Debug for Escaped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// Text already [escaped](Escaped) (a key's label), shown as one quoted
+/// field of a log line: in double quotes, with double quotes inside escaped,
+/// so that text such as `x status=500` cannot pass for more fields. (A
+/// label's backslashes are already doubled, so `\"` reads back as one
+/// quote.)
+#[derive(Clone, Copy)]
+pub struct Quoted<'a>(pub &'a str);
+
+impl fmt::Display for Quoted<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_char('"')?;
+        let mut parts = self.0.split('"');
+        if let Some(first) = parts.next() {
+            f.write_str(first)?;
+        }
+        for part in parts {
+            f.write_str("\\\"")?;
+            f.write_str(part)?;
+        }
+        f.write_char('"')
+    }
+}
+
+impl fmt::Debug for Quoted<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(self, f)
     }
@@ -149,7 +210,24 @@ mod tests {
         ] {
             assert!(is_secret_name(name), "{name}");
         }
-        for name in ["user-agent", "x-title", "x-request-id", "accept", "model"] {
+        for name in [
+            "x-session-id",
+            "X-Real-IP",
+            "cf-connecting-ip",
+            "x-forwarded-for",
+            "Forwarded",
+            "x-amz-signature",
+        ] {
+            assert!(is_secret_name(name), "{name}");
+        }
+        for name in [
+            "user-agent",
+            "x-title",
+            "x-request-id",
+            "accept",
+            "model",
+            "zip",
+        ] {
             assert!(!is_secret_name(name), "{name}");
         }
     }
@@ -164,6 +242,14 @@ mod tests {
             r"x\n2026-12-01T00:00:00Z ERROR admin\r\u{1b}[2J\0\\n\u{7f}é"
         );
         assert_eq!(Escaped("plain/text").to_string(), "plain/text");
+        assert_eq!(
+            Quoted(r#"x" status=500 y="#).to_string(),
+            r#""x\" status=500 y=""#
+        );
+        assert_eq!(
+            Escaped("a\u{202e}b\u{2028}c\u{200b}").to_string(),
+            r"a\u{202e}b\u{2028}c\u{200b}"
+        );
     }
 
     #[test]

@@ -329,7 +329,19 @@ impl Stats {
     ) {
         let mut table = keys.lock();
         if let Some(tally) = table.keys.get_mut(&key.0) {
-            tally.count(event);
+            // A request that came while its key was added up with the
+            // others (a filter that accepted the key only later) leaves
+            // from there, or the gauges of both would drift for good.
+            let came_as_other = match event {
+                Event::Left => tally.left >= tally.admitted,
+                Event::Dequeued(_) => tally.queued <= 0,
+                _ => false,
+            };
+            if came_as_other {
+                table.count_other(event);
+            } else {
+                tally.count(event);
+            }
             return;
         }
         if matches!(event, Event::Dequeued(_) | Event::Left) {
@@ -535,5 +547,45 @@ impl Stats {
     #[inline]
     pub(crate) fn touch(&self) {
         self.hub.touch();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+
+    #[test]
+    fn a_request_that_came_as_other_leaves_as_other_once_its_key_is_counted_apart() {
+        let accept = Arc::new(AtomicBool::new(false));
+        let filter = {
+            let accept = accept.clone();
+            move |_: &str| accept.load(Ordering::SeqCst)
+        };
+        let stats = Stats::new(KeyTracking::filtered(10, filter)).tracking_in_flight();
+        let key = KeyHash(1);
+        let name = || "route".to_owned();
+        // One request comes while the key is not counted apart, a second
+        // once it is; both leave.
+        stats.record(key, Event::Queued, &name);
+        stats.record(key, Event::Entered, &name);
+        accept.store(true, Ordering::SeqCst);
+        stats.record(key, Event::Queued, &name);
+        stats.record(key, Event::Entered, &name);
+        for _ in 0..2 {
+            stats.record(key, Event::Dequeued(None), &name);
+            stats.record(key, Event::Left, &name);
+        }
+        let snapshot = stats.snapshot();
+        for tally in &snapshot.keys {
+            assert_eq!(
+                (tally.in_flight, tally.queued_now),
+                (Some(0), 0),
+                "{}: gauges back at rest",
+                tally.key
+            );
+        }
+        assert_eq!(snapshot.keys.len(), 2, "{:?}", snapshot.keys);
     }
 }

@@ -8,7 +8,8 @@ use support::Inner;
 use tower::{Layer, Service, ServiceExt};
 use tower_throttle::error::{BoxError, RateLimited};
 use tower_throttle::key::{
-    ExtensionKey, GlobalKey, HeaderKey, HostKey, JsonFieldKey, KeyPart, PathPrefixKey, key_text,
+    ClientIpKey, ExtensionKey, GlobalKey, HeaderKey, HostKey, JsonFieldKey, KeyPart, PathPrefixKey,
+    ProxyHeader, key_text,
 };
 use tower_throttle::rate_limit::{Quota, RateLimitLayer};
 
@@ -189,4 +190,74 @@ async fn any_request_type_works_with_a_closure_key() {
     svc.ready().await.unwrap().call(2).await.unwrap();
     let err = svc.ready().await.unwrap().call(3).await.unwrap_err();
     assert_eq!(err.downcast_ref::<RateLimited>().unwrap().key, "1");
+}
+
+#[test]
+fn trusted_proxies_are_read_from_their_one_header_and_a_client_cannot_add_another() {
+    let req = |headers: &[(&str, &str)]| {
+        let mut builder = http::Request::builder();
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        let mut req = builder.body(()).unwrap();
+        req.extensions_mut()
+            .insert("10.0.0.2:5555".parse::<std::net::SocketAddr>().unwrap());
+        req
+    };
+    let xff = ClientIpKey::new().trust_proxies(1);
+    let forwarded = ClientIpKey::new()
+        .trust_proxies(1)
+        .via(ProxyHeader::Forwarded);
+    // The proxy writes `Forwarded`; the client adds `X-Forwarded-For`.
+    let spoofed = req(&[
+        ("forwarded", "for=198.51.100.7"),
+        ("x-forwarded-for", "6.6.6.6"),
+        ("x-real-ip", "7.7.7.7"),
+    ]);
+    assert_eq!(key_text(&forwarded, &spoofed).unwrap(), "198.51.100.7");
+    // The proxy writes `X-Forwarded-For`; the client adds `Forwarded` and
+    // `X-Real-IP`, which are never read.
+    let spoofed = req(&[
+        ("x-forwarded-for", "198.51.100.7"),
+        ("forwarded", "for=6.6.6.6"),
+        ("x-real-ip", "7.7.7.7"),
+    ]);
+    assert_eq!(key_text(&xff, &spoofed).unwrap(), "198.51.100.7");
+    // A hop that did not append: the peer, never a client's header.
+    let short = req(&[("forwarded", "for=6.6.6.6"), ("x-real-ip", "7.7.7.7")]);
+    assert_eq!(key_text(&xff, &short).unwrap(), "10.0.0.2");
+    let real_ip = ClientIpKey::new()
+        .trust_proxies(1)
+        .via(ProxyHeader::XRealIp);
+    assert_eq!(
+        key_text(&real_ip, &req(&[("x-real-ip", "198.51.100.7")])).unwrap(),
+        "198.51.100.7"
+    );
+    let twice = req(&[("x-real-ip", "6.6.6.6"), ("x-real-ip", "198.51.100.7")]);
+    assert_eq!(key_text(&real_ip, &twice).unwrap(), "10.0.0.2");
+}
+
+#[test]
+fn ipv6_clients_are_keyed_by_their_subnet_and_mapped_ipv4_as_ipv4() {
+    let from = |peer: &str| {
+        let mut req = http::Request::new(());
+        req.extensions_mut()
+            .insert(peer.parse::<std::net::IpAddr>().unwrap());
+        req
+    };
+    let key = ClientIpKey::new();
+    let a = key_text(&key, &from("2001:db8:1:2:aaaa::1")).unwrap();
+    let b = key_text(&key, &from("2001:db8:1:2:bbbb::9")).unwrap();
+    let other = key_text(&key, &from("2001:db8:1:3::1")).unwrap();
+    assert_eq!(a, b, "one /64, one key");
+    assert_ne!(a, other);
+    let each = ClientIpKey::new().ipv6_prefix(128);
+    assert_ne!(
+        key_text(&each, &from("2001:db8:1:2:aaaa::1")).unwrap(),
+        key_text(&each, &from("2001:db8:1:2:bbbb::9")).unwrap()
+    );
+    assert_eq!(
+        key_text(&key, &from("::ffff:203.0.113.9")).unwrap(),
+        key_text(&key, &from("203.0.113.9")).unwrap()
+    );
 }

@@ -550,3 +550,177 @@ async fn a_body_between_2_and_4_mib_is_served_and_a_larger_one_gets_the_gateways
     );
     gw.shutdown().await;
 }
+
+// ---------------------------------------------------------------- after review
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnels_echoes_odd_targets_encoded_percents_and_cross_site_requests_are_never_forwarded() {
+    let (files, hits, server) = file_server().await;
+    let toml = format!(
+        r#"
+[[providers]]
+name = "echo"
+base_url = "http://{files}/base"
+"#
+    );
+    let gw = start(&toml).await;
+    let host = gw.addr.to_string();
+    let refused = [
+        (format!("CONNECT {files} HTTP/1.1\r\nhost: {host}"), 405),
+        (
+            format!("TRACE /echo/hello.txt HTTP/1.1\r\nhost: {host}"),
+            405,
+        ),
+        (format!("OPTIONS * HTTP/1.1\r\nhost: {host}"), 400),
+        (
+            format!("GET http://{host}/echo/hello.txt HTTP/1.1\r\nhost: {host}"),
+            400,
+        ),
+        (
+            format!("GET /echo/%252e%252e/secret.txt HTTP/1.1\r\nhost: {host}"),
+            400,
+        ),
+        (
+            format!("GET /echo/%25252e%25252e/secret.txt HTTP/1.1\r\nhost: {host}"),
+            400,
+        ),
+    ];
+    for (head, status) in refused {
+        let answer = raw(gw.addr, &head, b"").await;
+        assert_eq!(answer.status, status, "{head}: {answer:?}");
+    }
+    // A browser's request made for another site's page, even with no
+    // `Origin` (an `<img>`), is refused; its own pages' requests are not.
+    for site in ["cross-site", "same-site"] {
+        let line = format!("sec-fetch-site: {site}");
+        let answer = get(gw.addr, "/echo/hello.txt", &host, &[&line]).await;
+        assert_eq!(
+            (answer.status, answer.code()),
+            (403, "forbidden_origin".to_owned()),
+            "{site}"
+        );
+    }
+    assert!(
+        hits.lock().unwrap().is_empty(),
+        "forwarded: {:?}",
+        hits.lock().unwrap()
+    );
+    for site in ["same-origin", "none"] {
+        let line = format!("sec-fetch-site: {site}");
+        let answer = get(gw.addr, "/echo/hello.txt", &host, &[&line]).await;
+        assert_eq!(answer.status, 200, "{site}: {answer:?}");
+    }
+    gw.shutdown().await;
+    server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compressed_body_gets_415_and_is_not_forwarded() {
+    let gw = start(SIMULATOR).await;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-encoding: gzip",
+        gw.addr
+    );
+    let answer = raw(gw.addr, &head, b"\x1f\x8b not really gzip").await;
+    assert_eq!(
+        (answer.status, answer.code()),
+        (415, "bad_encoding".to_owned())
+    );
+    assert_eq!(upstream_responses(&gw), 0);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_trickles_in_gets_408_and_shutdown_does_not_wait_for_one_still_coming() {
+    let toml = SIMULATOR.to_owned()
+        + r#"
+[gateway]
+body_read_timeout = "300ms"
+shutdown_grace = "60s"
+"#;
+    let gw = start(&toml).await;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{{\"mo",
+        gw.addr
+    );
+    // A body that never completes: 408 once its time is up.
+    let mut socket = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    socket.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let read = socket.read_to_end(&mut answer);
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("answered and closed")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("body_timeout"), "{answer}");
+    // Another one still coming when the gateway stops: shutdown answers it
+    // 503 at once rather than wait for it (the grace is a minute).
+    let mut socket = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    socket.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let stopped = tokio::time::timeout(Duration::from_secs(10), gw.shutdown())
+        .await
+        .expect("shutdown did not wait for the body");
+    assert!(stopped, "clean shutdown");
+    let mut answer = Vec::new();
+    let _ = socket.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_whose_body_names_a_model_counts_against_no_route() {
+    let toml = r#"
+[gateway]
+max_routes = 3
+
+[simulator]
+latency = "0ms"
+models = [
+    { name = "sim-small", limit = 0, period = "1s" },
+    { name = "sim-large", limit = 0, period = "1s" },
+]
+
+[[providers]]
+name = "sim"
+base_url = "simulator"
+
+[rate_limit]
+[[rate_limit.rules]]
+provider = "sim"
+model = "sim-large"
+quotas = [{ limit = 1, period = "1m" }]
+"#;
+    let gw = start(toml).await;
+    let host = gw.addr.to_string();
+    for n in 0..4 {
+        let head =
+            format!("GET /v1/models HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json");
+        let body = format!(
+            r#"{{"model":"{}"}}"#,
+            if n == 0 {
+                "sim-large".to_owned()
+            } else {
+                format!("junk-{n}")
+            }
+        );
+        let answer = raw(gw.addr, &head, body.as_bytes()).await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+    }
+    // sim-large's one request a minute is still there: the GET naming it
+    // did not spend it.
+    let once = post_chat(gw.addr, r#"{"model":"sim-large"}"#).await;
+    assert_eq!(once.status, 200, "{once:?}");
+    let stats = get(gw.addr, "/stats", &host, &[]).await.json();
+    let names: Vec<&str> = stats["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["route"].as_str())
+        .collect();
+    assert!(!names.iter().any(|n| n.contains("junk")), "{names:?}");
+    assert!(names.contains(&"sim/sim-large"), "{names:?}");
+    gw.shutdown().await;
+}

@@ -292,3 +292,38 @@ fn prometheus_label_values_escape_quotes_backslashes_line_feeds_and_control_char
     );
     assert_eq!(admitted.value, 3.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_name_cannot_forge_a_log_field() {
+    let toml = r#"
+[simulator]
+latency = "0ms"
+models = [{ name = "sim-small", limit = 100, period = "2s" }]
+
+[[providers]]
+name = "sim"
+base_url = "simulator"
+
+[rate_limit]
+quotas = [{ limit = 1, period = "1m" }]
+"#;
+    let gw = start(toml).await;
+    let client = reqwest::Client::new();
+    let url = gw.url();
+    let forged = "forged method=DELETE status=500 route=sim/sim-small";
+    for _ in 0..2 {
+        // Forwarded (404 from the simulator), then refused by the limit.
+        post(&client, &url, forged).await;
+    }
+    gw.shutdown().await;
+    let logs = log_text();
+    let lines: Vec<&str> = logs.lines().filter(|l| l.contains("forged")).collect();
+    assert!(lines.len() >= 2, "{logs}");
+    for line in lines {
+        // Every field holding the name is quoted whole.
+        assert!(
+            !line.contains("=sim/forged method=") && !line.contains("=forged method="),
+            "a field was forged: {line}"
+        );
+    }
+}

@@ -156,6 +156,67 @@ fn the_sent_rate_counts_the_intervals_between_requests() {
     // One request, or a burst at one instant, has no rate.
     run.outcomes.truncate(1);
     assert_eq!(report::build(&config, &run).run.actual_rpm, 0.0);
+
+    // A burst's requests leave microseconds apart only because they cannot
+    // all leave at once: still no rate (it read 299,550 a minute).
+    let burst = Config::from_args([
+        "ratecheck",
+        "--url",
+        "http://127.0.0.1:9/",
+        "--mode",
+        "burst",
+        "--rpm",
+        "10",
+    ])
+    .unwrap();
+    let plan = schedule::plan(&Params::of(&burst), Duration::from_secs(1_700_000_000)).unwrap();
+    let outcomes: Vec<Outcome> = plan
+        .events
+        .iter()
+        .enumerate()
+        .map(|(event, e)| Outcome {
+            event,
+            sent: e.at + Duration::from_micros(2 * event as u64),
+            latency: Duration::from_millis(5),
+            class: Class::Status(200),
+        })
+        .collect();
+    assert!(outcomes.len() > 1);
+    let run = Run {
+        started_at: SystemTime::UNIX_EPOCH,
+        elapsed: plan.last_at() + Duration::from_millis(5),
+        plan,
+        outcomes,
+        interrupted: false,
+    };
+    assert_eq!(report::build(&burst, &run).run.actual_rpm, 0.0);
+}
+
+#[tokio::test]
+async fn a_run_stopped_before_its_first_request_exits_0() {
+    let out = temp("stopped-early.json");
+    // The batches wait for a window boundary up to an hour away.
+    let cli = cli::Cli::try_parse_from([
+        "ratecheck",
+        "--url",
+        "http://127.0.0.1:9/",
+        "--rpm",
+        "10",
+        "--mode",
+        "window-boundary",
+        "--window",
+        "1h",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .unwrap();
+    let run = app::run(cli, false, std::future::ready(()));
+    let code = tokio::time::timeout(BOUND, run).await.unwrap();
+    assert_eq!(code, 0);
+    let report = report_json(&out);
+    assert_eq!(report["run"]["interrupted"], true);
+    assert_eq!(report["summary"]["actual_requests"], 0);
+    let _ = std::fs::remove_file(out);
 }
 
 // On the test's thread, so that the summary it prints is captured.

@@ -20,6 +20,9 @@ pub const EXIT_USAGE: u8 = 2;
 /// Exit code when the proxy cannot start for another reason.
 pub const EXIT_FAILURE: u8 = 1;
 
+/// A load test stopped by Ctrl-C or SIGTERM (as a shell reports SIGINT).
+pub const EXIT_INTERRUPTED: u8 = 130;
+
 /// A configuration, where it came from, and its bytes (for the watcher).
 pub struct Loaded {
     /// Checked.
@@ -74,14 +77,21 @@ pub async fn run(
             eprintln!("proxy: --requests and every --connections must be at least 1");
             return EXIT_USAGE;
         }
-        return match bench::run(cli.requests, &cli.connections).await {
-            Ok(report) => {
-                print!("{report}");
-                0
-            }
-            Err(e) => {
-                eprintln!("proxy: load test failed: {e}");
-                EXIT_FAILURE
+        // Ctrl-C and SIGTERM stop a load test too.
+        return tokio::select! {
+            result = bench::run(cli.requests, &cli.connections) => match result {
+                Ok(report) => {
+                    print!("{report}");
+                    0
+                }
+                Err(e) => {
+                    eprintln!("proxy: load test failed: {e}");
+                    EXIT_FAILURE
+                }
+            },
+            () = stop => {
+                eprintln!("proxy: load test stopped");
+                EXIT_INTERRUPTED
             }
         };
     }

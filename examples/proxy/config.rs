@@ -93,6 +93,9 @@ pub struct GatewaySection {
     pub header_read_timeout: Option<String>,
     /// Request line and headers, in bytes (431 beyond); default 64 KiB.
     pub max_header_bytes: Option<i64>,
+    /// From a complete request head to a complete body (408 beyond);
+    /// default `"30s"`.
+    pub body_read_timeout: Option<String>,
     /// Clients on `/events` at once (503 beyond); default 64.
     pub max_event_clients: Option<i64>,
 }
@@ -197,6 +200,8 @@ pub struct GatewaySettings {
     pub header_read_timeout: Duration,
     /// Largest request head.
     pub max_header_bytes: usize,
+    /// Longest wait for a complete request body once its head is in.
+    pub body_read_timeout: Duration,
     /// Clients on `/events` at once.
     pub max_event_clients: usize,
 }
@@ -215,6 +220,7 @@ impl Default for GatewaySettings {
             max_connections: None,
             header_read_timeout: serve::HEADER_READ_TIMEOUT,
             max_header_bytes: serve::MAX_HEADER_BYTES,
+            body_read_timeout: Duration::from_secs(30),
             max_event_clients: 64,
         }
     }
@@ -597,6 +603,11 @@ impl GatewaySection {
                 Some(n) => bounded("max_header_bytes", n, 1024, 1 << 20)?,
                 None => d.max_header_bytes,
             },
+            body_read_timeout: duration(
+                "body_read_timeout",
+                &self.body_read_timeout,
+                d.body_read_timeout,
+            )?,
             max_event_clients: match self.max_event_clients {
                 Some(n) => bounded("max_event_clients", n, 0, 100_000)?,
                 None => d.max_event_clients,

@@ -12,14 +12,16 @@ use std::net::{IpAddr, SocketAddr};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::Response;
+use bytes::Bytes;
 use http::uri::{Authority, Scheme, Uri};
 use http_body_util::LengthLimitError;
 use percent_encoding::percent_decode;
+use tower_throttle::redact::is_hidden;
 
-use crate::config::MAX_MODEL_LEN;
+use crate::config::{GatewaySettings, MAX_MODEL_LEN};
 use crate::gateway::{Gateway, json_error};
 
 /// A `Host` the operator allows besides the listen address's: a name or
@@ -184,6 +186,23 @@ fn origin_allowed(origin: &HeaderValue, host: &Authority, allowed: &[AllowedOrig
 /// to, 403 for a foreign browser `Origin`. Requests without `Origin` (curl,
 /// SDKs, same-origin page loads) are not cross-site and pass.
 pub async fn guard(State(gateway): State<Gateway>, req: Request, next: Next) -> Response<Body> {
+    // Only what can be forwarded under a provider's base path: no tunnels,
+    // no echo of the request (with the API key) back to the caller, and no
+    // `*` or absolute-form targets.
+    if matches!(*req.method(), Method::CONNECT | Method::TRACE) {
+        return json_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "bad_method",
+            "CONNECT and TRACE are not forwarded",
+        );
+    }
+    if !req.uri().path().starts_with('/') || req.uri().authority().is_some() {
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            "bad_path",
+            "only paths starting with `/` are forwarded",
+        );
+    }
     let current = gateway.current();
     let settings = &current.settings.gateway;
     let host = request_host(&req)
@@ -196,6 +215,18 @@ pub async fn guard(State(gateway): State<Gateway>, req: Request, next: Next) -> 
             "this gateway does not answer to that Host; add it to gateway.allowed_hosts",
         );
     };
+    // A request a browser made for another site's page: a no-cors GET (an
+    // `<img>`) carries no `Origin`, but browsers mark where it came from.
+    if let Some(site) = req.headers().get("sec-fetch-site") {
+        if !matches!(site.as_bytes(), b"same-origin" | b"none") {
+            tracing::debug!("refused a request a browser made for another site");
+            return json_error(
+                StatusCode::FORBIDDEN,
+                "forbidden_origin",
+                "requests a browser makes for another site are refused",
+            );
+        }
+    }
     let mut origins = req.headers().get_all(header::ORIGIN).iter();
     if let Some(origin) = origins.next() {
         let one = origins.next().is_none();
@@ -220,6 +251,14 @@ pub async fn guard(State(gateway): State<Gateway>, req: Request, next: Next) -> 
 /// outside the provider's base path on an upstream that decodes or
 /// normalizes paths.
 pub fn path_problem(path: &str) -> Option<&'static str> {
+    // An encoded `%` only hides what a later decoding would find.
+    if path
+        .as_bytes()
+        .windows(3)
+        .any(|w| w[0] == b'%' && w[1] == b'2' && w[2] == b'5')
+    {
+        return Some("the path has an encoded `%`");
+    }
     let segments: Vec<&str> = path.split('/').skip(1).collect();
     for (i, raw) in segments.iter().enumerate() {
         if raw.is_empty() && i + 1 < segments.len() {
@@ -251,22 +290,9 @@ pub fn model_problem(model: &str) -> Option<&'static str> {
     if model.is_empty() || model.len() > MAX_MODEL_LEN {
         return Some("the model name is empty or too long");
     }
-    let hidden = |c: char| {
-        c.is_control()
-            || matches!(
-                c,
-                '\u{2028}'
-                    | '\u{2029}'
-                    | '\u{061C}'
-                    | '\u{200B}'..='\u{200F}'
-                    | '\u{202A}'..='\u{202E}'
-                    | '\u{2060}'..='\u{2069}'
-                    | '\u{FEFF}'
-            )
-    };
     model
         .chars()
-        .any(hidden)
+        .any(is_hidden)
         .then_some("the model name has control or invisible format characters")
 }
 
@@ -285,6 +311,56 @@ pub fn is_length_limit(e: &axum::Error) -> bool {
 /// The message of a 413, gateway's or simulator's.
 pub fn too_large_message(max: usize) -> String {
     format!("the request body is larger than max_body_bytes ({max})")
+}
+
+/// Why a request body in this encoding is refused: a compressed body could
+/// name another model than the limiter reads (the upstream may decode it).
+pub fn encoding_problem(headers: &HeaderMap) -> Option<&'static str> {
+    let mut encodings = headers.get_all(header::CONTENT_ENCODING).iter();
+    encodings
+        .any(|e| !e.as_bytes().eq_ignore_ascii_case(b"identity"))
+        .then_some(
+            "request bodies are forwarded as they are read: send them without Content-Encoding",
+        )
+}
+
+/// Read a request body whole: at most `max_body` bytes, within
+/// `body_read_timeout` (408 beyond: a body that trickles in must not hold a
+/// connection for good), and given up at once when the gateway shuts down (a
+/// request that never arrived whole is not one to wait for).
+pub async fn read_body(
+    gateway: &Gateway,
+    body: Body,
+    settings: &GatewaySettings,
+) -> Result<Bytes, Response<Body>> {
+    let max = settings.max_body;
+    let mut stop = gateway.shutdown_signal();
+    let read = tokio::time::timeout(settings.body_read_timeout, axum::body::to_bytes(body, max));
+    tokio::select! {
+        read = read => match read {
+            Ok(Ok(bytes)) => Ok(bytes),
+            Ok(Err(e)) if is_length_limit(&e) => Err(json_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                &too_large_message(max),
+            )),
+            Ok(Err(_)) => Err(json_error(
+                StatusCode::BAD_REQUEST,
+                "bad_body",
+                "the request body could not be read",
+            )),
+            Err(_) => Err(json_error(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                "the request body did not arrive within gateway.body_read_timeout",
+            )),
+        },
+        _ = stop.wait_for(|stopping| *stopping) => Err(json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the gateway is shutting down",
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -44,7 +44,7 @@ use arc_swap::ArcSwap;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderName, Request, Response, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode, Uri, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use bytes::Bytes;
@@ -65,7 +65,7 @@ use tower_throttle::error::{BoxError, ConfigError, KeyError, MissingKey};
 use tower_throttle::identity::{IdentityHeaderLayer, StableIds};
 use tower_throttle::key::{JsonFieldKey, KeyBuilder, KeyExtractor, key_parts};
 use tower_throttle::rate_limit::{CountAll, Limits, OneUnit, RateLimitHandle, RateLimitLayer};
-use tower_throttle::redact::Escaped;
+use tower_throttle::redact::{Escaped, Quoted};
 use tower_throttle::respond::{RateLimitHeaders, Rejection, ThrottleResponseLayer};
 
 use crate::config::{Credential, GatewaySettings, Settings, Upstream as UpstreamKind};
@@ -306,7 +306,11 @@ impl Service<http::Request<Bytes>> for Upstream {
             result.map(|r| r.map(Body::new)).map_err(|e| {
                 let route = route.map(|r| r.to_string()).unwrap_or_default();
                 let error = error_chain(&e);
-                tracing::warn!(%route, error = %Escaped(&error), "upstream request failed");
+                tracing::warn!(
+                    route = %Quoted(&route.to_string()),
+                    error = %Quoted(&Escaped(&error).to_string()),
+                    "upstream request failed"
+                );
                 Box::new(e) as BoxError
             })
         })
@@ -866,16 +870,12 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
     if declared.is_some_and(|n| n > max_body as u64) {
         return too_large(max_body);
     }
-    let body = match axum::body::to_bytes(body, max_body).await {
+    if let Some(problem) = edge::encoding_problem(&parts.headers) {
+        return json_error(StatusCode::UNSUPPORTED_MEDIA_TYPE, "bad_encoding", problem);
+    }
+    let body = match edge::read_body(&gateway, body, &current.settings.gateway).await {
         Ok(bytes) => bytes,
-        Err(e) if edge::is_length_limit(&e) => return too_large(max_body),
-        Err(_) => {
-            return json_error(
-                StatusCode::BAD_REQUEST,
-                "bad_body",
-                "the request body could not be read",
-            );
-        }
+        Err(refused) => return refused,
     };
     let path_and_query = match parts.uri.query() {
         Some(q) => format!("{}{rest}?{q}", target.base_path),
@@ -901,7 +901,11 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
     *out.method_mut() = parts.method;
     *out.uri_mut() = uri;
     *out.headers_mut() = headers;
+    // Only a body that is sent somewhere names a model: a GET with a body
+    // naming one would count against (and track) a route it does not use.
+    let reads_body = matches!(out.method(), &Method::POST | &Method::PUT | &Method::PATCH);
     let model = match key_parts(&gateway.inner.model_key, &out) {
+        _ if !reads_body => NO_MODEL.to_owned(),
         Ok(mut parts) => parts.pop().unwrap_or_else(|| NO_MODEL.to_owned()),
         // The limiter could count another model than the upstream serves.
         Err(KeyError::Ambiguous(e)) => {
@@ -927,7 +931,12 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
     };
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    tracing::debug!(%route, %method, status = parts.status.as_u16(), "forwarded");
+    tracing::debug!(
+        route = %Quoted(&route.to_string()),
+        %method,
+        status = parts.status.as_u16(),
+        "forwarded"
+    );
     Response::from_parts(parts, body)
 }
 

@@ -30,7 +30,7 @@
 //! Exit codes: 0 after Ctrl-C or SIGTERM and a graceful shutdown; 2 for a
 //! mistake in the command line or the configuration (one line naming the
 //! field); 1 when a socket cannot be opened; 130 when a second Ctrl-C or
-//! SIGTERM cuts the shutdown short.
+//! SIGTERM cuts the shutdown short, or when one stops a `--bench` run.
 
 mod app;
 mod bench;

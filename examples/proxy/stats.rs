@@ -42,14 +42,22 @@ use crate::gateway::{Gateway, ProviderInfo, Route, UpstreamCounts, json_error};
 pub const OTHER: &str = OTHER_KEYS;
 
 /// The routes counted by name: those the configuration names (a rate-limit
-/// rule for one provider and one model, a simulator model) and those the
-/// upstream answered with a 2xx; at most `max_routes - 1` of them, the last
-/// entry being [`OTHER`]. Names are only ever added, so every name a layer
-/// once counted stays tracked.
+/// rule for one provider and one model, a simulator model), always, and
+/// those the upstream answered with a 2xx, in the room the configured ones
+/// leave of `max_routes - 1` (the last entry being [`OTHER`]). Answered
+/// names are taken in order of arrival and kept, so junk the upstream
+/// happens to answer cannot crowd out a configured route; a configured
+/// route added by a reload makes room by dropping answered ones.
 #[derive(Debug)]
 pub struct TrackedRoutes {
     room: usize,
-    names: RwLock<HashSet<String>>,
+    names: RwLock<Names>,
+}
+
+#[derive(Debug, Default)]
+struct Names {
+    configured: HashSet<String>,
+    answered: HashSet<String>,
 }
 
 impl TrackedRoutes {
@@ -57,28 +65,32 @@ impl TrackedRoutes {
     pub fn new(max_routes: usize) -> Self {
         Self {
             room: max_routes.saturating_sub(1),
-            names: RwLock::new(HashSet::new()),
+            names: RwLock::new(Names::default()),
         }
     }
 
-    /// How many routes may be counted by name.
+    /// How many routes the layers count by name: the room, and as many
+    /// again for names dropped by a reload, whose counts stay behind.
     pub fn room(&self) -> usize {
-        self.room
+        self.room.saturating_mul(2)
     }
 
     /// Whether the route shown as `name` is counted by name.
     pub fn contains(&self, name: &str) -> bool {
-        self.names.read().contains(name)
+        let names = self.names.read();
+        names.configured.contains(name) || names.answered.contains(name)
     }
 
-    /// Track `name` if there is room.
-    fn add(&self, name: String) {
-        if self.contains(&name) {
-            return;
-        }
+    /// Track `name`, which the configuration names.
+    fn add_named(&self, name: String) {
         let mut names = self.names.write();
-        if names.len() < self.room {
-            names.insert(name);
+        names.answered.remove(&name);
+        names.configured.insert(name);
+        while names.configured.len() + names.answered.len() > self.room {
+            let Some(dropped) = names.answered.iter().next().cloned() else {
+                break;
+            };
+            names.answered.remove(&dropped);
         }
     }
 
@@ -88,7 +100,7 @@ impl TrackedRoutes {
         for rule in rules {
             if let (Some(provider), Some(model)) = (&rule.provider, &rule.model) {
                 if !provider.contains(['*', '?']) && !model.contains(['*', '?']) {
-                    self.add(route_name(provider, model));
+                    self.add_named(route_name(provider, model));
                 }
             }
         }
@@ -98,14 +110,22 @@ impl TrackedRoutes {
             .filter(|p| p.upstream == Upstream::Simulator);
         for provider in simulated {
             for model in settings.simulator.iter().flat_map(|s| &s.models) {
-                self.add(route_name(&provider.name, &model.name));
+                self.add_named(route_name(&provider.name, &model.name));
             }
         }
     }
 
-    /// The upstream answered `route` with a 2xx: it is real.
+    /// The upstream answered `route` with a 2xx: it is real. Tracked if
+    /// the configured routes leave room.
     pub fn answered(&self, route: &Route) {
-        self.add(route.to_string());
+        let name = route.to_string();
+        if self.contains(&name) {
+            return;
+        }
+        let mut names = self.names.write();
+        if names.configured.len() + names.answered.len() < self.room {
+            names.answered.insert(name);
+        }
     }
 }
 

@@ -94,7 +94,9 @@ pub(crate) async fn run(cli: Cli, progress: bool, stop: impl Future<Output = ()>
         .outcomes
         .iter()
         .any(|o| matches!(o.class, Class::Status(_)));
-    if !answered {
+    // Stopped before the first request: nothing failed to answer.
+    let nothing_sent = run.interrupted && run.outcomes.is_empty();
+    if !answered && !nothing_sent {
         eprintln!(
             "error: none of the {} requests sent got an HTTP answer",
             run.outcomes.len()

@@ -352,8 +352,16 @@ fn errors(outcomes: &[Outcome]) -> Errors {
 /// Requests sent per second: `n` sends from the first to the last span
 /// `n - 1` intervals (dividing `n` by the span, or by the time to the last
 /// response, overstates it: 3 requests a second apart are 1/s, not 1.5/s).
-/// `None` for fewer than two sends, or sends all at one instant.
-pub(crate) fn sent_per_second(outcomes: &[Outcome]) -> Option<f64> {
+/// `None` for fewer than two sends, or sends planned at one instant (a
+/// burst has no rate: its sends are microseconds apart only because they
+/// cannot all leave at once).
+pub(crate) fn sent_per_second(plan: &Plan, outcomes: &[Outcome]) -> Option<f64> {
+    let planned = |o: &Outcome| plan.events.get(o.event).map(|e| e.at);
+    let first_planned = outcomes.iter().filter_map(planned).min()?;
+    let last_planned = outcomes.iter().filter_map(planned).max()?;
+    if first_planned == last_planned {
+        return None;
+    }
     let first = outcomes.iter().map(|o| o.sent).min()?;
     let last = outcomes.iter().map(|o| o.sent).max()?;
     let span = (last - first).as_secs_f64();
@@ -369,7 +377,7 @@ pub(crate) fn build(config: &Config, run: &Run) -> Report {
         counts
     };
     let wait = run.plan.initial_wait().min(run.elapsed);
-    let sent_per_s = sent_per_second(outcomes).unwrap_or(0.0);
+    let sent_per_s = sent_per_second(&run.plan, outcomes).unwrap_or(0.0);
     // The share of the sent rate that `n` of the `all.sent` requests are.
     let per_window = |n: u64| {
         let share = if all.sent == 0 {

@@ -26,6 +26,7 @@ use super::stats::CooldownEntry;
 use crate::clock::{ClockSource, Nanos, Timeline, saturating_nanos};
 use crate::error::CoolingDown;
 use crate::key::{KeyHash, KeySeed};
+use crate::redact::Quoted;
 use crate::stats::{Event, KeyTracking, Stats};
 use crate::store::{Idle, Store};
 
@@ -242,7 +243,11 @@ impl Cooldowns {
                 drop(locked);
                 record(Event::Rejected);
                 let retry_after = Duration::from_nanos(wait);
-                tracing::debug!(key = %name, ?retry_after, "backoff: refused while cooling down");
+                tracing::debug!(
+                    key = %Quoted(&name),
+                    ?retry_after,
+                    "backoff: refused while cooling down"
+                );
                 return Admit::Refused(CoolingDown::new(name.to_string(), retry_after));
             }
             let id = route.next_id;
@@ -257,7 +262,7 @@ impl Cooldowns {
             drop(locked);
             record(Event::Queued);
             tracing::debug!(
-                key = %name,
+                key = %Quoted(&name),
                 wait = ?Duration::from_nanos(wait),
                 "backoff: waiting for the cooldown to end"
             );
@@ -366,7 +371,13 @@ impl Cooldowns {
             self.started.fetch_add(1, Ordering::Relaxed);
         }
         let text = route.text.clone().unwrap_or_else(|| watch.text.clone());
-        tracing::debug!(key = %text, ?wait, ?reason, status, "backoff: route cooling down");
+        tracing::debug!(
+            key = %Quoted(&text),
+            ?wait,
+            ?reason,
+            status,
+            "backoff: route cooling down"
+        );
         let mut active = self.active.lock();
         if active.map.len() >= active.prune_at {
             active.prune(now);
@@ -502,7 +513,10 @@ impl QueueSlot {
         engine.stats.record(self.key, Event::Dequeued(None), &text);
         if refused {
             engine.stats.record(self.key, Event::Rejected, &text);
-            tracing::debug!(key = %self.text, "backoff: refused after waiting: the cooldown grew");
+            tracing::debug!(
+                key = %Quoted(&self.text),
+                "backoff: refused after waiting: the cooldown grew"
+            );
         }
     }
 }

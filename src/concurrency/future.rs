@@ -10,6 +10,7 @@ use tower_service::Service;
 use super::hold::HoldPermit;
 use super::permits::{Granted, Permit, QueueTicket};
 use crate::error::{BoxError, QueueTimeout};
+use crate::redact::Quoted;
 
 /// Where a waiting request stands.
 enum Place {
@@ -59,7 +60,11 @@ impl<S, R> Waiter<S, R> {
                         Err(permit) => permit,
                         Ok(waited) => {
                             let key = std::mem::take(&mut self.key);
-                            tracing::debug!(%key, ?waited, "concurrency: queue timeout");
+                            tracing::debug!(
+                                key = %Quoted(&key),
+                                ?waited,
+                                "concurrency: queue timeout"
+                            );
                             return Poll::Ready(Err(Box::new(QueueTimeout::new(key, waited))));
                         }
                     }

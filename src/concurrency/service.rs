@@ -12,7 +12,7 @@ use super::hold::HoldPermit;
 use super::permits::{Acquire, LastKey, Permits, QueueTicket};
 use crate::error::{BoxError, KeyError, QueueFull, QueueTimeout};
 use crate::key::{GlobalKey, KeyExtractor, KeyHash, key_label};
-use crate::redact::Escaped;
+use crate::redact::{Escaped, Quoted};
 
 /// Everything a concurrency service reads per request, shared by its clones.
 pub(crate) struct Shared<X> {
@@ -74,11 +74,11 @@ impl<X> Shared<X> {
     {
         let key = self.key_text(req);
         if self.no_wait() {
-            tracing::debug!(%key, "concurrency: no permit free and no wait allowed");
+            tracing::debug!(key = %Quoted(&key), "concurrency: no permit free and no wait allowed");
             Box::new(QueueTimeout::new(key, Duration::ZERO))
         } else {
             let max_queue = self.max_queue;
-            tracing::debug!(%key, max_queue, "concurrency: queue full");
+            tracing::debug!(key = %Quoted(&key), max_queue, "concurrency: queue full");
             Box::new(QueueFull::new(key, max_queue))
         }
     }
@@ -213,7 +213,7 @@ impl<S, X> Concurrency<S, X> {
     {
         let shared = &*self.shared;
         let key = shared.key_text(&req);
-        tracing::debug!(%key, "concurrency: waiting for a permit");
+        tracing::debug!(key = %Quoted(&key), "concurrency: waiting for a permit");
         let deadline = shared
             .queue_timeout
             .and_then(|timeout| ticket.since().checked_add(timeout));

@@ -1,6 +1,6 @@
 //! The client's IP address, for servers.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use super::part::push_display;
 use super::{KeyBuilder, KeyExtractor};
@@ -13,10 +13,17 @@ use crate::parts::RequestParts;
 /// request's extensions as axum's `ConnectInfo<SocketAddr>` (feature `axum`;
 /// serve with `into_make_service_with_connect_info::<SocketAddr>()`) or as a
 /// plain `SocketAddr`/`IpAddr` put there by an earlier layer. Headers that a
-/// client can write itself (`Forwarded`, `X-Forwarded-For`, `X-Real-IP`) are
-/// never trusted unless [`trust_proxies`](Self::trust_proxies) says how many
-/// proxies in front of the server add them: then the address those proxies
-/// saw is used, and entries a client put before them are ignored.
+/// client can write itself are never trusted unless
+/// [`trust_proxies`](Self::trust_proxies) says how many proxies in front of
+/// the server add to one of them ([`ProxyHeader`]: `X-Forwarded-For` unless
+/// [`via`](Self::via) names another): then the address those proxies saw is
+/// used, entries a client put before them are ignored, and the other headers
+/// are never read (a client could add them).
+///
+/// IPv6 addresses are keyed by their first 64 bits (one subnet, what one
+/// client usually holds, so rotating addresses within it gains nothing; see
+/// [`ipv6_prefix`](Self::ipv6_prefix)), and IPv4-mapped IPv6 addresses as the
+/// IPv4 address they carry.
 ///
 /// An address identifies a person: errors, stats names and logs show its
 /// [fingerprint](crate::redact::Fingerprint), unless
@@ -35,10 +42,38 @@ use crate::parts::RequestParts;
 /// // Behind one proxy, the address it saw is the last one it appended.
 /// assert_eq!(key_text(&ClientIpKey::new().trust_proxies(1), &req).unwrap(), "198.51.100.7");
 /// ```
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct ClientIpKey {
     trusted_proxies: usize,
+    header: ProxyHeader,
+    ipv6_prefix: u8,
     show_raw: bool,
+}
+
+/// The header trusted proxies write the client's address to (see
+/// [`ClientIpKey::via`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProxyHeader {
+    /// `X-Forwarded-For`: each proxy appends the address it saw.
+    #[default]
+    XForwardedFor,
+    /// `Forwarded` (RFC 7239): each proxy appends a `for=` element.
+    Forwarded,
+    /// `X-Real-IP`: the one proxy in front sets it to the address it saw
+    /// (with [`trust_proxies(1)`](ClientIpKey::trust_proxies) only).
+    XRealIp,
+}
+
+impl Default for ClientIpKey {
+    fn default() -> Self {
+        Self {
+            trusted_proxies: 0,
+            header: ProxyHeader::XForwardedFor,
+            ipv6_prefix: 64,
+            show_raw: false,
+        }
+    }
 }
 
 impl ClientIpKey {
@@ -48,11 +83,25 @@ impl ClientIpKey {
     }
 
     /// `n` proxies you run stand in front of the server and each appends the
-    /// address it saw to `X-Forwarded-For` (or `Forwarded: for=`). The client
-    /// is then the `n`-th address from the right; with one proxy,
-    /// `X-Real-IP` set by it is used when no list is present.
+    /// address it saw to the [`via`](Self::via) header (`X-Forwarded-For` by
+    /// default). The client is then the `n`-th address from the right. A
+    /// request whose list is shorter (a hop that did not append) is keyed by
+    /// its peer address.
     pub fn trust_proxies(mut self, n: usize) -> Self {
         self.trusted_proxies = n;
+        self
+    }
+
+    /// The header the trusted proxies write; only that one is read.
+    pub fn via(mut self, header: ProxyHeader) -> Self {
+        self.header = header;
+        self
+    }
+
+    /// Key IPv6 addresses by their first `bits` bits (clamped to 128;
+    /// default 64, one subnet). 128 keys each address apart.
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.ipv6_prefix = bits.min(128);
         self
     }
 
@@ -74,43 +123,53 @@ impl ClientIpKey {
             .or_else(|| ext.get::<IpAddr>().copied())
     }
 
-    /// The address the outermost trusted proxy saw.
+    /// The address the outermost trusted proxy saw, from the one header
+    /// they write.
     fn forwarded<R: RequestParts>(&self, req: &R) -> Option<IpAddr> {
         let n = self.trusted_proxies;
         let headers = req.headers();
-        // Every X-Forwarded-For line, in order, as one list.
-        let xff: Vec<&str> = headers
-            .get_all("x-forwarded-for")
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .collect();
-        let list: Vec<&str> = if xff.is_empty() {
+        let lines = |name| {
             headers
-                .get_all(http::header::FORWARDED)
+                .get_all(name)
                 .iter()
                 .filter_map(|v| v.to_str().ok())
                 .flat_map(|v| v.split(','))
-                .filter_map(forwarded_for)
-                .collect()
-        } else {
-            xff
         };
-        if list.is_empty() {
-            if n == 1 {
-                let real = headers.get("x-real-ip")?.to_str().ok()?;
-                return parse_ip(real.trim());
+        let list: Vec<&str> = match self.header {
+            ProxyHeader::XForwardedFor => lines(X_FORWARDED_FOR).map(str::trim).collect(),
+            ProxyHeader::Forwarded => lines("forwarded").filter_map(forwarded_for).collect(),
+            ProxyHeader::XRealIp => {
+                // Set, not appended, by the one proxy: more than one value
+                // is a client's.
+                let mut values = headers.get_all(X_REAL_IP).iter();
+                let (Some(value), None) = (values.next(), values.next()) else {
+                    return None;
+                };
+                return (n == 1).then(|| parse_ip(value.to_str().ok()?.trim()))?;
             }
-            return None;
-        }
+        };
         // Our n proxies appended the last n entries; the n-th from the
         // right is what the outermost of them saw. A shorter list means a
         // hop did not append: trust nothing from it.
         let i = list.len().checked_sub(n)?;
         parse_ip(list[i])
     }
+
+    /// The part of `ip` a client is keyed by.
+    fn keyed(&self, ip: IpAddr) -> IpAddr {
+        match ip.to_canonical() {
+            IpAddr::V6(v6) => {
+                let bits = u32::from(self.ipv6_prefix);
+                let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
+                IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask))
+            }
+            v4 => v4,
+        }
+    }
 }
+
+const X_FORWARDED_FOR: &str = "x-forwarded-for";
+const X_REAL_IP: &str = "x-real-ip";
 
 /// The `for=` value of one `Forwarded` element.
 fn forwarded_for(element: &str) -> Option<&str> {
@@ -146,7 +205,7 @@ impl<R: RequestParts> KeyExtractor<R> for ClientIpKey {
         };
         match ip {
             Some(ip) => {
-                push_display(&ip, key, !self.show_raw);
+                push_display(&self.keyed(ip), key, !self.show_raw);
                 Ok(())
             }
             None => Err(MissingKey::new(

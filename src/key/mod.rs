@@ -46,7 +46,7 @@ use foldhash::fast::{FoldHasher, RandomState};
 use crate::error::{KeyError, MissingKey};
 use crate::redact::{fingerprint, push_escaped};
 
-pub use client_ip::ClientIpKey;
+pub use client_ip::{ClientIpKey, ProxyHeader};
 pub use extract::{ExtensionKey, GlobalKey, HeaderKey, HostKey, PathPrefixKey};
 pub use json::JsonFieldKey;
 pub use part::{KeyPart, Secret};

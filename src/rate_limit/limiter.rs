@@ -21,6 +21,7 @@ use super::table::{Ask, Held, One, Table};
 use crate::clock::{ClockSource, Nanos, Timeline};
 use crate::error::ConfigError;
 use crate::key::{KeyHash, KeySeed, KeyTexts};
+use crate::redact::Quoted;
 use crate::stats::{Event, KeyTracking, Stats};
 use crate::store::{Idle, Store, Tidy};
 
@@ -465,7 +466,11 @@ impl Limiter {
         if rule.dry_run || self.dry_run.load(Ordering::Relaxed) {
             self.stats.record(key, Event::WouldReject, text);
             self.stats.record(key, Event::Admitted, text);
-            tracing::debug!(key = %text(), ?retry_after, "rate limit (dry run): would refuse");
+            tracing::debug!(
+                key = %Quoted(&text()),
+                ?retry_after,
+                "rate limit (dry run): would refuse"
+            );
             return Decision::Go;
         }
         self.stats.record(key, Event::Rejected, text);

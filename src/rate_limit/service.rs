@@ -14,6 +14,7 @@ use super::policy::Policy;
 use crate::clock::Nanos;
 use crate::error::{BoxError, CostTooHigh, KeyError, RateLimited};
 use crate::key::{KeyExtractor, KeyHash, KeyTexts, key_texts};
+use crate::redact::Quoted;
 
 /// Everything a rate-limit service reads per request, shared by its clones.
 pub(crate) struct Shared<X, F, A, H> {
@@ -246,7 +247,11 @@ impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
                 let booking = Booking::new(shared.limiter.clone(), ticket, key, turn);
                 if tracing::enabled!(tracing::Level::DEBUG) {
                     let wait = until.saturating_duration_since(tokio::time::Instant::now());
-                    tracing::debug!(key = %texts().label(), ?wait, "rate limit: waiting for turn");
+                    tracing::debug!(
+                        key = %Quoted(&texts().label()),
+                        ?wait,
+                        "rate limit: waiting for turn"
+                    );
                 }
                 let after = After {
                     refund: refund_ticket.and_then(refund),
@@ -261,14 +266,19 @@ impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
             Decision::Denied(denied) => {
                 let key = texts().label();
                 let retry_after = denied.retry_after;
-                tracing::debug!(%key, ?retry_after, "rate limit: refused");
+                tracing::debug!(key = %Quoted(&key), ?retry_after, "rate limit: refused");
                 let refused =
                     RateLimited::new(key, retry_after).with_quota(denied.quota, &*denied.policy);
                 ResponseFuture::failed(Box::new(refused))
             }
             Decision::TooCostly { capacity } => {
                 let key = texts().label();
-                tracing::debug!(%key, cost, capacity, "rate limit: cost above capacity");
+                tracing::debug!(
+                    key = %Quoted(&key),
+                    cost,
+                    capacity,
+                    "rate limit: cost above capacity"
+                );
                 ResponseFuture::failed(Box::new(CostTooHigh::new(key, cost, capacity)))
             }
         }
