@@ -67,15 +67,26 @@ fn proxy_main_child() {
     std::process::exit(i32::from(code));
 }
 
-/// A fresh empty directory for a child to run in.
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "tower-throttle-first-run-{}-{name}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh empty directory for a child to run in, removed when dropped
+/// (a failing test too).
+struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "tower-throttle-first-run-{}-{name}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// The proxy started in `dir` with `args`; its banner's gateway line.
@@ -112,8 +123,8 @@ async fn stop(proxy: &mut child::Running) -> Option<i32> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_says_the_address_config_source_and_urls_once_and_logs_nothing_else() {
     // No examples/proxy/proxy.toml here: the embedded copy runs.
-    let dir = scratch_dir("startup");
-    let (mut proxy, gateway) = proxy_in(&dir, "--listen 127.0.0.1:0").await;
+    let dir = ScratchDir::new("startup");
+    let (mut proxy, gateway) = proxy_in(&dir.0, "--listen 127.0.0.1:0").await;
     let url = url_of(&gateway);
     assert_eq!(stop(&mut proxy).await, Some(0), "{}", proxy.stderr());
     let stdout = proxy.stdout();
@@ -154,7 +165,6 @@ async fn startup_says_the_address_config_source_and_urls_once_and_logs_nothing_e
             "{line:?} twice in:\n{stdout}{startup_log}"
         );
     }
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A config with one unlimited simulator model and a rate limit of
@@ -190,11 +200,11 @@ async fn chat(client: &reqwest::Client, url: &str) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_config_the_example_file_in_the_working_directory_runs_and_edits_apply() {
-    let dir = scratch_dir("watched");
-    let file = dir.join(config::DEFAULT_PATH);
+    let dir = ScratchDir::new("watched");
+    let file = dir.0.join(config::DEFAULT_PATH);
     std::fs::create_dir_all(file.parent().unwrap()).unwrap();
     std::fs::write(&file, small_config(1000)).unwrap();
-    let (mut proxy, gateway) = proxy_in(&dir, "--listen 127.0.0.1:0").await;
+    let (mut proxy, gateway) = proxy_in(&dir.0, "--listen 127.0.0.1:0").await;
     assert!(
         gateway.contains("(config: examples/proxy/proxy.toml, reloaded on edit)"),
         "{gateway}"
@@ -213,7 +223,6 @@ async fn without_config_the_example_file_in_the_working_directory_runs_and_edits
     chat(&client, &url).await;
     assert_eq!(chat(&client, &url).await, 429, "{}", proxy.stderr());
     assert_eq!(stop(&mut proxy).await, Some(0), "{}", proxy.stderr());
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// How much a request's trip from the gateway's limiter to the simulator
