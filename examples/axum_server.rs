@@ -3,7 +3,7 @@
 //! `Retry-After` and the IETF `RateLimit` headers; no error handler needed.
 //!
 //! ```text
-//! cargo run --example axum_server -- --listen 127.0.0.1:3000
+//! cargo run --example axum_server --features axum -- --listen 127.0.0.1:3000
 //! ```
 //!
 //! It is served like the proxy example's gateway (`proxy/serve.rs`): at most

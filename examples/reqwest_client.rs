@@ -2,7 +2,7 @@
 //! local upstream that it starts itself (so it runs offline).
 //!
 //! ```text
-//! cargo run --example reqwest_client
+//! cargo run --example reqwest_client --features reqwest
 //! ```
 //!
 //! The upstream admits 4 requests a second per model and answers 429 with

@@ -129,6 +129,10 @@ impl Error for CostTooHigh {}
 pub struct MissingKey {
     /// What was looked for, e.g. "header `x-api-key`".
     pub wanted: String,
+    /// What to change so the key can be found, when the cause is more
+    /// likely the build or the server's setup than the request (e.g. a
+    /// feature to enable).
+    pub hint: Option<String>,
 }
 
 impl MissingKey {
@@ -136,7 +140,14 @@ impl MissingKey {
     pub fn new(wanted: impl Into<String>) -> Self {
         Self {
             wanted: wanted.into(),
+            hint: None,
         }
+    }
+
+    /// Say what to change so the key can be found.
+    pub fn with_hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
     }
 }
 
@@ -146,7 +157,11 @@ impl fmt::Display for MissingKey {
             f,
             "request has no limit key ({} missing) and no fallback key is set",
             self.wanted
-        )
+        )?;
+        match &self.hint {
+            Some(hint) => write!(f, "; {hint}"),
+            None => Ok(()),
+        }
     }
 }
 

@@ -60,8 +60,7 @@ mod store;
 
 pub use error::BoxError;
 
-/// The README's examples, compiled and run as doctests.
-#[cfg(doctest)]
-#[doc = include_str!("../README.md")]
-struct ReadmeDoctests;
+// The README's examples are compiled and run by `.ci/readme-snippets`, each
+// with exactly the features it names: as doctests they would all see the
+// features of one `cargo test` run.
 pub use rate_limit::{Quota, RateLimitLayer};

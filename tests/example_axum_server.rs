@@ -1,4 +1,7 @@
 //! The `axum_server` example, served on an ephemeral loopback port.
+// The example requires the feature (Cargo.toml): without it every request
+// would be refused for want of the client address.
+#![cfg(feature = "axum")]
 
 #[path = "../examples/axum_server.rs"]
 mod axum_server;

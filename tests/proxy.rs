@@ -756,7 +756,12 @@ async fn a_valid_edit_takes_effect_without_restart_and_an_invalid_one_leaves_the
     let path = temp_path("reload.toml");
     let write = |text: &str| std::fs::write(&path, text).unwrap();
     write(&reload_config("2", 8));
-    let loaded = app::load(Some(&path), &no_env).unwrap();
+    let loaded = app::load(
+        Some(&path),
+        std::path::Path::new(config::DEFAULT_PATH),
+        &no_env,
+    )
+    .unwrap();
     let gw = gateway::start(loaded.settings, ([127, 0, 0, 1], 0).into(), loaded.source)
         .await
         .unwrap();
@@ -887,7 +892,13 @@ async fn the_program_exits_2_on_a_bad_config_and_0_after_a_graceful_stop() {
     .unwrap();
     let cli = cli::Cli::try_parse_from(["proxy", "--config", bad.to_str().unwrap()]).unwrap();
     assert_eq!(app::run(cli, std::future::pending(), None).await, 2);
-    let error = app::load(Some(&bad), &no_env).err().unwrap();
+    let error = app::load(
+        Some(&bad),
+        std::path::Path::new(config::DEFAULT_PATH),
+        &no_env,
+    )
+    .err()
+    .unwrap();
     assert!(error.contains("`providers[0].base_url`"), "{error}");
     let missing =
         cli::Cli::try_parse_from(["proxy", "--config", "/nonexistent/proxy.toml"]).unwrap();
@@ -1066,7 +1077,14 @@ base_url = "http://{closed}/api"
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_config_is_the_default_and_the_demo_shows_every_layer_acting() {
-    let loaded = app::load(None, &no_env).unwrap();
+    // Without the file in the working directory: the embedded copy.
+    let loaded = app::load(
+        None,
+        std::path::Path::new("/nonexistent/proxy.toml"),
+        &no_env,
+    )
+    .unwrap();
+    assert!(loaded.watch.is_none());
     assert_eq!(
         loaded.bytes,
         std::fs::read("examples/proxy/proxy.toml").unwrap()
@@ -1079,7 +1097,7 @@ async fn the_example_config_is_the_default_and_the_demo_shows_every_layer_acting
         .await
         .unwrap();
     let batch = |label: &str, model: &str| report.batch(label, model).unwrap().clone();
-    // sim-small: a burst of 10 at once, then 10 a second waiting up to
+    // sim-small: a burst of 5 at once, then 10 a second waiting up to
     // 500 ms, 4 in flight and 16 queued: what is not answered found the
     // queue full or waited too long.
     let small = batch("burst", "sim-small");

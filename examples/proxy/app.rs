@@ -4,16 +4,40 @@
 //! configuration; 1 when a socket cannot be opened.
 
 use std::future::Future;
+use std::io::IsTerminal as _;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::prelude::*;
 
 use crate::cli::Cli;
-use crate::config::{self, DEFAULT_CONFIG, DEFAULT_LISTEN, Settings};
+use crate::config::{self, DEFAULT_CONFIG, DEFAULT_LISTEN, DEFAULT_PATH, Settings};
 use crate::gateway::{self, Running, StartError};
 use crate::{bench, demo, reload};
+
+/// Logs to stderr, filtered by `--log`, else `RUST_LOG`, else `info`.
+pub fn init_logs(filter: Option<&str>) -> Result<(), String> {
+    let text = filter
+        .map(str::to_owned)
+        .or_else(|| std::env::var("RUST_LOG").ok())
+        .unwrap_or_else(|| "info".to_owned());
+    let targets: Targets = text
+        .parse()
+        .map_err(|e| format!("invalid log filter `{text}`: {e}"))?;
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::stderr().is_terminal())
+                .with_target(false),
+        )
+        .with(targets)
+        .try_init()
+        .map_err(|e| e.to_string())
+}
 
 /// Exit code for a mistake in the command line or the configuration.
 pub const EXIT_USAGE: u8 = 2;
@@ -27,26 +51,43 @@ pub const EXIT_INTERRUPTED: u8 = 130;
 pub struct Loaded {
     /// Checked.
     pub settings: Settings,
-    /// `--config` path, or "embedded default".
+    /// The file's path, or what the embedded copy is.
     pub source: String,
     /// The file's contents.
     pub bytes: Vec<u8>,
+    /// The file to watch for edits; none for the embedded copy, which
+    /// cannot change.
+    pub watch: Option<PathBuf>,
 }
 
-/// Read and check the configuration: `path`, or the embedded default. The
-/// error is one line naming the file and the field.
-pub fn load(path: Option<&Path>, env: config::Env<'_>) -> Result<Loaded, String> {
-    let Some(path) = path else {
-        let settings = Settings::from_toml(DEFAULT_CONFIG, env)
-            .map_err(|e| format!("the embedded default configuration: {e}"))?;
-        return Ok(Loaded {
-            settings,
-            source: "embedded default".to_owned(),
-            bytes: DEFAULT_CONFIG.as_bytes().to_vec(),
-        });
+/// Read and check the configuration: `path` (`--config`); else
+/// `default_path` when that file exists (the example config, found from
+/// the repository's root), else the embedded copy of it. The error is one
+/// line naming the file and the field.
+pub fn load(
+    path: Option<&Path>,
+    default_path: &Path,
+    env: config::Env<'_>,
+) -> Result<Loaded, String> {
+    let path = match path {
+        Some(path) => path,
+        // A file that exists but cannot be read or checked is an error, as
+        // with --config: running the embedded copy instead would hide it.
+        None if default_path.exists() => default_path,
+        None => {
+            let settings = Settings::from_toml(DEFAULT_CONFIG, env)
+                .map_err(|e| format!("the embedded default configuration: {e}"))?;
+            return Ok(Loaded {
+                settings,
+                source: format!(
+                    "embedded copy of {DEFAULT_PATH}; no such file here, so edits need --config"
+                ),
+                bytes: DEFAULT_CONFIG.as_bytes().to_vec(),
+                watch: None,
+            });
+        }
     };
-    let bytes =
-        std::fs::read(path).map_err(|e| format!("cannot read --config {}: {e}", path.display()))?;
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let text = std::str::from_utf8(&bytes)
         .map_err(|_| format!("{}: the file is not UTF-8", path.display()))?;
     let settings =
@@ -55,6 +96,7 @@ pub fn load(path: Option<&Path>, env: config::Env<'_>) -> Result<Loaded, String>
         settings,
         source: path.display().to_string(),
         bytes,
+        watch: Some(path.to_owned()),
     })
 }
 
@@ -65,7 +107,11 @@ pub async fn run(
     stop: impl Future<Output = ()>,
     ready: Option<oneshot::Sender<String>>,
 ) -> u8 {
-    let loaded = match load(cli.config.as_deref(), &config::process_env) {
+    let loaded = match load(
+        cli.config.as_deref(),
+        Path::new(DEFAULT_PATH),
+        &config::process_env,
+    ) {
         Ok(loaded) => loaded,
         Err(e) => {
             eprintln!("proxy: {e}");
@@ -112,8 +158,8 @@ pub async fn run(
             return EXIT_FAILURE;
         }
     };
-    print!("{}", banner(&running, cli.config.is_some()));
-    let watcher = cli.config.clone().map(|path| {
+    print!("{}", banner(&running, loaded.watch.is_some()));
+    let watcher = loaded.watch.map(|path| {
         reload::spawn(
             path,
             loaded.bytes,

@@ -7,13 +7,16 @@ use clap::Parser;
 
 /// An LLM API gateway: per-(provider, model) rate limits, concurrency caps
 /// and upstream-429 cooldowns in front of OpenAI-compatible upstreams, with
-/// live stats. Without --config it runs the embedded default: a built-in
-/// upstream simulator behind limits tighter than its own.
+/// live stats. Without --config it runs examples/proxy/proxy.toml from the
+/// working directory, applying edits to it, or, where there is no such file,
+/// a copy of it built into the program: a built-in upstream simulator behind
+/// limits tighter than its own.
 #[derive(Debug, Parser)]
 #[command(name = "proxy")]
 pub struct Cli {
     /// Configuration file (TOML; see examples/proxy/proxy.toml). Edits are
-    /// applied while running.
+    /// applied while running [default: examples/proxy/proxy.toml if it is
+    /// in the working directory, else a built-in copy of it].
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 

@@ -4,7 +4,8 @@
 //! The file is the crate's [`StackConfig`] sections (`[rate_limit]`,
 //! `[concurrency]`, `[backoff]`, `[identity]`) plus the proxy's own:
 //! `[gateway]`, `[[providers]]` and `[simulator]`. See `proxy.toml` beside
-//! this file for every field, commented; it is also the embedded default.
+//! this file for every field, commented; it is also the default (see
+//! [`DEFAULT_PATH`]).
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -22,7 +23,12 @@ use tower_throttle::rate_limit::RateLimitConfig;
 use crate::edge::{AllowedHost, AllowedOrigin};
 use crate::serve;
 
-/// The configuration used without `--config`: the commented example.
+/// The file run without `--config`, relative to the working directory: the
+/// commented example, when the proxy is started from the repository's root.
+pub const DEFAULT_PATH: &str = "examples/proxy/proxy.toml";
+
+/// The configuration used without `--config` when [`DEFAULT_PATH`] is not
+/// there: a copy of the commented example, built into the program.
 pub const DEFAULT_CONFIG: &str = include_str!("proxy.toml");
 
 /// The gateway's address unless `--listen` or `[gateway] listen` says.

@@ -458,13 +458,12 @@ impl Gateway {
             let tracked = tracked.clone();
             move |name: &str| tracked.contains(name)
         };
-        let rate = RateLimitLayer::with_quotas(Vec::new(), RouteKey)
+        // Built as configured, not retuned from empty: a start logs no
+        // retune or switch (those lines are for changes).
+        let limits = settings.stack.rate_limit.clone().unwrap_or_default();
+        let rate = RateLimitLayer::from_limits(&limits, RouteKey)
             .with_key_stats_where(routes, is_tracked(&tracked))
             .with_response_headers(RateLimitHeaders::ietf());
-        let limits = settings.stack.rate_limit.clone().unwrap_or_default();
-        rate.handle()
-            .apply(&limits)
-            .map_err(|e| e.within("rate_limit"))?;
         let (max_in_flight, release_at_headers) = match &settings.file.concurrency {
             Some(c) => (
                 usize::try_from(c.max_in_flight).unwrap_or(1).max(1),

@@ -3,7 +3,7 @@
 //! of tower-throttle working together.
 //!
 //! ```text
-//! cargo run --example proxy                      # embedded default: a built-in upstream simulator
+//! cargo run --example proxy                      # examples/proxy/proxy.toml: a built-in upstream simulator
 //! cargo run --example proxy -- --demo            # ... and a short load showing what each layer does
 //! cargo run --example proxy -- --config examples/proxy/proxy.toml --listen 127.0.0.1:8080
 //! cargo run --release --example proxy -- --bench # gateway vs simulator alone, on loopback
@@ -17,6 +17,11 @@
 //! hold their concurrency permit until they end. `GET /stats` (JSON),
 //! `GET /events` (server-sent events), `GET /metrics` (Prometheus) and
 //! `GET /` (a live page) show what the layers did.
+//!
+//! Without `--config` it runs `examples/proxy/proxy.toml` from the working
+//! directory (so from the repository's root) and applies edits to it; where
+//! there is no such file, a copy of it built into the program, which cannot
+//! change. The banner says which.
 //!
 //! The module layout: `cli` (arguments), `config` (the file and its checks),
 //! `app` (start, banner, shutdown), `gateway` (routing and the client
@@ -45,37 +50,13 @@ mod signal;
 mod simulator;
 mod stats;
 
-use std::io::IsTerminal as _;
 use std::process::ExitCode;
 
 use clap::Parser;
-use tracing_subscriber::filter::Targets;
-use tracing_subscriber::prelude::*;
-
-/// Logs to stderr, filtered by `--log`, else `RUST_LOG`, else `info`.
-fn init_logs(filter: Option<&str>) -> Result<(), String> {
-    let text = filter
-        .map(str::to_owned)
-        .or_else(|| std::env::var("RUST_LOG").ok())
-        .unwrap_or_else(|| "info".to_owned());
-    let targets: Targets = text
-        .parse()
-        .map_err(|e| format!("invalid log filter `{text}`: {e}"))?;
-    tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::stderr().is_terminal())
-                .with_target(false),
-        )
-        .with(targets)
-        .try_init()
-        .map_err(|e| e.to_string())
-}
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    if let Err(e) = init_logs(cli.log.as_deref()) {
+    if let Err(e) = app::init_logs(cli.log.as_deref()) {
         eprintln!("proxy: {e}");
         return ExitCode::from(app::EXIT_USAGE);
     }

@@ -134,8 +134,9 @@ pub(crate) enum Mode {
     /// One batch --window-offset-ms before the next window boundary and one
     /// as long after it.
     WindowBoundary,
-    /// A burst, refill probes and boundary batches, then a best-effort guess
-    /// at the limiter.
+    /// A burst of 1.5 × --burst (at least 2 more, so the limit's edge shows
+    /// as 429s), refill probes and boundary batches, then a best-effort
+    /// guess at the limiter.
     Diagnose,
 }
 

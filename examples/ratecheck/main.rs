@@ -2,11 +2,14 @@
 //! endpoint.
 //!
 //! ```text
-//! cargo run --release --example ratecheck -- \
+//! cargo run --example ratecheck -- \
 //!     --url http://127.0.0.1:8080/v1/chat/completions --method POST \
 //!     --header 'Authorization: Bearer $TOKEN' --header 'Content-Type: application/json' \
-//!     --body-file request.json --mode diagnose --rpm 60 --out report.json
+//!     --body-file examples/ratecheck/request.json --mode diagnose --rpm 60 --out report.json
 //! ```
+//!
+//! `diagnose` sends a burst of 1.5 × `--burst` (at least 2 more), so that
+//! the limit's edge shows as 429s; the summary says so on its burst line.
 //!
 //! Six modes: `sustained`, `burst`, `token-bucket`, `sliding-window`,
 //! `window-boundary` and `diagnose` (see `--help`). The JSON report holds

@@ -470,9 +470,20 @@ pub(crate) fn summary_text(report: &Report) -> String {
     }
     if let Some(d) = &report.mode_detail {
         if let Some(b) = &d.burst {
+            // Diagnose sends more than the burst it was told to expect; say
+            // so where the larger number shows, or it reads as a mistake.
+            let why = if report.mode == Mode::Diagnose {
+                format!(
+                    " (the expected burst of {} and half as many again, at least 2 more: \
+                     1.5x, so that the limit's edge shows as 429s)",
+                    r.burst
+                )
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 out,
-                "  burst: {} sent, {}, {} refused",
+                "  burst: {} sent{why}, {}, {} refused",
                 b.sent,
                 share(b),
                 b.refused

@@ -948,6 +948,40 @@ mod reports {
     }
 
     #[test]
+    fn diagnose_says_why_its_burst_is_larger_than_the_expected_one() {
+        let diagnose = Config::from_args([
+            "ratecheck",
+            "--url",
+            "http://127.0.0.1:9/v1",
+            "--rpm",
+            "10",
+            "--window",
+            "2s",
+            "--burst",
+            "5",
+            "--mode",
+            "diagnose",
+        ])
+        .unwrap();
+        let run = run_of(&diagnose, Model::SlidingWindow);
+        let text = report::summary_text(&report::build(&diagnose, &run));
+        assert!(text.contains(", burst 5)"), "{text}");
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("  burst: "))
+            .unwrap_or_else(|| panic!("no burst line in:\n{text}"));
+        assert!(
+            line.starts_with("  burst: 7 sent (the expected burst of 5 and half as many again"),
+            "{line}"
+        );
+        assert!(line.contains("1.5x"), "{line}");
+        // Other modes send the burst they were told: nothing to explain.
+        let burst = config("burst");
+        let text = report::summary_text(&report::build(&burst, &run_of(&burst, Model::Unlimited)));
+        assert!(text.contains("  burst: 10 sent, "), "{text}");
+    }
+
+    #[test]
     fn sliding_window_mode_reports_recovery() {
         let config = config("sliding-window");
         let run = run_of(&config, Model::SlidingWindow);

@@ -208,10 +208,80 @@ impl<R: RequestParts> KeyExtractor<R> for ClientIpKey {
                 push_display(&self.keyed(ip), key, !self.show_raw);
                 Ok(())
             }
-            None => Err(MissingKey::new(
-                "the client address (serve with connect info, or insert a SocketAddr)",
-            )
-            .into()),
+            None => Err(MissingKey::new("the client address")
+                .with_hint(self.hint())
+                .into()),
         }
+    }
+}
+
+impl ClientIpKey {
+    /// What to change so the address can be found: the usual cause is the
+    /// build (the `axum` feature off) or the way the server is started, not
+    /// the request.
+    fn hint(&self) -> String {
+        // Without the feature this crate cannot see axum's `ConnectInfo`,
+        // even when the server puts it in every request.
+        #[cfg(not(feature = "axum"))]
+        const SERVE: &str = "enable tower-throttle's `axum` feature so `ClientIpKey` reads \
+            axum's `ConnectInfo<SocketAddr>`, and serve with \
+            `into_make_service_with_connect_info::<SocketAddr>()` (or insert a \
+            `SocketAddr` request extension in a layer before)";
+        #[cfg(feature = "axum")]
+        const SERVE: &str = "the request has no `ConnectInfo<SocketAddr>` extension: serve \
+            with `into_make_service_with_connect_info::<SocketAddr>()` (or insert a \
+            `SocketAddr` request extension in a layer before)";
+        if self.trusted_proxies > 0 {
+            format!(
+                "no trusted `X-Forwarded-For`, `Forwarded` or `X-Real-IP` entry and no \
+                 peer address; for the peer address, {SERVE}"
+            )
+        } else {
+            SERVE.to_owned()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::key_text;
+
+    fn refusal(key: &ClientIpKey) -> String {
+        let req = http::Request::new(());
+        match key_text(key, &req) {
+            Err(e) => e.to_string(),
+            Ok(text) => panic!("a key without an address: {text}"),
+        }
+    }
+
+    // Run by `cargo test --lib` without features: the message must send the
+    // user to the feature, not only to the way the server is started.
+    #[cfg(not(feature = "axum"))]
+    #[test]
+    fn without_the_axum_feature_a_missing_address_names_the_feature() {
+        for key in [ClientIpKey::new(), ClientIpKey::new().trust_proxies(1)] {
+            let text = refusal(&key);
+            assert!(text.contains("`axum` feature"), "{text}");
+            assert!(
+                text.contains("into_make_service_with_connect_info"),
+                "{text}"
+            );
+        }
+    }
+
+    #[cfg(feature = "axum")]
+    #[test]
+    fn with_the_axum_feature_a_missing_address_names_the_extension() {
+        let text = refusal(&ClientIpKey::new());
+        assert!(text.contains("no `ConnectInfo<SocketAddr>`"), "{text}");
+        assert!(
+            text.contains("into_make_service_with_connect_info"),
+            "{text}"
+        );
+        assert!(!text.contains("feature"), "{text}");
+        let text = refusal(&ClientIpKey::new().trust_proxies(1));
+        assert!(text.contains("X-Forwarded-For"), "{text}");
+        assert!(text.contains("no `ConnectInfo<SocketAddr>`"), "{text}");
     }
 }

@@ -657,8 +657,11 @@ impl Limiter {
     }
 
     pub(crate) fn set_enabled(&self, enabled: bool) {
-        self.enabled.store(enabled, Ordering::Relaxed);
-        tracing::info!(enabled, "rate limit switched");
+        // Logged only when it changes: setting what is already set (a
+        // config applied again, a layer built) is not news.
+        if self.enabled.swap(enabled, Ordering::Relaxed) != enabled {
+            tracing::info!(enabled, "rate limit switched");
+        }
     }
 
     #[inline]
@@ -671,8 +674,9 @@ impl Limiter {
     }
 
     pub(crate) fn set_dry_run(&self, dry_run: bool) {
-        self.dry_run.store(dry_run, Ordering::Relaxed);
-        tracing::info!(dry_run, "rate limit dry run switched");
+        if self.dry_run.swap(dry_run, Ordering::Relaxed) != dry_run {
+            tracing::info!(dry_run, "rate limit dry run switched");
+        }
     }
 
     /// The default quotas and the rules in force.

@@ -79,8 +79,21 @@ impl Lines {
 /// Start this test binary again running only the ignored test `test`, with
 /// [`ROLE`] set to `role` and `env` added.
 pub fn spawn(test: &str, role: &str, env: &[(&str, &str)]) -> Running {
+    spawn_in(test, role, env, None)
+}
+
+/// [`spawn`], with the child's working directory set to `dir` when given.
+pub fn spawn_in(
+    test: &str,
+    role: &str,
+    env: &[(&str, &str)],
+    dir: Option<&std::path::Path>,
+) -> Running {
     let exe = std::env::current_exe().expect("the test binary's path");
     let mut command = Command::new(exe);
+    if let Some(dir) = dir {
+        command.current_dir(dir);
+    }
     command
         .args([
             test,
@@ -115,6 +128,11 @@ impl Running {
     /// The first stderr line containing `needle` (bounded: 20 s).
     pub async fn stderr_line(&self, needle: &str) -> String {
         self.stderr.wait_for(needle).await
+    }
+
+    /// Everything written to stdout so far.
+    pub fn stdout(&self) -> String {
+        self.stdout.all()
     }
 
     /// Everything written to stderr so far.
