@@ -49,6 +49,7 @@ pub mod clock;
 pub mod concurrency;
 pub mod config;
 pub mod error;
+mod home;
 pub mod identity;
 pub mod key;
 pub mod parts;

@@ -37,7 +37,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -110,7 +110,10 @@ pub(crate) struct KeyState {
     /// that counts its own admissions, plus their number times [`ADMITTED`].
     word: AtomicU64,
     queue: Mutex<Queue>,
-    max: u64,
+    /// Permits that may be out; changed live (under the key's lock) by
+    /// [`KeyState::set_max`]. Read relaxed: a request that read the old
+    /// value went before the change.
+    max: AtomicU64,
     /// What taking a permit adds to the word: one permit out, and one
     /// admission for a state that counts its own.
     step: u64,
@@ -155,7 +158,7 @@ impl KeyState {
         Arc::new(Self {
             word: AtomicU64::new(0),
             queue: Mutex::new(Queue::default()),
-            max: max as u64,
+            max: AtomicU64::new(max as u64),
             step: if counts_itself { ADMITTED + 1 } else { 1 },
             key,
             stats,
@@ -221,7 +224,7 @@ impl KeyState {
     ) -> Acquire {
         let mut word = self.word.load(Ordering::Relaxed);
         // Nobody waiting and a permit free: take it, no lock.
-        while word < FREE_BELOW && word & OUT < self.max {
+        while word < FREE_BELOW && word & OUT < self.max.load(Ordering::Relaxed) {
             match self.word.compare_exchange_weak(
                 word,
                 word + self.step,
@@ -250,7 +253,7 @@ impl KeyState {
                 break;
             }
             // Nobody waits: a permit may have come back since we looked.
-            let (next, granted) = if word & OUT < self.max {
+            let (next, granted) = if word & OUT < self.max.load(Ordering::Relaxed) {
                 (word + self.step, true)
             } else if max_queue == 0 {
                 drop(queue);
@@ -332,7 +335,16 @@ impl KeyState {
 
     /// [`release`](Self::release) under the key's lock.
     fn release_locked(&self, mut queue: MutexGuard<'_, Queue>, entered: bool) -> bool {
-        let Some(next) = queue.waiters.pop_front() else {
+        // More out than the limit allows (it was lowered while they were
+        // out): the permit is not passed on; the waiters wait until fewer
+        // than the limit are out.
+        let over = self.word.load(Ordering::Relaxed) & OUT > self.max.load(Ordering::Relaxed);
+        let next = if over {
+            None
+        } else {
+            queue.waiters.pop_front()
+        };
+        let Some(next) = next else {
             // Nobody waits (or the last waiter left since we looked, and
             // cleared the flag).
             let before = self.word.fetch_sub(1, Ordering::Release);
@@ -422,6 +434,36 @@ impl KeyState {
         true
     }
 
+    /// Let at most `max` permits out from now on. Fewer than before: the
+    /// requests in flight keep theirs, and waiters wait until fewer than
+    /// `max` are out. More: waiters get the new permits at once, oldest
+    /// first.
+    fn set_max(&self, max: u64) {
+        let mut woken = Vec::new();
+        let mut queue = self.queue.lock();
+        self.max.store(max, Ordering::Relaxed);
+        // While requests wait the word changes only under this lock: taking
+        // and giving back permits both go the locked way.
+        let mut word = self.carry(&mut queue);
+        while word & QUEUED != 0 && word & OUT < max {
+            let Some(next) = queue.waiters.pop_front() else {
+                break;
+            };
+            if self.counts_itself() {
+                queue.granted += 1;
+            }
+            word = self.word.fetch_add(1, Ordering::AcqRel) + 1;
+            if queue.waiters.is_empty() {
+                word = self.word.fetch_and(!QUEUED, Ordering::Release) & !QUEUED;
+            }
+            woken.extend(next.waker);
+        }
+        drop(queue);
+        for waker in woken {
+            waker.wake();
+        }
+    }
+
     fn is_idle(self: &Arc<Self>) -> bool {
         Arc::strong_count(self) == 1 && self.word.load(Ordering::Acquire) & (QUEUED | OUT) == 0
     }
@@ -441,7 +483,13 @@ impl Idle for Slot {
 
 /// The per-key permits of one layer, shared by its services.
 pub(crate) struct Permits {
-    max: usize,
+    /// Permits per key, as configured (see [`Permits::limit`]).
+    max: AtomicUsize,
+    /// Off: every key may have any number out (see [`Permits::limit`]).
+    enabled: AtomicBool,
+    /// Changes of `max` and `enabled` one at a time, each applied to every
+    /// key before the next.
+    changing: Mutex<()>,
     store: Store<Slot, ()>,
     /// The state of the one key of a layer keyed by
     /// [`GlobalKey`](crate::key::GlobalKey): always at hand, never hashed
@@ -455,7 +503,8 @@ pub(crate) struct Permits {
 impl fmt::Debug for Permits {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Permits")
-            .field("max_in_flight", &self.max)
+            .field("max_in_flight", &self.max())
+            .field("enabled", &self.is_enabled())
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
@@ -485,7 +534,9 @@ impl Permits {
             }
             let stats = Arc::new(stats);
             Self {
-                max,
+                max: AtomicUsize::new(max),
+                enabled: AtomicBool::new(true),
+                changing: Mutex::new(()),
                 store: Store::new((), NO_ROUNDS),
                 single: KeyState::new(max, global, stats.clone(), None, counts_itself),
                 seed,
@@ -506,8 +557,59 @@ impl Permits {
         &self.seed
     }
 
+    /// Permits per key, as configured.
     pub(crate) fn max(&self) -> usize {
-        self.max
+        self.max.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn is_enabled(&self) -> bool {
+        self.enabled.load(Ordering::Acquire)
+    }
+
+    /// What each key may have out: the configured number, or, switched
+    /// off, as many as the word counts. Switching off is a limit no
+    /// request reaches rather than a check on every request: the request
+    /// path stays as it is, requests in flight stay counted, and back on
+    /// every key continues from what it has out.
+    fn limit(&self) -> u64 {
+        if self.is_enabled() {
+            self.max() as u64
+        } else {
+            MAX_PERMITS as u64
+        }
+    }
+
+    /// Let `max` requests per key in flight (at least 1, at most
+    /// `u32::MAX`).
+    pub(crate) fn set_max(&self, max: usize) {
+        let _one_at_a_time = self.changing.lock();
+        self.max.store(max.clamp(1, MAX_PERMITS), Ordering::Release);
+        self.apply();
+    }
+
+    /// Switch the limit on or off.
+    pub(crate) fn set_enabled(&self, enabled: bool) {
+        let _one_at_a_time = self.changing.lock();
+        self.enabled.store(enabled, Ordering::Release);
+        self.apply();
+    }
+
+    /// Give every key the limit now in force. A key made meanwhile reads
+    /// it when made, under its shard's lock, which this takes after it:
+    /// it is made with the new limit, or before this reaches its shard.
+    fn apply(&self) {
+        let limit = self.limit();
+        self.single.set_max(limit);
+        self.store.for_each(|slot| {
+            if let Some(state) = &slot.0 {
+                state.set_max(limit);
+            }
+        });
+        tracing::debug!(
+            max_in_flight = self.max(),
+            enabled = self.is_enabled(),
+            "concurrency retuned"
+        );
     }
 
     /// `key`'s state, made if it has none.
@@ -517,7 +619,7 @@ impl Permits {
         slot.0
             .get_or_insert_with(|| {
                 KeyState::new(
-                    self.max,
+                    self.limit() as usize,
                     key,
                     self.stats.clone(),
                     Some(self.me.clone()),
