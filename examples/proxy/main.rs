@@ -39,6 +39,8 @@ mod config;
 mod demo;
 mod edge;
 mod gateway;
+mod live;
+mod operator;
 mod reload;
 mod serve;
 mod signal;
