@@ -223,8 +223,11 @@ impl KeyState {
         text: &dyn Fn() -> String,
     ) -> Acquire {
         let mut word = self.word.load(Ordering::Relaxed);
+        // Read once, as the field it was before it could change: a request
+        // that read the old limit goes before the change.
+        let max = self.max.load(Ordering::Relaxed);
         // Nobody waiting and a permit free: take it, no lock.
-        while word < FREE_BELOW && word & OUT < self.max.load(Ordering::Relaxed) {
+        while word < FREE_BELOW && word & OUT < max {
             match self.word.compare_exchange_weak(
                 word,
                 word + self.step,
