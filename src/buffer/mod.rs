@@ -11,7 +11,7 @@
 //! read.
 //!
 //! ```
-//! use tower::{Service, ServiceExt};
+//! use tower::ServiceExt;
 //! use tower_throttle::buffer::{BufferBodyLayer, BufferedBody};
 //! use tower_throttle::error::{BodyTooLarge, RateLimited};
 //! use tower_throttle::key::JsonFieldKey;
@@ -19,7 +19,7 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-//! let mut svc = tower::ServiceBuilder::new()
+//! let svc = tower::ServiceBuilder::new()
 //!     .layer(BufferBodyLayer::new(1024))
 //!     .layer(RateLimitLayer::new(Quota::per_minute(1)?, JsonFieldKey::new("model")))
 //!     .service_fn(|req: http::Request<BufferedBody>| async move {
@@ -32,16 +32,16 @@
 //!     let chunks = futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from(json))]);
 //!     http::Request::new(axum::body::Body::from_stream(chunks))
 //! };
-//! let answer = svc.ready().await?.call(chat("small")).await?;
+//! let answer = svc.clone().oneshot(chat("small")).await?;
 //! assert!(answer.body().starts_with(b"{\"model\":\"small\""));
 //! // Limited per model: the second request for `small` is refused...
-//! let refused = svc.ready().await?.call(chat("small")).await.unwrap_err();
+//! let refused = svc.clone().oneshot(chat("small")).await.unwrap_err();
 //! assert!(refused.is::<RateLimited>());
 //! // ...and `large` has its own limit.
-//! svc.ready().await?.call(chat("large")).await?;
+//! svc.clone().oneshot(chat("large")).await?;
 //!
 //! let huge = http::Request::new(axum::body::Body::from(vec![b' '; 2048]));
-//! let refused = svc.ready().await?.call(huge).await.unwrap_err();
+//! let refused = svc.oneshot(huge).await.unwrap_err();
 //! assert!(refused.is::<BodyTooLarge>());
 //! # Ok(())
 //! # }
