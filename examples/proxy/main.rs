@@ -22,8 +22,11 @@
 //! `app` (start, banner, shutdown), `gateway` (routing and the client
 //! stack), `edge` (what is refused before forwarding: foreign `Host` and
 //! `Origin`, paths leaving the base path, bad model names), `stats` (the
-//! four endpoints and the hub behind `/events`), `reload` (watching the
-//! file), `serve` (connection limits, timeouts and graceful shutdown),
+//! four endpoints and the hub behind `/events`), `operator` (one route's
+//! stats, `POST /stats/reset`), `live` (the settings applied to the
+//! stateful layers through their handles, and the master switch), `reload`
+//! (watching the file), `serve` (connection limits, timeouts and graceful
+//! shutdown),
 //! `signal` (Ctrl-C and SIGTERM), `simulator` (the built-in upstream),
 //! `demo` and `bench` (a load generator).
 //!
