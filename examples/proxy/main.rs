@@ -26,9 +26,8 @@
 //! stats, `POST /stats/reset`), `live` (the settings applied to the
 //! stateful layers through their handles, and the master switch), `reload`
 //! (watching the file), `serve` (connection limits, timeouts and graceful
-//! shutdown),
-//! `signal` (Ctrl-C and SIGTERM), `simulator` (the built-in upstream),
-//! `demo` and `bench` (a load generator).
+//! shutdown), `signal` (Ctrl-C and SIGTERM), `simulator` (the built-in
+//! upstream), `demo` and `bench` (a load generator).
 //!
 //! Exit codes: 0 after Ctrl-C or SIGTERM and a graceful shutdown; 2 for a
 //! mistake in the command line or the configuration (one line naming the
