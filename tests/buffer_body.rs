@@ -217,3 +217,11 @@ async fn an_axum_server_limits_per_model_once_bodies_are_buffered() {
     assert_eq!(chunked.status(), 413);
     drop(stop);
 }
+
+#[test]
+fn a_buffered_body_shows_its_length_not_its_bytes() {
+    let body = BufferedBody::new(r#"{"api_key":"sk-secret"}"#);
+    let shown = format!("{body:?}");
+    assert!(!shown.contains("sk-secret"), "{shown}");
+    assert!(shown.contains("23"), "{shown}");
+}

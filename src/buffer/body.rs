@@ -1,4 +1,5 @@
 use std::convert::Infallible;
+use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -12,8 +13,9 @@ use crate::parts::BodyBytes;
 /// [`JsonFieldKey`](crate::key::JsonFieldKey) read it without consuming it
 /// (it is [`BodyBytes`]), and the inner service still gets a body to read.
 ///
-/// Cloning it shares the bytes, it does not copy them.
-#[derive(Clone, Debug, Default)]
+/// Cloning it shares the bytes, it does not copy them. `Debug` shows the
+/// length only: a body can hold a secret.
+#[derive(Clone, Default)]
 pub struct BufferedBody {
     bytes: Bytes,
     /// Set once the bytes went out as a frame.
@@ -37,6 +39,15 @@ impl BufferedBody {
     /// The bytes, unwrapped.
     pub fn into_bytes(self) -> Bytes {
         self.bytes
+    }
+}
+
+impl fmt::Debug for BufferedBody {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BufferedBody")
+            .field("len", &self.bytes.len())
+            .field("sent", &self.sent)
+            .finish()
     }
 }
 
