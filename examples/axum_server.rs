@@ -1,5 +1,7 @@
-//! An axum server with inbound limits: per client IP, and per API key with a
-//! stricter limit on one expensive path. Refusals are 429s with
+//! An axum server with inbound limits: per client IP, per API key with a
+//! stricter limit on one expensive path, and per model named in the JSON
+//! body of `POST /v1/chat/completions` (the body is read into memory first,
+//! up to 64 KiB, by `BufferBodyLayer`: 413 beyond). Refusals are 429s with
 //! `Retry-After` and the IETF `RateLimit` headers; no error handler needed.
 //!
 //! ```text
@@ -19,8 +21,9 @@ use axum::Router;
 use axum::routing::{get, post};
 use clap::Parser;
 use tower::ServiceBuilder;
+use tower_throttle::buffer::BufferBodyLayer;
 use tower_throttle::error::{BoxError, ConfigError};
-use tower_throttle::key::{ClientIpKey, HeaderKey, PathPrefixKey};
+use tower_throttle::key::{ClientIpKey, HeaderKey, JsonFieldKey, PathPrefixKey};
 use tower_throttle::rate_limit::{KeyPattern, Quota, RateLimitLayer, Rule};
 use tower_throttle::respond::{RateLimitHeaders, ThrottleResponseLayer};
 
@@ -43,8 +46,12 @@ struct Args {
     max_connections: Option<u32>,
 }
 
+/// The largest chat request body read.
+pub const MAX_CHAT_BODY: usize = 64 * 1024;
+
 /// The application with its limits: 120 requests a minute per client IP;
-/// 60 a minute per API key and path, and 5 a minute on `/expensive`.
+/// 60 a minute per API key and path, and 5 a minute on `/expensive`; 10 a
+/// minute per model on `/v1/chat/completions`.
 pub fn app() -> Result<Router, ConfigError> {
     let per_ip = RateLimitLayer::new(Quota::per_minute(120)?, ClientIpKey::new());
     let per_key = RateLimitLayer::new(
@@ -57,9 +64,26 @@ pub fn app() -> Result<Router, ConfigError> {
     )?
     .with_fallback_key("anonymous")
     .with_response_headers(RateLimitHeaders::ietf());
+    // The model is in the JSON body, which arrives as a stream: read it
+    // into memory first, so the key extractor can see it. Layered on this
+    // route only; other routes keep streaming their bodies.
+    let per_model = RateLimitLayer::new(Quota::per_minute(10)?, JsonFieldKey::new("model"))
+        .with_response_headers(RateLimitHeaders::ietf());
+    let chat = Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(|| async { "{\"choices\":[]}\n" }),
+        )
+        .route_layer(
+            ServiceBuilder::new()
+                .layer(ThrottleResponseLayer::new())
+                .layer(BufferBodyLayer::new(MAX_CHAT_BODY))
+                .layer(per_model),
+        );
     Ok(Router::new()
         .route("/", get(|| async { "hello\n" }))
         .route("/expensive", post(|| async { "computed\n" }))
+        .merge(chat)
         .layer(
             ServiceBuilder::new()
                 .layer(ThrottleResponseLayer::new())
@@ -99,13 +123,17 @@ async fn main() -> Result<(), BoxError> {
     }
     println!("listening on http://{addr}");
     println!(
-        "limits: 120/min per client IP; 60/min per API key and path; 5/min on POST /expensive; {} connections",
+        "limits: 120/min per client IP; 60/min per API key and path; 5/min on POST /expensive; \
+         10/min per model on POST /v1/chat/completions; {} connections",
         limits.max_connections
     );
     println!(
         "try:    for i in $(seq 7); do curl -si -X POST -H 'x-api-key: demo' http://{addr}/expensive | head -1; done"
     );
     println!("        curl -si -H 'x-api-key: demo' http://{addr}/   # see the RateLimit headers");
+    println!(
+        "        curl -si http://{addr}/v1/chat/completions -d '{{\"model\":\"small\"}}'   # limited per model"
+    );
     run(listener, limits, signals.stopped("stopping")).await?;
     Ok(())
 }

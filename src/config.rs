@@ -36,7 +36,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::backoff::Backoff429Layer;
+use crate::backoff::{
+    Backoff429Layer, BackoffHandle, DEFAULT_INITIAL_BACKOFF, DEFAULT_MAX_BACKOFF,
+    DEFAULT_MAX_COOLDOWN, ExponentialBackoff,
+};
 use crate::concurrency::ConcurrencyLayer;
 use crate::error::ConfigError;
 use crate::identity::{IdentityConfig, IdentityHeaderLayer};
@@ -94,7 +97,8 @@ pub struct BackoffConfig {
     /// The first cooldown when the upstream gives no time; default 1s.
     #[serde(default)]
     pub initial_backoff: Option<String>,
-    /// The longest cooldown of the doubling rule.
+    /// The longest cooldown of the doubling rule; `"0s"`: no doubling, every
+    /// cooldown the rule starts lasts `initial_backoff`.
     #[serde(default)]
     pub max_backoff: Option<String>,
     /// The longest cooldown anything may start, headers included.
@@ -244,6 +248,40 @@ impl BackoffConfig {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Apply the cooldown lengths, jitter, `on_503` and `proactive` to a
+    /// running layer through its handle, a field left out taking its
+    /// default; the mode and `max_wait` belong to the services built and
+    /// are left as they are. Everything is checked before anything changes.
+    ///
+    /// ```
+    /// use tower_throttle::backoff::Backoff429Layer;
+    /// use tower_throttle::config::BackoffConfig;
+    /// use tower_throttle::key::GlobalKey;
+    ///
+    /// let handle = Backoff429Layer::new(GlobalKey).handle();
+    /// let mut config = BackoffConfig::default();
+    /// config.initial_backoff = Some("2s".into());
+    /// config.max_backoff = Some("0s".into()); // a fixed 2 s
+    /// config.apply_to(&handle)?;
+    /// assert_eq!(handle.backoff().base(3).as_secs(), 2);
+    /// # Ok::<(), tower_throttle::error::ConfigError>(())
+    /// ```
+    pub fn apply_to(&self, handle: &BackoffHandle) -> Result<(), ConfigError> {
+        self.check()?;
+        let initial =
+            duration("initial_backoff", &self.initial_backoff)?.unwrap_or(DEFAULT_INITIAL_BACKOFF);
+        let max = duration("max_backoff", &self.max_backoff)?.unwrap_or(DEFAULT_MAX_BACKOFF);
+        let max_cooldown =
+            duration("max_cooldown", &self.max_cooldown)?.unwrap_or(DEFAULT_MAX_COOLDOWN);
+        let backoff =
+            ExponentialBackoff::new(initial, max).with_jitter(self.jitter.unwrap_or(0.0))?;
+        handle.set_backoff(backoff);
+        handle.set_max_cooldown(max_cooldown);
+        handle.set_on_503(self.on_503.unwrap_or(false));
+        handle.set_proactive(self.proactive.unwrap_or(false));
         Ok(())
     }
 

@@ -52,7 +52,9 @@ pub struct RateLimited {
     pub retry_after: Duration,
     /// The quota that refused (of several, the one with the longest wait).
     pub quota: Option<Quota>,
-    /// The rule whose quotas apply (`(default)` for the default quotas).
+    /// The rule whose quotas apply
+    /// ([`DEFAULT_POLICY`](crate::rate_limit::DEFAULT_POLICY), `(default)`, for
+    /// the default quotas).
     pub policy: Option<String>,
 }
 
@@ -379,6 +381,52 @@ impl fmt::Display for CoolingDown {
 }
 
 impl Error for CoolingDown {}
+
+/// The request body is longer than a
+/// [`BufferBodyLayer`](crate::buffer::BufferBodyLayer) reads; nothing was
+/// sent to the inner service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BodyTooLarge {
+    /// The most bytes a body may have.
+    pub limit: usize,
+}
+
+impl BodyTooLarge {
+    /// A body over `limit` bytes.
+    pub fn new(limit: usize) -> Self {
+        Self { limit }
+    }
+}
+
+impl fmt::Display for BodyTooLarge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the request body is larger than {} bytes", self.limit)
+    }
+}
+
+impl Error for BodyTooLarge {}
+
+/// The request body could not be read whole (the client went away, or its
+/// framing was broken); nothing was sent to the inner service.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BodyUnreadable {}
+
+impl BodyUnreadable {
+    /// A body that could not be read.
+    pub fn new() -> Self {
+        Self {}
+    }
+}
+
+impl fmt::Display for BodyUnreadable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the request body could not be read")
+    }
+}
+
+impl Error for BodyUnreadable {}
 
 /// A limit or option was given a value it cannot hold. Returned when a layer
 /// or quota is built, never at request time.

@@ -15,6 +15,8 @@
 //! - [`IdentityHeaderLayer`](identity::IdentityHeaderLayer): gives selected
 //!   outbound requests a chosen identity (`User-Agent`, ULID request and
 //!   session ids, static headers) by rules matched on the URL.
+//! - [`buffer::BufferBodyLayer`]: for servers, reads request bodies into
+//!   memory (up to a limit) so that layers can key them by a JSON field.
 //! - [`respond::ThrottleResponseLayer`]: for servers, refusals become 429 or
 //!   503 responses with `Retry-After` and the rate-limit headers.
 //! - [`config::StackConfig`]: one TOML file for a whole stack.
@@ -45,10 +47,12 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backoff;
+pub mod buffer;
 pub mod clock;
 pub mod concurrency;
 pub mod config;
 pub mod error;
+mod home;
 pub mod identity;
 pub mod key;
 pub mod parts;

@@ -132,9 +132,31 @@ struct Tally {
     wait_nanos: u64,
     queued: i64,
     left: u64,
+    /// In flight when the counters were last reset: admitted before, not
+    /// yet left.
+    carried: u64,
 }
 
 impl Tally {
+    /// Requests in flight: admitted (or carried over a reset), not yet
+    /// left.
+    fn in_flight(&self) -> u64 {
+        self.carried
+            .saturating_add(self.admitted)
+            .saturating_sub(self.left)
+    }
+
+    /// Zero the counters, keeping the gauges: what is queued, and what is
+    /// in flight (carried).
+    fn reset(&mut self) {
+        *self = Self {
+            text: std::mem::take(&mut self.text),
+            queued: self.queued,
+            carried: self.in_flight(),
+            ..Self::default()
+        };
+    }
+
     fn count(&mut self, event: Event) {
         match event {
             Event::Admitted | Event::Entered => self.admitted += 1,
@@ -247,6 +269,9 @@ pub(crate) struct Stats {
     max_keys: usize,
     filter: Option<KeyFilter>,
     untracked: AtomicU64,
+    /// The striped totals at the last reset, taken off every snapshot's
+    /// counters (the stripes themselves are never written but by requests).
+    baseline: Mutex<Tally>,
     /// Whether the layer reports requests in flight.
     tracks_in_flight: bool,
     hub: Arc<Hub>,
@@ -275,6 +300,7 @@ impl Stats {
             max_keys,
             filter: tracking.filter,
             untracked: AtomicU64::new(0),
+            baseline: Mutex::new(Tally::default()),
             tracks_in_flight: false,
             hub: Arc::new(Hub::default()),
         }
@@ -333,7 +359,7 @@ impl Stats {
             // others (a filter that accepted the key only later) leaves
             // from there, or the gauges of both would drift for good.
             let came_as_other = match event {
-                Event::Left => tally.left >= tally.admitted,
+                Event::Left => tally.in_flight() == 0,
                 Event::Dequeued(_) => tally.queued <= 0,
                 _ => false,
             };
@@ -386,8 +412,9 @@ impl Stats {
             .count(event);
     }
 
-    /// The counters now.
-    pub(crate) fn snapshot(&self) -> StatsSnapshot {
+    /// The aggregate's counters as the stripes (and the counts kept
+    /// outside) hold them, never reset.
+    fn totals(&self) -> Tally {
         let mut all = Tally {
             text: "*".to_owned(),
             ..Tally::default()
@@ -409,6 +436,24 @@ impl Stats {
             all.admitted += admitted;
             all.left += left;
         }
+        all
+    }
+
+    /// The counters now.
+    pub(crate) fn snapshot(&self) -> StatsSnapshot {
+        let mut all = self.totals();
+        // In flight from the totals themselves; the counters since the last
+        // reset. Each stripe only grows, so a later sum is never below the
+        // baseline.
+        let in_flight = all.in_flight();
+        {
+            let base = self.baseline.lock();
+            all.admitted = all.admitted.saturating_sub(base.admitted);
+            all.rejected = all.rejected.saturating_sub(base.rejected);
+            all.would_reject = all.would_reject.saturating_sub(base.would_reject);
+            all.waited = all.waited.saturating_sub(base.waited);
+            all.wait_nanos = all.wait_nanos.saturating_sub(base.wait_nanos);
+        }
         let mut keys: Vec<KeyStats> = self
             .keys
             .as_ref()
@@ -418,19 +463,34 @@ impl Stats {
                     .keys
                     .values()
                     .chain(&table.other)
-                    .map(|t| self.render(t))
+                    .map(|t| self.render(t, t.in_flight()))
                     .collect()
             })
             .unwrap_or_default();
         keys.sort_by(|a, b| a.key.cmp(&b.key));
         StatsSnapshot {
-            aggregate: self.render(&all),
+            aggregate: self.render(&all, in_flight),
             keys,
             untracked_keys: self.untracked.load(Ordering::Relaxed),
         }
     }
 
-    fn render(&self, t: &Tally) -> KeyStats {
+    /// Zero the counters, per key and in all; the gauges (queued, in
+    /// flight) keep counting what is there.
+    pub(crate) fn reset(&self) {
+        *self.baseline.lock() = self.totals();
+        if let Some(keys) = &self.keys {
+            let mut table = keys.lock();
+            let KeyTable { keys, other } = &mut *table;
+            keys.values_mut()
+                .chain(other.as_mut())
+                .for_each(Tally::reset);
+        }
+        self.untracked.store(0, Ordering::Relaxed);
+        self.hub.touch();
+    }
+
+    fn render(&self, t: &Tally, in_flight: u64) -> KeyStats {
         let total_wait_ms = t.wait_nanos as f64 / 1e6;
         KeyStats {
             key: t.text.clone(),
@@ -449,9 +509,7 @@ impl Stats {
             queued_now: t.queued.max(0) as u64,
             // Read stripe by stripe, a request may be seen leaving but not
             // arriving; never show less than nothing.
-            in_flight: self
-                .tracks_in_flight
-                .then(|| t.admitted.saturating_sub(t.left)),
+            in_flight: self.tracks_in_flight.then_some(in_flight),
         }
     }
 

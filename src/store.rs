@@ -362,6 +362,29 @@ impl<V: Idle, P: Clone> Store<V, P> {
         }
     }
 
+    /// `f` of `key`'s parameters and state (`None`: it has none), changing
+    /// nothing.
+    pub(crate) fn peek<R>(&self, key: KeyHash, f: impl FnOnce(&P, Option<&V>) -> R) -> R {
+        if let Some(cell) = self.pinned(key) {
+            let cell = cell.lock();
+            return f(&cell.params, cell.state.as_ref());
+        }
+        let shard = self.shard(key).0.lock();
+        f(&shard.params, shard.map.get(&key.0))
+    }
+
+    /// Run `f` on every state held, shard by shard under its lock.
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&mut V)) {
+        for shard in self.shards.iter() {
+            shard.0.lock().map.values_mut().for_each(&mut f);
+        }
+        if let Some(pinned) = &self.pinned {
+            if let Some(state) = &mut pinned.cell.lock().state {
+                f(state);
+            }
+        }
+    }
+
     /// Move every shard to `params`, converting each state under the shard's
     /// lock with `convert(old, new, key, state)`.
     pub(crate) fn retune(&self, params: &P, mut convert: impl FnMut(&P, &P, KeyHash, &mut V)) {

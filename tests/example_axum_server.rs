@@ -86,3 +86,48 @@ async fn the_example_caps_connections_and_request_heads() {
     let _ = stop.send(());
     server.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn the_example_limits_chat_completions_per_model_read_from_the_body() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(axum_server::run(
+        listener,
+        axum_server::serve::ServeLimits::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let client = reqwest::Client::new();
+    let url = format!("{base}/v1/chat/completions");
+    let chat = |model: &str| {
+        client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"model":"{model}","messages":[]}}"#))
+            .send()
+    };
+    for _ in 0..10 {
+        assert_eq!(chat("small").await.unwrap().status(), 200);
+    }
+    let refused = chat("small").await.unwrap();
+    assert_eq!(refused.status(), 429);
+    // 10 a minute: one every 6 s.
+    assert_eq!(refused.headers()["retry-after"], "6");
+    let body = refused.text().await.unwrap();
+    assert!(body.contains(r#""code":"rate_limited""#), "{body}");
+    assert!(body.contains("`small`"), "the model is named: {body}");
+    // Each model has its own limit.
+    assert_eq!(chat("large").await.unwrap().status(), 200);
+    // A body over the limit is refused before it is read whole.
+    let big = client
+        .post(&url)
+        .body(vec![b' '; axum_server::MAX_CHAT_BODY + 1])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(big.status(), 413);
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}

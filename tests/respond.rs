@@ -199,3 +199,29 @@ async fn client_ip_keys_trust_forwarded_headers_only_when_told() {
     let _ = stop.send(());
     tokio::time::sleep(Duration::from_millis(1)).await;
 }
+
+/// One name for the default quotas everywhere: the header of a refusal that
+/// names no rule (a `RateLimited` made by hand, or by another layer) says
+/// what admitted responses and the docs say, `(default)`.
+#[tokio::test]
+async fn a_refusal_without_a_policy_names_the_default_policy_like_every_other_header() {
+    use tower_throttle::error::RateLimited;
+
+    let svc = ServiceBuilder::new()
+        .layer(ThrottleResponseLayer::new())
+        .service_fn(|_req: http::Request<()>| async {
+            // A quota, but no rule named: made by another layer.
+            let mut refused = RateLimited::new("k".into(), Duration::from_secs(2));
+            refused.quota = Some(Quota::per_minute(30).unwrap());
+            Err::<http::Response<String>, _>(tower_throttle::BoxError::from(refused))
+        });
+    let refused = tower::ServiceExt::oneshot(svc, http::Request::new(()))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 429);
+    assert_eq!(refused.headers()["ratelimit"], r#""(default)";r=0;t=2"#);
+    assert_eq!(
+        refused.headers()["ratelimit-policy"],
+        r#""(default)";q=30;w=60"#
+    );
+}

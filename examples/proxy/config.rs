@@ -48,6 +48,10 @@ pub const DEFAULT_MAX_BODY: usize = 4 << 20;
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProxyFile {
+    /// The master switch, at the top of the file: `false` lets every
+    /// request through every layer untouched. Default on.
+    #[serde(default)]
+    pub enabled: Option<bool>,
     /// `[gateway]`.
     #[serde(default)]
     pub gateway: GatewaySection,
@@ -400,8 +404,9 @@ impl Settings {
     }
 
     /// The fields that differ between `self` and `new` and only take
-    /// effect on a restart: the state they shape (permits, cooldowns, the
-    /// listening socket, the simulator) would be lost by changing them live.
+    /// effect on a restart: the listening socket and its connection limits,
+    /// the size of the stats tables, and the simulator. Every other field
+    /// is live (see `live` and `gateway::build`).
     pub fn restart_only_changes(&self, new: &Settings) -> Vec<&'static str> {
         let (a, b) = (&self.file, &new.file);
         let mut changed = Vec::new();
@@ -423,33 +428,6 @@ impl Settings {
         if a.simulator != b.simulator {
             changed.push("simulator");
         }
-        let conc = |c: &Option<ConcurrencyConfig>| {
-            c.as_ref()
-                .map(|c| (Some(c.max_in_flight), c.release_at_headers.unwrap_or(false)))
-                .unwrap_or((None, false))
-        };
-        let (ca, cb) = (conc(&a.concurrency), conc(&b.concurrency));
-        if ca.0 != cb.0 {
-            changed.push("concurrency.max_in_flight");
-        }
-        if ca.1 != cb.1 {
-            changed.push("concurrency.release_at_headers");
-        }
-        let none = BackoffConfig::default();
-        let ba = a.backoff.as_ref().unwrap_or(&none);
-        let bb = b.backoff.as_ref().unwrap_or(&none);
-        let backoff_fields: [(&'static str, bool); 6] = [
-            (
-                "backoff.initial_backoff",
-                ba.initial_backoff != bb.initial_backoff,
-            ),
-            ("backoff.max_backoff", ba.max_backoff != bb.max_backoff),
-            ("backoff.max_cooldown", ba.max_cooldown != bb.max_cooldown),
-            ("backoff.jitter", ba.jitter != bb.jitter),
-            ("backoff.on_503", ba.on_503 != bb.on_503),
-            ("backoff.proactive", ba.proactive != bb.proactive),
-        ];
-        changed.extend(backoff_fields.iter().filter(|f| f.1).map(|f| f.0));
         changed
     }
 

@@ -8,7 +8,8 @@
 //!               body's JSON "model" (ambiguous or with control characters
 //!               -> 400), Route put in extensions
 //!   ThrottleResponseLayer   refusals -> 429/503 + Retry-After (+ RateLimit headers)
-//!   map_result              transport errors -> 502/504; body -> axum Body
+//!   map_result              transport errors -> 502/504; body -> axum Body;
+//!                           the rate limiter's note -> RateLimit headers
 //!   Backoff429Layer         route cooling after an upstream 429: refuse or hold
 //!   ConcurrencyLayer        N in flight per route; the permit lives in the body
 //!   RateLimitLayer          per-route quotas and rules; refuse, or wait in FIFO
@@ -46,7 +47,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode, Uri, header};
 use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::routing::{get, post};
 use bytes::Bytes;
 use http::uri::Authority;
 use http_body_util::Full;
@@ -64,18 +65,16 @@ use tower_throttle::concurrency::{ConcurrencyBody, ConcurrencyHandle, Concurrenc
 use tower_throttle::error::{BoxError, ConfigError, KeyError, MissingKey};
 use tower_throttle::identity::{IdentityHeaderLayer, StableIds};
 use tower_throttle::key::{JsonFieldKey, KeyBuilder, KeyExtractor, key_parts};
-use tower_throttle::rate_limit::{CountAll, Limits, OneUnit, RateLimitHandle, RateLimitLayer};
+use tower_throttle::rate_limit::{
+    Annotate, CountAll, Limits, OneUnit, RateLimitHandle, RateLimitInfo, RateLimitLayer,
+};
 use tower_throttle::redact::{Escaped, Quoted};
 use tower_throttle::respond::{RateLimitHeaders, Rejection, ThrottleResponseLayer};
 
 use crate::config::{Credential, GatewaySettings, Settings, Upstream as UpstreamKind};
 use crate::simulator::Simulator;
 use crate::stats::{OTHER, TrackedRoutes};
-use crate::{edge, serve, stats};
-
-/// Concurrency without a `[concurrency]` section: the layer still counts
-/// requests in flight per route, it just never makes one wait.
-const UNLIMITED: usize = 1 << 30;
+use crate::{edge, live, operator, serve, stats};
 
 /// The model part of a route whose body names none (`GET /v1/models`).
 pub const NO_MODEL: &str = "(none)";
@@ -113,6 +112,21 @@ impl<B> KeyExtractor<http::Request<B>> for RouteKey {
         key.push_str(&route.provider);
         key.push_str(&route.model);
         Ok(())
+    }
+}
+
+/// What remains of a route's quota, kept on the response by the rate limiter
+/// and written as the IETF `RateLimit` headers in [`finish`], outside the
+/// backoff layer: written by the rate limiter itself, they would be read by
+/// the backoff layer as the upstream's own (a cooldown as long as the
+/// gateway's quota takes to refill, instead of the upstream's `Retry-After`
+/// or `initial_backoff`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoteQuota;
+
+impl<B> Annotate<http::Response<B>> for NoteQuota {
+    fn annotate(&self, response: &mut http::Response<B>, info: &RateLimitInfo) {
+        response.extensions_mut().insert(info.clone());
     }
 }
 
@@ -238,6 +252,12 @@ impl UpstreamCounters {
         self.changed.touch();
     }
 
+    /// Zero every count.
+    pub fn reset(&self) {
+        *self.table.lock() = Default::default();
+        self.changed.touch();
+    }
+
     /// The totals and the routes (`provider/model`), sorted.
     pub fn snapshot(&self) -> (UpstreamCounts, Vec<(String, UpstreamCounts)>) {
         let table = self.table.lock();
@@ -336,14 +356,14 @@ pub type ProxyService = BoxCloneSyncService<http::Request<Bytes>, Response<Body>
 /// outlive every reload. Each reload layers clones of them (sharing that
 /// state) with the new waits and queue limits.
 struct Layers {
-    rate: RateLimitLayer<RouteKey, OneUnit, CountAll, RateLimitHeaders>,
+    rate: RateLimitLayer<RouteKey, OneUnit, CountAll, NoteQuota>,
     concurrency: ConcurrencyLayer<RouteKey>,
     backoff: Backoff429Layer<RouteKey>,
     /// The identity layer's client/project/session ids, kept across reloads.
     stable: Mutex<Option<StableIds>>,
 }
 
-/// Live control and stats of the three stateful layers.
+/// Live control and stats of the three stateful layers (see `live`).
 #[derive(Clone, Debug)]
 pub struct Handles {
     /// The rate limiter: retune, switch, stats.
@@ -458,35 +478,24 @@ impl Gateway {
             let tracked = tracked.clone();
             move |name: &str| tracked.contains(name)
         };
-        // Built as configured, not retuned from empty: a start logs no
-        // retune or switch (those lines are for changes).
+        // The layers' state, made once and as configured (so a start logs
+        // no retune); what the settings say of it is applied through the
+        // handles, now and on every reload (`live`).
         let limits = settings.stack.rate_limit.clone().unwrap_or_default();
         let rate = RateLimitLayer::from_limits(&limits, RouteKey)
             .with_key_stats_where(routes, is_tracked(&tracked))
-            .with_response_headers(RateLimitHeaders::ietf());
-        let (max_in_flight, release_at_headers) = match &settings.file.concurrency {
-            Some(c) => (
-                usize::try_from(c.max_in_flight).unwrap_or(1).max(1),
-                c.release_at_headers == Some(true),
-            ),
-            None => (UNLIMITED, false),
-        };
-        let mut concurrency = ConcurrencyLayer::new(max_in_flight, RouteKey)
+            .with_response_headers(NoteQuota);
+        let concurrency = ConcurrencyLayer::new(live::max_in_flight(&settings), RouteKey)
             .map_err(|e| e.within("concurrency"))?
             .with_key_stats_where(routes, is_tracked(&tracked));
-        if release_at_headers {
-            concurrency = concurrency.release_at_headers();
-        }
-        let backoff = settings
-            .stack
-            .backoff_layer(RouteKey)?
-            .unwrap_or_else(|| Backoff429Layer::new(RouteKey))
-            .with_key_stats_where(routes, is_tracked(&tracked));
+        let backoff =
+            Backoff429Layer::new(RouteKey).with_key_stats_where(routes, is_tracked(&tracked));
         let handles = Handles {
             rate: rate.handle(),
             concurrency: concurrency.handle(),
             backoff: backoff.handle(),
         };
+        live::apply(&handles, &settings)?;
         let counters = Arc::new(UpstreamCounters::new(tracked.clone()));
         let upstream = Upstream {
             client: http_client(),
@@ -522,15 +531,15 @@ impl Gateway {
         })
     }
 
-    /// Apply a new configuration without a restart: rate limits through the
-    /// limiter's handle (spent capacity stays spent, waiting requests keep
-    /// their turns), the rest by swapping the client stack, whose stateful
+    /// Apply a new configuration without a restart: the stateful layers'
+    /// settings through their handles (see `live`: spent capacity stays
+    /// spent, waiting requests keep their turns, requests in flight their
+    /// permits), the rest by swapping the client stack, whose stateful
     /// layers are clones of the running ones. Nothing changes on error.
     pub fn apply(&self, settings: Settings) -> Result<Applied, ConfigError> {
         let old = self.current();
         let restart_only = old.settings.restart_only_changes(&settings);
         let generation = old.generation + 1;
-        let limits = settings.stack.rate_limit.clone().unwrap_or_default();
         // Everything that can fail is done before anything changes.
         let current = build(
             &self.inner.layers,
@@ -539,11 +548,7 @@ impl Gateway {
             settings,
             generation,
         )?;
-        self.inner
-            .handles
-            .rate
-            .apply(&limits)
-            .map_err(|e| e.within("rate_limit"))?;
+        live::apply(&self.inner.handles, &current.settings)?;
         self.inner.tracked.add_configured(&current.settings);
         self.inner.current.store(Arc::new(current));
         self.inner.config_changed.touch();
@@ -686,13 +691,14 @@ fn build(
         .rate_limit
         .as_ref()
         .map_or(Duration::ZERO, |l: &Limits| l.max_wait);
-    let (max_queue, queue_timeout) = match &settings.file.concurrency {
+    let (max_queue, queue_timeout, release_at_headers) = match &settings.file.concurrency {
         Some(c) => (
             c.max_queue
                 .map_or(usize::MAX, |q| usize::try_from(q).unwrap_or(usize::MAX)),
             parse_duration("concurrency.queue_timeout", c.queue_timeout.as_deref())?,
+            c.release_at_headers == Some(true),
         ),
-        None => (usize::MAX, None),
+        None => (usize::MAX, None, false),
     };
     let backoff_wait = match &settings.file.backoff {
         Some(b) if b.mode.as_deref() == Some("wait") => {
@@ -706,6 +712,9 @@ fn build(
     let mut concurrency = layers.concurrency.clone().with_max_queue(max_queue);
     if let Some(timeout) = queue_timeout {
         concurrency = concurrency.with_queue_timeout(timeout);
+    }
+    if release_at_headers {
+        concurrency = concurrency.release_at_headers();
     }
     let backoff = layers.backoff.clone().with_max_wait(backoff_wait);
     let service = ServiceBuilder::new()
@@ -726,14 +735,17 @@ fn build(
 }
 
 /// The identity layer for `settings`, keeping the ids of the first one
-/// unless the file pins its own.
+/// unless the file pins its own. Rebuilt on every reload, so its rules are
+/// live; with the master switch off it has no rule, so it touches nothing.
 fn identity_layer(
     layers: &Layers,
     settings: &Settings,
 ) -> Result<IdentityHeaderLayer, ConfigError> {
-    let mut layer = match settings.stack.identity_layer()? {
-        Some(layer) => layer,
-        None => IdentityHeaderLayer::new([]).map_err(|e| e.within("identity"))?,
+    // Checked even when off, so that a bad rule is refused either way.
+    let configured = settings.stack.identity_layer()?;
+    let mut layer = match configured {
+        Some(layer) if live::enabled(settings) => layer,
+        _ => IdentityHeaderLayer::new([]).map_err(|e| e.within("identity"))?,
     };
     let mut stable = layers.stable.lock();
     match *stable {
@@ -760,7 +772,18 @@ fn finish(
     result: Result<Response<ConcurrencyBody<Body>>, BoxError>,
 ) -> Result<Response<Body>, BoxError> {
     match result {
-        Ok(response) => Ok(response.map(Body::new)),
+        Ok(mut response) => {
+            if let Some(info) = response.extensions_mut().remove::<RateLimitInfo>() {
+                RateLimitHeaders::ietf().write(
+                    response.headers_mut(),
+                    &info.policy,
+                    info.quota.as_ref(),
+                    info.remaining,
+                    info.reset,
+                );
+            }
+            Ok(response.map(Body::new))
+        }
         Err(e) if Rejection::of(&e).is_some() => Err(e),
         Err(e) if e.is::<tower::timeout::error::Elapsed>() => Ok(json_error(
             StatusCode::GATEWAY_TIMEOUT,
@@ -819,7 +842,8 @@ pub fn router(gateway: Gateway) -> Router {
         .route("/", get(stats::page))
         // Browsers ask for it with the page; it is not the upstream's.
         .route("/favicon.ico", get(|| async { StatusCode::NO_CONTENT }))
-        .route("/stats", get(stats::json))
+        .route("/stats", get(operator::get_stats))
+        .route("/stats/reset", post(operator::reset))
         .route("/events", get(stats::events))
         .route("/metrics", get(stats::metrics))
         .fallback(forward)

@@ -27,10 +27,12 @@
 //! `app` (start, banner, shutdown), `gateway` (routing and the client
 //! stack), `edge` (what is refused before forwarding: foreign `Host` and
 //! `Origin`, paths leaving the base path, bad model names), `stats` (the
-//! four endpoints and the hub behind `/events`), `reload` (watching the
-//! file), `serve` (connection limits, timeouts and graceful shutdown),
-//! `signal` (Ctrl-C and SIGTERM), `simulator` (the built-in upstream),
-//! `demo` and `bench` (a load generator).
+//! four endpoints and the hub behind `/events`), `operator` (one route's
+//! stats, `POST /stats/reset`), `live` (the settings applied to the
+//! stateful layers through their handles, and the master switch), `reload`
+//! (watching the file), `serve` (connection limits, timeouts and graceful
+//! shutdown), `signal` (Ctrl-C and SIGTERM), `simulator` (the built-in
+//! upstream), `demo` and `bench` (a load generator).
 //!
 //! Exit codes: 0 after Ctrl-C or SIGTERM and a graceful shutdown; 2 for a
 //! mistake in the command line or the configuration (one line naming the
@@ -44,6 +46,8 @@ mod config;
 mod demo;
 mod edge;
 mod gateway;
+mod live;
+mod operator;
 mod reload;
 mod serve;
 mod signal;

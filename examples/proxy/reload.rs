@@ -1,6 +1,6 @@
 //! Hot reload: watch the config file and apply each edit through the
-//! gateway (the rate limiter's retune handle, and a swap of the client
-//! stack around the same stateful layers).
+//! gateway (the stateful layers' handles, see `live`, and a swap of the
+//! client stack around the same stateful layers).
 //!
 //! The file is polled: its contents are read once a second and compared
 //! with the last seen. Polling needs no dependency and no platform

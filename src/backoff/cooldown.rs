@@ -12,9 +12,10 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
+use arc_swap::ArcSwap;
 use http::{HeaderMap, StatusCode};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
@@ -30,7 +31,8 @@ use crate::redact::Quoted;
 use crate::stats::{Event, KeyTracking, Stats};
 use crate::store::{Idle, Store};
 
-/// What a backoff layer is built with.
+/// What a backoff layer is built with. All but `key_stats` can also change
+/// live, through a [`BackoffHandle`](super::BackoffHandle).
 #[derive(Clone, Debug)]
 pub(crate) struct Config {
     pub(crate) backoff: ExponentialBackoff,
@@ -125,12 +127,25 @@ impl Active {
     }
 }
 
+/// How long cooldowns last: read when a response starts one, swapped whole
+/// by a handle.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Lengths {
+    pub(crate) backoff: ExponentialBackoff,
+    pub(crate) max_cooldown: Duration,
+}
+
 pub(crate) struct Cooldowns {
     timeline: Timeline,
     seed: KeySeed,
     routes: Store<Route, ()>,
     active: Mutex<Active>,
-    config: Config,
+    lengths: ArcSwap<Lengths>,
+    on_503: AtomicBool,
+    proactive: AtomicBool,
+    /// Off: requests pass untouched and responses are not read.
+    enabled: AtomicBool,
+    key_stats: KeyTracking,
     /// Numbers cooldown starts across routes, so that a request can tell a
     /// cooldown that started after it was sent.
     epochs: AtomicU64,
@@ -141,7 +156,8 @@ pub(crate) struct Cooldowns {
 impl fmt::Debug for Cooldowns {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Cooldowns")
-            .field("config", &self.config)
+            .field("config", &self.config())
+            .field("enabled", &self.is_enabled())
             .field("started", &self.started.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
@@ -182,16 +198,22 @@ pub(crate) struct Watch {
 
 impl Cooldowns {
     pub(crate) fn new(config: Config) -> Self {
-        let key_stats = config.key_stats.clone();
         Self {
             timeline: Timeline::new(ClockSource::Tokio),
             seed: KeySeed::default(),
             routes: Store::new((), 60_000_000_000),
             active: Mutex::new(Active::default()),
-            config,
+            lengths: ArcSwap::from_pointee(Lengths {
+                backoff: config.backoff,
+                max_cooldown: config.max_cooldown,
+            }),
+            on_503: AtomicBool::new(config.on_503),
+            proactive: AtomicBool::new(config.proactive),
+            enabled: AtomicBool::new(true),
+            stats: Arc::new(Stats::new(config.key_stats.clone())),
+            key_stats: config.key_stats,
             epochs: AtomicU64::new(0),
             started: AtomicU64::new(0),
-            stats: Arc::new(Stats::new(key_stats)),
         }
     }
 
@@ -199,8 +221,48 @@ impl Cooldowns {
         &self.seed
     }
 
-    pub(crate) fn config(&self) -> &Config {
-        &self.config
+    /// What the table runs with now.
+    pub(crate) fn config(&self) -> Config {
+        let lengths = self.lengths();
+        Config {
+            backoff: lengths.backoff,
+            max_cooldown: lengths.max_cooldown,
+            on_503: self.on_503.load(Ordering::Relaxed),
+            proactive: self.proactive.load(Ordering::Relaxed),
+            key_stats: self.key_stats.clone(),
+        }
+    }
+
+    pub(crate) fn lengths(&self) -> Lengths {
+        **self.lengths.load()
+    }
+
+    pub(crate) fn set_lengths(&self, lengths: Lengths) {
+        self.lengths.store(Arc::new(lengths));
+    }
+
+    pub(crate) fn set_on_503(&self, on: bool) {
+        self.on_503.store(on, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_proactive(&self, on: bool) {
+        self.proactive.store(on, Ordering::Relaxed);
+    }
+
+    #[inline]
+    pub(crate) fn is_enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_enabled(&self, enabled: bool) {
+        self.enabled.store(enabled, Ordering::Relaxed);
+    }
+
+    /// Zero the counters: the stats' and the cooldowns started. Cooldowns,
+    /// streaks and waiters are untouched.
+    pub(crate) fn reset_stats(&self) {
+        self.started.store(0, Ordering::Relaxed);
+        self.stats.reset();
     }
 
     /// Let a request on `key` go, queue it, or refuse it. `text` names the
@@ -291,17 +353,22 @@ impl Cooldowns {
 
     /// Read a response to a request sent under `watch`.
     fn observe(&self, watch: &Watch, status: StatusCode, headers: &HeaderMap) {
-        let config = &self.config;
         let refused = status == StatusCode::TOO_MANY_REQUESTS;
-        let unavailable = status == StatusCode::SERVICE_UNAVAILABLE && config.on_503;
+        let unavailable =
+            status == StatusCode::SERVICE_UNAVAILABLE && self.on_503.load(Ordering::Relaxed);
         let success = status.is_success();
-        if !(refused || unavailable || success)
-            || (success && !watch.streak_open && !config.proactive)
-        {
+        // Switched off since the request went: its response is not read.
+        if !(refused || unavailable || success) || !self.is_enabled() {
             return;
         }
-        let advised = if refused || unavailable || config.proactive {
-            cooldown_from_headers(status, headers, SystemTime::now(), config.max_cooldown)
+        let proactive = self.proactive.load(Ordering::Relaxed);
+        if success && !watch.streak_open && !proactive {
+            return;
+        }
+        // The lengths in force as the response is read.
+        let lengths = self.lengths();
+        let advised = if refused || unavailable || proactive {
+            cooldown_from_headers(status, headers, SystemTime::now(), lengths.max_cooldown)
         } else {
             None
         };
@@ -326,7 +393,7 @@ impl Cooldowns {
                 Some(advised) => Some(advised),
                 None if fresh => {
                     let streak = route.streak;
-                    let wait = config.backoff.delay(streak).min(config.max_cooldown);
+                    let wait = lengths.backoff.delay(streak).min(lengths.max_cooldown);
                     Some((wait, Reason::Exponential { streak }))
                 }
                 // Already covered by the cooldown that started since.
@@ -342,12 +409,23 @@ impl Cooldowns {
             advised
         };
         if let Some((wait, reason)) = start {
-            self.start(route, watch, now, wait, reason, status.as_u16());
+            let forget_after = lengths.backoff.cap().min(lengths.max_cooldown);
+            self.start(
+                route,
+                watch,
+                now,
+                wait,
+                reason,
+                status.as_u16(),
+                forget_after,
+            );
         }
     }
 
     /// Cool `route` down for `wait` from `now`, unless it already cools
-    /// longer.
+    /// longer; its streak is forgotten once it has been quiet for
+    /// `forget_after` after that.
+    #[allow(clippy::too_many_arguments)]
     fn start(
         &self,
         route: &mut Route,
@@ -356,6 +434,7 @@ impl Cooldowns {
         wait: Duration,
         reason: Reason,
         status: u16,
+        forget_after: Duration,
     ) {
         let until = now.saturating_add(saturating_nanos(wait));
         if until <= route.until || until <= now {
@@ -363,9 +442,7 @@ impl Cooldowns {
         }
         let was_cooling = route.until > now;
         route.until = until;
-        route.forget_at = until.saturating_add(saturating_nanos(
-            self.config.backoff.max().min(self.config.max_cooldown),
-        ));
+        route.forget_at = until.saturating_add(saturating_nanos(forget_after));
         route.generation = self.epochs.fetch_add(1, Ordering::Relaxed) + 1;
         if !was_cooling {
             self.started.fetch_add(1, Ordering::Relaxed);

@@ -7,7 +7,9 @@ use crate::error::ConfigError;
 /// optional symmetric jitter.
 ///
 /// The `n`th consecutive refusal (`streak == n`, from 1) waits
-/// `initial × 2ⁿ⁻¹`, capped at `max`; jitter then moves it by up to
+/// `initial × 2ⁿ⁻¹`, capped at `max`; a `max` of zero means no doubling, a
+/// fixed delay of `initial` (a cap of nothing would mean no cooldown at all,
+/// which is what an `initial` of zero says). Jitter then moves it by up to
 /// `ratio` of itself either way, uniformly, so that many clients refused at
 /// once do not come back at once. Jitter is applied after the cap, so clients
 /// at the cap stay spread too.
@@ -35,7 +37,17 @@ pub struct ExponentialBackoff {
 
 impl ExponentialBackoff {
     /// Start at `initial`, double per consecutive refusal, stop at `max`. An
-    /// `initial` above `max` is capped to it.
+    /// `initial` above `max` is capped to it. A `max` of zero: every delay is
+    /// `initial`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_throttle::backoff::ExponentialBackoff;
+    ///
+    /// let fixed = ExponentialBackoff::new(Duration::from_secs(2), Duration::ZERO);
+    /// assert_eq!(fixed.base(1), Duration::from_secs(2));
+    /// assert_eq!(fixed.base(5), Duration::from_secs(2));
+    /// ```
     pub fn new(initial: Duration, max: Duration) -> Self {
         Self {
             initial,
@@ -62,9 +74,19 @@ impl ExponentialBackoff {
         self.initial
     }
 
-    /// The cap on the doubled delay.
+    /// The cap on the doubled delay, as given (zero: no doubling).
     pub fn max(&self) -> Duration {
         self.max
+    }
+
+    /// The longest delay before jitter: `max`, or `initial` when `max` is
+    /// zero (a fixed delay).
+    pub fn cap(&self) -> Duration {
+        if self.max.is_zero() {
+            self.initial
+        } else {
+            self.max
+        }
     }
 
     /// The jitter ratio.
@@ -89,7 +111,7 @@ impl ExponentialBackoff {
             0 => None,
             f => self.initial.checked_mul(f),
         };
-        doubled.unwrap_or(Duration::MAX).min(self.max)
+        doubled.unwrap_or(Duration::MAX).min(self.cap())
     }
 
     /// The delay after `streak` consecutive refusals, with jitter.

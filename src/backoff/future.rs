@@ -105,6 +105,16 @@ impl<Fut, S, R> ResponseFuture<Fut, S, R> {
         }
     }
 
+    /// Called without being watched: the layer is switched off.
+    pub(crate) fn passed(future: Fut) -> Self {
+        Self {
+            state: State::Called {
+                future,
+                watch: None,
+            },
+        }
+    }
+
     pub(crate) fn waiting(
         inner: S,
         req: R,

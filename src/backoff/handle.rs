@@ -1,14 +1,17 @@
 use std::fmt;
-use std::sync::Arc;
+use std::time::Duration;
 
-use super::cooldown::Cooldowns;
+use super::cooldown::{Cooldowns, Lengths};
+use super::exponential::ExponentialBackoff;
 use super::stats::{BackoffSnapshot, BackoffSubscription, CooldownEntry};
+use crate::home::Cell;
 
-/// A view of a running backoff layer, shared by every service it made;
-/// cheap to clone.
+/// A view of a running backoff layer, shared by every service it made, and
+/// its live settings; cheap to clone.
 ///
 /// ```
-/// use tower_throttle::backoff::Backoff429Layer;
+/// use std::time::Duration;
+/// use tower_throttle::backoff::{Backoff429Layer, ExponentialBackoff};
 /// use tower_throttle::key::HostKey;
 ///
 /// let layer = Backoff429Layer::new(HostKey);
@@ -16,62 +19,141 @@ use super::stats::{BackoffSnapshot, BackoffSubscription, CooldownEntry};
 /// assert!(handle.cooldowns().is_empty());
 /// assert_eq!(handle.stats().cooldowns_started, 0);
 /// assert!(handle.cooldown(&["api.openai.com"]).is_none());
+///
+/// // Longer cooldowns from the next 429 on, with some jitter.
+/// let backoff = ExponentialBackoff::new(Duration::from_secs(2), Duration::from_secs(120))
+///     .with_jitter(0.1)?;
+/// handle.set_backoff(backoff);
+/// assert_eq!(handle.backoff(), backoff);
+/// # Ok::<(), tower_throttle::error::ConfigError>(())
 /// ```
 #[derive(Clone)]
 pub struct BackoffHandle {
-    engine: Arc<Cooldowns>,
+    cell: Cell<Cooldowns>,
 }
 
 impl fmt::Debug for BackoffHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("BackoffHandle").field(&self.engine).finish()
+        f.debug_tuple("BackoffHandle")
+            .field(&*self.cell.load())
+            .finish()
     }
 }
 
 impl BackoffHandle {
-    pub(crate) fn new(engine: Arc<Cooldowns>) -> Self {
-        Self { engine }
+    pub(crate) fn new(cell: Cell<Cooldowns>) -> Self {
+        Self { cell }
     }
 
     /// The counters and the cooldowns in force now.
     pub fn stats(&self) -> BackoffSnapshot {
-        BackoffSnapshot::new(&self.engine, self.engine.stats.snapshot())
+        let engine = self.cell.load();
+        BackoffSnapshot::new(&engine, engine.stats.snapshot())
     }
 
     /// A subscription that yields a snapshot whenever the counters move or a
     /// cooldown starts.
     pub fn subscribe(&self) -> BackoffSubscription {
+        let engine = self.cell.load_full();
         BackoffSubscription {
-            engine: self.engine.clone(),
-            inner: self.engine.stats.subscribe(),
+            inner: engine.stats.subscribe(),
+            engine,
         }
+    }
+
+    /// Zero the counters (requests let through, refused, waited, wait
+    /// times, cooldowns started); the gauge `queued_now` keeps counting what
+    /// is there. Cooldowns in force, streaks and waiting requests are
+    /// untouched.
+    pub fn reset_stats(&self) {
+        self.cell.load().reset_stats();
     }
 
     /// The routes cooling down now, with what is left and why, sorted by
     /// key.
     pub fn cooldowns(&self) -> Vec<CooldownEntry> {
-        self.engine.cooldowns()
+        self.cell.load().cooldowns()
     }
 
     /// The cooldown of the key with these parts, if it is cooling down.
     pub fn cooldown<S: AsRef<str>>(&self, parts: &[S]) -> Option<CooldownEntry> {
-        self.engine.cooldown(self.engine.seed().hash_parts(parts))
+        let engine = self.cell.load();
+        engine.cooldown(engine.seed().hash_parts(parts))
     }
 
-    /// Cooldowns started since the layer was built.
+    /// Cooldowns started since the layer was built, or since the counters
+    /// were last [reset](Self::reset_stats).
     pub fn cooldowns_started(&self) -> u64 {
-        self.engine.cooldowns_started()
+        self.cell.load().cooldowns_started()
+    }
+
+    /// The exponential rule: lengths and jitter of the cooldowns a
+    /// response does not give the length of.
+    pub fn backoff(&self) -> ExponentialBackoff {
+        self.cell.load().lengths().backoff
+    }
+
+    /// Use `backoff` for cooldowns that start from now on (the initial
+    /// length, the cap, the jitter). Cooldowns already running keep their
+    /// end; each route keeps its streak of 429s, so its next cooldown is
+    /// the new rule's length for that streak.
+    pub fn set_backoff(&self, backoff: ExponentialBackoff) {
+        let engine = self.cell.load();
+        let lengths = engine.lengths();
+        engine.set_lengths(Lengths { backoff, ..lengths });
+    }
+
+    /// The longest cooldown anything can start.
+    pub fn max_cooldown(&self) -> Duration {
+        self.cell.load().lengths().max_cooldown
+    }
+
+    /// Let nothing start a cooldown longer than `max` from now on (a header
+    /// or the rule). Cooldowns already running keep their end.
+    pub fn set_max_cooldown(&self, max: Duration) {
+        let engine = self.cell.load();
+        let lengths = engine.lengths();
+        engine.set_lengths(Lengths {
+            max_cooldown: max,
+            ..lengths
+        });
+    }
+
+    /// Also cool a route down on 503 with `Retry-After`, or stop doing so,
+    /// for responses read from now on.
+    pub fn set_on_503(&self, on: bool) {
+        self.cell.load().set_on_503(on);
+    }
+
+    /// Start cooldowns on successes that say the route is exhausted, or stop
+    /// doing so, for responses read from now on.
+    pub fn set_proactive(&self, on: bool) {
+        self.cell.load().set_proactive(on);
+    }
+
+    /// Switch the layer on or off. Off, requests pass untouched (a route
+    /// cooling down is not refused or held, not even the key is read) and
+    /// responses start no cooldown; requests already waiting keep waiting
+    /// for the end of their cooldown. Back on, each route continues from
+    /// its state: a cooldown that has not ended yet is in force again.
+    pub fn set_enabled(&self, enabled: bool) {
+        self.cell.load().set_enabled(enabled);
+    }
+
+    /// Whether the layer is on.
+    pub fn is_enabled(&self) -> bool {
+        self.cell.load().is_enabled()
     }
 
     /// How many routes hold state now, idle ones not yet swept included.
     pub fn key_count(&self) -> usize {
-        self.engine.len()
+        self.cell.load().len()
     }
 
     /// Drop the state of every idle route now (no cooldown, no waiter, no
     /// streak it still remembers), returning how many were dropped. Idle
     /// routes are also swept as requests arrive.
     pub fn evict_idle(&self) -> usize {
-        self.engine.evict_idle()
+        self.cell.load().evict_idle()
     }
 }

@@ -9,6 +9,7 @@ use super::exponential::ExponentialBackoff;
 use super::handle::BackoffHandle;
 use super::service::{Backoff429, Shared};
 use crate::error::ConfigError;
+use crate::home::Home;
 use crate::stats::KeyTracking;
 
 /// The first exponential cooldown, by default: 1 s.
@@ -34,8 +35,13 @@ pub const DEFAULT_MAX_COOLDOWN: Duration = Duration::from_secs(300);
 /// order. Other routes are untouched. Every service this layer makes, and
 /// every clone of them, share one table of cooldowns.
 ///
-/// Builder methods other than `with_max_wait` and `with_fallback_key` build
-/// the table afresh: call them before the layer is used or cloned.
+/// A [handle](Self::handle) taken at any point of the builder controls the
+/// table the built services use; through it the lengths, jitter and 503
+/// handling can also change while the layer runs. Builder methods other
+/// than `with_max_wait` and `with_fallback_key` build the table afresh; on
+/// a layer that was already cloned or used to make a service, they make a
+/// layer of its own (the clones and services keep theirs, and so do the
+/// handles taken before).
 ///
 /// ```
 /// use std::time::Duration;
@@ -68,9 +74,11 @@ impl<X> Backoff429Layer<X> {
             proactive: false,
             key_stats: KeyTracking::default(),
         };
+        let engine = Arc::new(Cooldowns::new(config));
         Self {
             shared: Shared {
-                engine: Arc::new(Cooldowns::new(config)),
+                home: Home::new(&engine),
+                engine,
                 extractor: Arc::new(extractor),
                 max_wait: Duration::ZERO,
                 fallback: None,
@@ -80,13 +88,17 @@ impl<X> Backoff429Layer<X> {
 
     /// Build the table again with a changed configuration.
     fn rebuild(mut self, change: impl FnOnce(&mut Config)) -> Self {
-        let mut config = self.shared.engine.config().clone();
+        let old = &self.shared.engine;
+        let mut config = old.config();
         change(&mut config);
         let engine = Cooldowns::new(config);
+        engine.set_enabled(old.is_enabled());
         if let Some((_, key)) = self.shared.fallback.take() {
             self.shared.fallback = Some((engine.seed().hash_parts(&[&*key]), key));
         }
-        self.shared.engine = Arc::new(engine);
+        let engine = Arc::new(engine);
+        self.shared.home.replace(&engine);
+        self.shared.engine = engine;
         self
     }
 
@@ -101,12 +113,16 @@ impl<X> Backoff429Layer<X> {
 
     /// The first exponential cooldown (default 1 s). Zero turns the
     /// exponential rule off: only headers then start cooldowns.
+    /// [`BackoffHandle::set_backoff`] changes it live.
     pub fn with_initial_backoff(self, initial: Duration) -> Self {
         self.rebuild(|c| c.backoff.set_initial(initial))
     }
 
     /// The cap on the exponential cooldown (default 60 s). A route quiet
     /// for this long after its cooldown ended also forgets its streak.
+    /// Zero: no doubling, every exponential cooldown lasts
+    /// [`initial_backoff`](Self::with_initial_backoff) (see
+    /// [`ExponentialBackoff`]).
     pub fn with_max_backoff(self, max: Duration) -> Self {
         self.rebuild(|c| c.backoff.set_max(max))
     }
@@ -169,9 +185,11 @@ impl<X> Backoff429Layer<X> {
         self
     }
 
-    /// A handle for the stats and cooldowns of this layer.
+    /// A handle for the stats, cooldowns and live settings of this layer:
+    /// the table the services built from this layer use, also when builder
+    /// methods are called after the handle was taken.
     pub fn handle(&self) -> BackoffHandle {
-        BackoffHandle::new(self.shared.engine.clone())
+        BackoffHandle::new(self.shared.home.cell())
     }
 }
 

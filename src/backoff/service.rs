@@ -9,6 +9,7 @@ use super::cooldown::{Admit, Cooldowns};
 use super::future::ResponseFuture;
 use super::handle::BackoffHandle;
 use crate::error::{BoxError, KeyError};
+use crate::home::Home;
 use crate::key::{KeyExtractor, KeyHash, key_label};
 use crate::parts::ResponseParts;
 use crate::redact::Escaped;
@@ -16,6 +17,8 @@ use crate::redact::Escaped;
 /// Everything a backoff service reads per request, shared by its clones.
 pub(crate) struct Shared<X> {
     pub(crate) engine: Arc<Cooldowns>,
+    /// Where handles find `engine` (see [`Home`]).
+    pub(crate) home: Home<Cooldowns>,
     pub(crate) extractor: Arc<X>,
     pub(crate) max_wait: Duration,
     pub(crate) fallback: Option<(KeyHash, Arc<str>)>,
@@ -25,6 +28,7 @@ impl<X> Clone for Shared<X> {
     fn clone(&self) -> Self {
         Self {
             engine: self.engine.clone(),
+            home: self.home.clone(),
             extractor: self.extractor.clone(),
             max_wait: self.max_wait,
             fallback: self.fallback.clone(),
@@ -87,7 +91,7 @@ impl<S, X> Backoff429<S, X> {
 
     /// A handle on the cooldowns this service shares with its clones.
     pub fn handle(&self) -> BackoffHandle {
-        BackoffHandle::new(self.shared.engine.clone())
+        BackoffHandle::new(self.shared.home.cell())
     }
 }
 
@@ -126,6 +130,10 @@ where
 
     fn call(&mut self, req: R) -> Self::Future {
         let shared = &*self.shared;
+        if !shared.engine.is_enabled() {
+            // Switched off: not even the key is looked at, nor the response.
+            return ResponseFuture::passed(self.inner.call(req));
+        }
         let key = match shared.engine.seed().hash(&*shared.extractor, &req) {
             Ok(key) => key,
             // Only a missing key takes the fallback; an ambiguous one is

@@ -127,6 +127,18 @@ impl<Fut, S, R> ResponseFuture<Fut, S, R> {
         }
     }
 
+    /// Called without a permit: the layer is switched off and the request
+    /// has no usable key.
+    pub(crate) fn passed(future: Fut) -> Self {
+        Self {
+            state: State::Called {
+                future,
+                permit: None,
+            },
+            release_at_headers: false,
+        }
+    }
+
     pub(crate) fn waiting(
         inner: S,
         req: R,

@@ -8,6 +8,7 @@ use super::handle::ConcurrencyHandle;
 use super::permits::Permits;
 use super::service::{Concurrency, Shared};
 use crate::error::ConfigError;
+use crate::home::Home;
 use crate::stats::KeyTracking;
 
 /// Caps the requests in flight per key; further requests wait their turn in
@@ -28,8 +29,11 @@ use crate::stats::KeyTracking;
 /// [`with_queue_timeout`](Self::with_queue_timeout) gives up on a wait with
 /// [`QueueTimeout`](crate::error::QueueTimeout).
 ///
-/// [`with_key_stats`](Self::with_key_stats) makes a fresh set of permits:
-/// call it before the layer is used or cloned.
+/// A [handle](Self::handle) taken at any point of the builder controls the
+/// permits the built services use. [`with_key_stats`](Self::with_key_stats)
+/// makes a fresh set of permits; on a layer that was already cloned or used
+/// to make a service it makes a layer of its own (the clones and services
+/// keep theirs, and so do the handles taken before).
 ///
 /// [`HoldPermit`]: super::HoldPermit
 ///
@@ -67,9 +71,11 @@ impl<X> ConcurrencyLayer<X> {
                 "must be at least 1; with 0 no request could ever go through",
             ));
         }
+        let permits = Permits::new(max_in_flight, KeyTracking::default());
         Ok(Self {
             shared: Shared {
-                permits: Permits::new(max_in_flight, KeyTracking::default()),
+                home: Home::new(&permits),
+                permits,
                 extractor: Arc::new(extractor),
                 max_queue: usize::MAX,
                 queue_timeout: None,
@@ -135,17 +141,25 @@ impl<X> ConcurrencyLayer<X> {
     }
 
     fn with_key_tracking(mut self, tracking: KeyTracking) -> Self {
-        let permits = Permits::new(self.shared.permits.max(), tracking);
+        let old = &self.shared.permits;
+        let permits = Permits::new(old.max(), tracking);
+        if !old.is_enabled() {
+            permits.set_enabled(false);
+        }
         if let Some((_, key)) = self.shared.fallback.take() {
             self.shared.fallback = Some((permits.seed().hash_parts(&[&*key]), key));
         }
+        self.shared.home.replace(&permits);
         self.shared.permits = permits;
         self
     }
 
-    /// A handle on this layer's stats.
+    /// A handle on this layer's permits and stats: the ones the services
+    /// built from this layer use, also when
+    /// [`with_key_stats`](Self::with_key_stats) is called after the handle
+    /// was taken.
     pub fn handle(&self) -> ConcurrencyHandle {
-        ConcurrencyHandle::new(self.shared.permits.clone())
+        ConcurrencyHandle::new(self.shared.home.cell())
     }
 }
 

@@ -37,7 +37,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -49,6 +49,8 @@ use crate::clock::Nanos;
 use crate::key::{KeyHash, KeySeed};
 use crate::stats::{Event, KeyTracking, Stats};
 use crate::store::{Idle, Store};
+
+mod live;
 
 /// Set in a key's word while its queue has waiters.
 const QUEUED: u64 = 1 << 63;
@@ -110,7 +112,10 @@ pub(crate) struct KeyState {
     /// that counts its own admissions, plus their number times [`ADMITTED`].
     word: AtomicU64,
     queue: Mutex<Queue>,
-    max: u64,
+    /// Permits that may be out; changed live (under the key's lock) by
+    /// [`KeyState::set_max`]. Read relaxed: a request that read the old
+    /// value went before the change.
+    max: AtomicU64,
     /// What taking a permit adds to the word: one permit out, and one
     /// admission for a state that counts its own.
     step: u64,
@@ -155,7 +160,7 @@ impl KeyState {
         Arc::new(Self {
             word: AtomicU64::new(0),
             queue: Mutex::new(Queue::default()),
-            max: max as u64,
+            max: AtomicU64::new(max as u64),
             step: if counts_itself { ADMITTED + 1 } else { 1 },
             key,
             stats,
@@ -220,8 +225,11 @@ impl KeyState {
         text: &dyn Fn() -> String,
     ) -> Acquire {
         let mut word = self.word.load(Ordering::Relaxed);
+        // Read once, as the field it was before it could change: a request
+        // that read the old limit goes before the change.
+        let max = self.max.load(Ordering::Relaxed);
         // Nobody waiting and a permit free: take it, no lock.
-        while word < FREE_BELOW && word & OUT < self.max {
+        while word < FREE_BELOW && word & OUT < max {
             match self.word.compare_exchange_weak(
                 word,
                 word + self.step,
@@ -250,7 +258,7 @@ impl KeyState {
                 break;
             }
             // Nobody waits: a permit may have come back since we looked.
-            let (next, granted) = if word & OUT < self.max {
+            let (next, granted) = if word & OUT < self.max.load(Ordering::Relaxed) {
                 (word + self.step, true)
             } else if max_queue == 0 {
                 drop(queue);
@@ -332,7 +340,16 @@ impl KeyState {
 
     /// [`release`](Self::release) under the key's lock.
     fn release_locked(&self, mut queue: MutexGuard<'_, Queue>, entered: bool) -> bool {
-        let Some(next) = queue.waiters.pop_front() else {
+        // More out than the limit allows (it was lowered while they were
+        // out): the permit is not passed on; the waiters wait until fewer
+        // than the limit are out.
+        let over = self.word.load(Ordering::Relaxed) & OUT > self.max.load(Ordering::Relaxed);
+        let next = if over {
+            None
+        } else {
+            queue.waiters.pop_front()
+        };
+        let Some(next) = next else {
             // Nobody waits (or the last waiter left since we looked, and
             // cleared the flag).
             let before = self.word.fetch_sub(1, Ordering::Release);
@@ -441,7 +458,13 @@ impl Idle for Slot {
 
 /// The per-key permits of one layer, shared by its services.
 pub(crate) struct Permits {
-    max: usize,
+    /// Permits per key, as configured (see [`Permits::limit`]).
+    max: AtomicUsize,
+    /// Off: every key may have any number out (see [`Permits::limit`]).
+    enabled: AtomicBool,
+    /// Changes of `max` and `enabled` one at a time, each applied to every
+    /// key before the next.
+    changing: Mutex<()>,
     store: Store<Slot, ()>,
     /// The state of the one key of a layer keyed by
     /// [`GlobalKey`](crate::key::GlobalKey): always at hand, never hashed
@@ -455,7 +478,8 @@ pub(crate) struct Permits {
 impl fmt::Debug for Permits {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Permits")
-            .field("max_in_flight", &self.max)
+            .field("max_in_flight", &self.max())
+            .field("enabled", &self.is_enabled())
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
@@ -485,7 +509,9 @@ impl Permits {
             }
             let stats = Arc::new(stats);
             Self {
-                max,
+                max: AtomicUsize::new(max),
+                enabled: AtomicBool::new(true),
+                changing: Mutex::new(()),
                 store: Store::new((), NO_ROUNDS),
                 single: KeyState::new(max, global, stats.clone(), None, counts_itself),
                 seed,
@@ -506,8 +532,9 @@ impl Permits {
         &self.seed
     }
 
+    /// Permits per key, as configured.
     pub(crate) fn max(&self) -> usize {
-        self.max
+        self.max.load(Ordering::Acquire)
     }
 
     /// `key`'s state, made if it has none.
@@ -517,7 +544,7 @@ impl Permits {
         slot.0
             .get_or_insert_with(|| {
                 KeyState::new(
-                    self.max,
+                    self.limit() as usize,
                     key,
                     self.stats.clone(),
                     Some(self.me.clone()),

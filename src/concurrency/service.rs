@@ -11,12 +11,15 @@ use super::handle::ConcurrencyHandle;
 use super::hold::HoldPermit;
 use super::permits::{Acquire, LastKey, Permits, QueueTicket};
 use crate::error::{BoxError, KeyError, QueueFull, QueueTimeout};
+use crate::home::Home;
 use crate::key::{GlobalKey, KeyExtractor, KeyHash, key_label};
 use crate::redact::{Escaped, Quoted};
 
 /// Everything a concurrency service reads per request, shared by its clones.
 pub(crate) struct Shared<X> {
     pub(crate) permits: Arc<Permits>,
+    /// Where handles find `permits` (see [`Home`]).
+    pub(crate) home: Home<Permits>,
     pub(crate) extractor: Arc<X>,
     /// Most requests waiting per key; `usize::MAX` when unbounded.
     pub(crate) max_queue: usize,
@@ -29,6 +32,7 @@ impl<X> Clone for Shared<X> {
     fn clone(&self) -> Self {
         Self {
             permits: self.permits.clone(),
+            home: self.home.clone(),
             extractor: self.extractor.clone(),
             max_queue: self.max_queue,
             queue_timeout: self.queue_timeout,
@@ -136,7 +140,7 @@ impl<S, X> Concurrency<S, X> {
 
     /// A handle on the permits this service shares with its clones.
     pub fn handle(&self) -> ConcurrencyHandle {
-        ConcurrencyHandle::new(self.shared.permits.clone())
+        ConcurrencyHandle::new(self.shared.home.cell())
     }
 }
 
@@ -188,6 +192,11 @@ where
                 // refused.
                 Err(e) => match (&e, &shared.fallback) {
                     (KeyError::Missing(_), Some((key, _))) => *key,
+                    // Switched off, nothing is refused: it goes without a
+                    // permit (looked at only here, off the common path).
+                    _ if !shared.permits.is_enabled() => {
+                        return ResponseFuture::passed(self.inner.call(req));
+                    }
                     _ => return ResponseFuture::failed(no_key(e)),
                 },
             };

@@ -179,6 +179,15 @@ impl KeyTexts {
         }
     }
 
+    /// Parts given by text (through a handle), none marked secret: for
+    /// matching rules, not for showing.
+    pub(crate) fn of_parts<S: AsRef<str>>(parts: &[S]) -> Self {
+        Self {
+            parts: parts.iter().map(|p| p.as_ref().to_owned()).collect(),
+            secret: vec![false; parts.len()],
+        }
+    }
+
     /// The parts' texts, as the request had them: what rules match.
     pub(crate) fn parts(&self) -> &[String] {
         &self.parts

@@ -1,15 +1,24 @@
 use std::fmt;
-use std::sync::Arc;
+use std::time::Duration;
 
 use super::config::Limits;
 use super::limiter::Limiter;
 use super::quota::Quota;
 use super::rule::Rule;
 use crate::error::ConfigError;
+use crate::home::Cell;
+use crate::key::KeyTexts;
 use crate::stats::{StatsSnapshot, StatsSubscription};
 
 /// Live control of a running rate limiter, shared by every service its layer
 /// made; cheap to clone.
+///
+/// A handle taken from a layer follows it through the builder: taken before
+/// [`with_quota`](super::RateLimitLayer::with_quota),
+/// [`with_rule`](super::RateLimitLayer::with_rule),
+/// [`with_key_stats`](super::RateLimitLayer::with_key_stats) or
+/// [`with_clock`](super::RateLimitLayer::with_clock), it controls the
+/// limiter those build, which the services use.
 ///
 /// ```
 /// use tower_throttle::key::HeaderKey;
@@ -30,37 +39,37 @@ use crate::stats::{StatsSnapshot, StatsSubscription};
 /// ```
 #[derive(Clone)]
 pub struct RateLimitHandle {
-    limiter: Arc<Limiter>,
+    cell: Cell<Limiter>,
 }
 
 impl fmt::Debug for RateLimitHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("RateLimitHandle")
-            .field(&self.limiter)
+            .field(&*self.cell.load())
             .finish()
     }
 }
 
 impl RateLimitHandle {
-    pub(crate) fn new(limiter: Arc<Limiter>) -> Self {
-        Self { limiter }
+    pub(crate) fn new(cell: Cell<Limiter>) -> Self {
+        Self { cell }
     }
 
     /// Switch limiting on or off. Off, every request passes untouched and
     /// nothing is counted; on again, each key continues from its state.
     pub fn set_enabled(&self, enabled: bool) {
-        self.limiter.set_enabled(enabled);
+        self.cell.load().set_enabled(enabled);
     }
 
     /// Whether limiting is on.
     pub fn is_enabled(&self) -> bool {
-        self.limiter.is_enabled()
+        self.cell.load().is_enabled()
     }
 
     /// Decide without enforcing (admit everything, count what would have
     /// been refused), or enforce again.
     pub fn set_dry_run(&self, dry_run: bool) {
-        self.limiter.set_dry_run(dry_run);
+        self.cell.load().set_dry_run(dry_run);
     }
 
     /// Replace the default quotas and the rules at once.
@@ -74,71 +83,108 @@ impl RateLimitHandle {
     /// them, the new quota taking over at the last waiter's instant.
     /// Duplicate rule names are an error and change nothing.
     pub fn retune(&self, default: Vec<Quota>, rules: Vec<Rule>) -> Result<(), ConfigError> {
-        self.limiter.retune(default, rules)
+        self.cell.load().retune(default, rules)
     }
 
     /// Apply validated [`Limits`]: quotas and rules (as
     /// [`retune`](Self::retune)), the switch and dry run. The wait mode is
     /// a property of each service and stays as built.
     pub fn apply(&self, limits: &Limits) -> Result<(), ConfigError> {
-        self.limiter
-            .retune(limits.default.clone(), limits.rules.clone())?;
-        self.limiter.set_dry_run(limits.dry_run);
-        self.limiter.set_enabled(limits.enabled);
+        let limiter = self.cell.load();
+        limiter.retune(limits.default.clone(), limits.rules.clone())?;
+        limiter.set_dry_run(limits.dry_run);
+        limiter.set_enabled(limits.enabled);
         Ok(())
     }
 
     /// Replace the default quotas, keeping the rules.
     pub fn set_default(&self, default: Vec<Quota>) {
-        let (_, rules) = self.limiter.config();
+        let limiter = self.cell.load();
+        let (_, rules) = limiter.config();
         // The rules were accepted before, so their names are unique.
-        let _ = self.limiter.retune(default, rules);
+        let _ = limiter.retune(default, rules);
     }
 
     /// Replace the rules, keeping the default quotas.
     pub fn set_rules(&self, rules: Vec<Rule>) -> Result<(), ConfigError> {
-        let (default, _) = self.limiter.config();
-        self.limiter.retune(default, rules)
+        let limiter = self.cell.load();
+        let (default, _) = limiter.config();
+        limiter.retune(default, rules)
     }
 
     /// The default quotas and the rules in force.
     pub fn config(&self) -> (Vec<Quota>, Vec<Rule>) {
-        self.limiter.config()
+        self.cell.load().config()
     }
 
     /// Forget everything the key with these parts has spent, in every quota.
     pub fn reset<S: AsRef<str>>(&self, parts: &[S]) {
-        self.limiter
-            .forget(self.limiter.seed().hash_parts(parts), false);
+        let limiter = self.cell.load();
+        limiter.forget(limiter.seed().hash_parts(parts), false);
     }
 
     /// Start a new turn for the key with these parts: its turn budgets are
     /// full again. Other keys' turns are untouched.
     pub fn new_turn<S: AsRef<str>>(&self, parts: &[S]) {
-        self.limiter
-            .forget(self.limiter.seed().hash_parts(parts), true);
+        let limiter = self.cell.load();
+        limiter.forget(limiter.seed().hash_parts(parts), true);
     }
 
     /// The counters now.
     pub fn stats(&self) -> StatsSnapshot {
-        self.limiter.stats.snapshot()
+        self.cell.load().stats.snapshot()
     }
 
     /// A subscription that yields a snapshot whenever the counters move.
     pub fn subscribe(&self) -> StatsSubscription {
-        self.limiter.stats.subscribe()
+        self.cell.load().stats.subscribe()
+    }
+
+    /// Zero the counters (admitted, refused, waited, wait times, keys not
+    /// counted apart); the gauges (`queued_now`) keep counting what is
+    /// there. Nothing the limiter decides by changes: every key keeps what
+    /// it has spent, and waiting requests their turns.
+    pub fn reset_stats(&self) {
+        self.cell.load().stats.reset();
+    }
+
+    /// How long a request of cost 1 on the key with these parts, arriving
+    /// now, would wait for its turn (zero: it would go at once), without
+    /// booking anything or changing any state: what the next request gets is
+    /// the same whether or not this was asked.
+    ///
+    /// The wait counts the key's quotas (under its rule) and the requests
+    /// already waiting on it. Whether the request would wait that long or
+    /// be refused depends on the service's `max_wait`. Zero when limiting
+    /// is off, in a dry run, and for a key without a quota.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_throttle::key::HeaderKey;
+    /// use tower_throttle::rate_limit::{Quota, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::new(Quota::per_second(2)?, HeaderKey::new("x-api-key")?);
+    /// let handle = layer.handle();
+    /// // A fresh key would go at once.
+    /// assert_eq!(handle.peek_wait(&["alice"]), Duration::ZERO);
+    /// # Ok::<(), tower_throttle::error::ConfigError>(())
+    /// ```
+    pub fn peek_wait<S: AsRef<str>>(&self, parts: &[S]) -> Duration {
+        let limiter = self.cell.load();
+        let key = limiter.seed().hash_parts(parts);
+        limiter.peek_wait(key, &|| KeyTexts::of_parts(parts))
     }
 
     /// How many (key, quota) states are held now, idle ones not yet swept
     /// included.
     pub fn key_count(&self) -> usize {
-        self.limiter.len()
+        self.cell.load().len()
     }
 
     /// Drop the state of every idle key now, returning how many states were
     /// dropped. Idle keys are also swept as requests arrive; this is for
     /// callers who want the memory back at a moment of their choosing.
     pub fn evict_idle(&self) -> usize {
-        self.limiter.evict_idle()
+        self.cell.load().evict_idle()
     }
 }

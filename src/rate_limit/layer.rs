@@ -13,6 +13,7 @@ use super::rule::{Rule, check_names};
 use super::service::{RateLimit, Shared};
 use crate::clock::{Clock, ClockSource, saturating_nanos};
 use crate::error::ConfigError;
+use crate::home::Home;
 use crate::stats::KeyTracking;
 
 /// What the limiter is built from; kept so that a builder method can build
@@ -38,8 +39,12 @@ struct Setup {
 /// [`with_max_wait`](Self::with_max_wait) it waits its turn instead, in
 /// arrival order per key, when its turn comes within the wait allowed.
 ///
-/// Builder methods that change quotas, rules, the clock or per-key counting
-/// build the limiter afresh: call them before the layer is used or cloned.
+/// A [handle](Self::handle) taken at any point of the builder controls the
+/// limiter the built services use. Builder methods that change quotas,
+/// rules, the clock or per-key counting build the limiter afresh; on a layer
+/// that was already cloned or used to make a service, they make a layer of
+/// its own (the clones and services keep theirs, and so do the handles
+/// taken before).
 ///
 /// ```
 /// use std::time::Duration;
@@ -80,14 +85,16 @@ impl<X> RateLimitLayer<X> {
             clock: ClockSource::default(),
             key_stats: KeyTracking::default(),
         };
+        let limiter = Arc::new(Limiter::new(
+            setup.default.clone(),
+            Vec::new(),
+            setup.clock.clone(),
+            setup.key_stats.clone(),
+        ));
         Self {
             shared: Shared {
-                limiter: Arc::new(Limiter::new(
-                    setup.default.clone(),
-                    Vec::new(),
-                    setup.clock.clone(),
-                    setup.key_stats.clone(),
-                )),
+                home: Home::new(&limiter),
+                limiter,
                 extractor: Arc::new(extractor),
                 cost: OneUnit,
                 counts: CountAll,
@@ -130,7 +137,9 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
         // The switches carry over; only the state starts afresh.
         limiter.set_enabled(self.shared.limiter.is_enabled());
         limiter.set_dry_run(self.shared.limiter.is_dry_run());
-        self.shared.limiter = Arc::new(limiter);
+        let limiter = Arc::new(limiter);
+        self.shared.home.replace(&limiter);
+        self.shared.limiter = limiter;
         self
     }
 
@@ -236,6 +245,7 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
         RateLimitLayer {
             shared: Shared {
                 limiter: s.limiter,
+                home: s.home,
                 extractor: s.extractor,
                 cost,
                 counts: s.counts,
@@ -254,6 +264,7 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
         RateLimitLayer {
             shared: Shared {
                 limiter: s.limiter,
+                home: s.home,
                 extractor: s.extractor,
                 cost: s.cost,
                 counts,
@@ -273,6 +284,7 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
         RateLimitLayer {
             shared: Shared {
                 limiter: s.limiter,
+                home: s.home,
                 extractor: s.extractor,
                 cost: s.cost,
                 counts: s.counts,
@@ -284,9 +296,11 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
         }
     }
 
-    /// A handle for live control and stats of this layer's limiter.
+    /// A handle for live control and stats of this layer's limiter: the
+    /// one the services built from this layer use, also when builder
+    /// methods are called after the handle was taken.
     pub fn handle(&self) -> RateLimitHandle {
-        RateLimitHandle::new(self.shared.limiter.clone())
+        RateLimitHandle::new(self.shared.home.cell())
     }
 
     /// How many (key, quota) states are held now; see

@@ -25,6 +25,8 @@ use crate::redact::Quoted;
 use crate::stats::{Event, KeyTracking, Stats};
 use crate::store::{Idle, Store, Tidy};
 
+mod peek;
+
 /// Capacity booked on one key: enough to give it back.
 #[derive(Clone, Debug)]
 pub(crate) struct Ticket {
@@ -86,7 +88,8 @@ pub(crate) struct Denied {
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct RateLimitInfo {
-    /// The rule whose quotas apply (`(default)` for the default quotas).
+    /// The rule whose quotas apply ([`DEFAULT_POLICY`](super::DEFAULT_POLICY),
+    /// `(default)`, for the default quotas).
     pub policy: Arc<str>,
     /// The quota with the least left. (An unlimited key's responses carry no
     /// `RateLimitInfo` at all.)
@@ -575,6 +578,11 @@ impl Limiter {
         check_names(&rules)?;
         let _one_at_a_time = self.retuning.lock();
         let old = self.policy.load_full();
+        if old.compiled[0].quotas == default && old.rules == rules {
+            // Nothing changes (a reload that kept the limits): no new
+            // generation, no floors, no log line.
+            return Ok(());
+        }
         let now = self.timeline.now();
         let policy = Policy::build(
             old.generation.wrapping_add(1).max(1),

@@ -58,6 +58,7 @@ pub use future::ResponseFuture;
 pub use handle::RateLimitHandle;
 pub use layer::RateLimitLayer;
 pub use limiter::RateLimitInfo;
+pub use policy::DEFAULT_POLICY;
 pub use quota::{Algorithm, DEFAULT_STALE_TURN, MAX_PERIOD, Quota};
 pub use rule::{KeyPattern, Rule};
 pub use service::RateLimit;

@@ -33,8 +33,16 @@ pub(crate) struct Policy {
     pub(crate) longest_period: Nanos,
 }
 
-/// The name the default quotas go by.
-pub(crate) const DEFAULT_RULE: &str = "(default)";
+/// The name the default quotas go by: the policy name of a key no rule
+/// matches, in [`RateLimitInfo::policy`](super::RateLimitInfo),
+/// [`RateLimited::policy`](crate::error::RateLimited) and the
+/// `RateLimit-Policy` and `RateLimit` headers
+/// ([`RateLimitHeaders`](crate::respond::RateLimitHeaders)).
+///
+/// In parentheses, like [`OTHER_KEYS`](crate::stats::OTHER_KEYS), so that it
+/// cannot be taken for a rule: a rule may be named `default`, but not
+/// `(default)`.
+pub const DEFAULT_POLICY: &str = "(default)";
 
 impl Policy {
     /// Build a policy, reusing `previous`'s tables for the same rule name and
@@ -53,7 +61,7 @@ impl Policy {
         hold: &dyn Fn(KeyHash),
     ) -> Self {
         let mut compiled = Vec::with_capacity(rules.len() + 1);
-        let named = std::iter::once((DEFAULT_RULE, default, false)).chain(
+        let named = std::iter::once((DEFAULT_POLICY, default, false)).chain(
             rules
                 .iter()
                 .map(|r| (r.name.as_str(), &r.quotas[..], r.dry_run)),

@@ -300,7 +300,7 @@ impl Matcher {
 pub(crate) fn check_names(rules: &[Rule]) -> Result<(), ConfigError> {
     let mut seen = HashMap::new();
     for (i, rule) in rules.iter().enumerate() {
-        if rule.name == super::policy::DEFAULT_RULE {
+        if rule.name == super::policy::DEFAULT_POLICY {
             return Err(ConfigError::new(
                 format!("rules[{i}].name"),
                 format!("`{}` names the default quotas; choose another", rule.name),

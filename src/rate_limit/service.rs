@@ -13,12 +13,15 @@ use super::limiter::{Decision, Limiter, RateLimitInfo, Want};
 use super::policy::Policy;
 use crate::clock::Nanos;
 use crate::error::{BoxError, CostTooHigh, KeyError, RateLimited};
+use crate::home::Home;
 use crate::key::{KeyExtractor, KeyHash, KeyTexts, key_texts};
 use crate::redact::Quoted;
 
 /// Everything a rate-limit service reads per request, shared by its clones.
 pub(crate) struct Shared<X, F, A, H> {
     pub(crate) limiter: Arc<Limiter>,
+    /// Where handles find `limiter` (see [`Home`]).
+    pub(crate) home: Home<Limiter>,
     pub(crate) extractor: Arc<X>,
     pub(crate) cost: F,
     pub(crate) counts: A,
@@ -32,6 +35,7 @@ impl<X, F: Clone, A: Clone, H: Clone> Clone for Shared<X, F, A, H> {
     fn clone(&self) -> Self {
         Self {
             limiter: self.limiter.clone(),
+            home: self.home.clone(),
             extractor: self.extractor.clone(),
             cost: self.cost.clone(),
             counts: self.counts.clone(),
@@ -109,7 +113,7 @@ impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
 
     /// A handle on the limiter this service shares with its clones.
     pub fn handle(&self) -> RateLimitHandle {
-        RateLimitHandle::new(self.shared.limiter.clone())
+        RateLimitHandle::new(self.shared.home.cell())
     }
 }
 

@@ -256,6 +256,27 @@ impl Table {
         })
     }
 
+    /// The earliest instant `cost` units on `key` would fit, computed on a
+    /// copy of its state: nothing is booked, dropped or swept. `spent`: the
+    /// key would arrive from another rule, so a state it does not have here
+    /// would start spent (see [`Table::start_spent`]).
+    pub(crate) fn peek(
+        &self,
+        key: KeyHash,
+        now: Nanos,
+        cost: u32,
+        horizon: Nanos,
+        spent: bool,
+    ) -> Nanos {
+        each!(self, Table, |s| s.peek(key, |alg, state| {
+            let mut copy = state.cloned().unwrap_or_default();
+            if spent && state.is_none() {
+                alg.fill_until(&mut copy, now);
+            }
+            alg.earliest(&mut copy, now, cost, horizon)
+        }))
+    }
+
     /// Forget the key's state (a reset, or a new turn).
     pub(crate) fn forget(&self, key: KeyHash) {
         each!(self, Table, |s| s.remove(key))

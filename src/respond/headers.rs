@@ -9,14 +9,15 @@ use crate::rate_limit::{Annotate, Quota, RateLimitInfo};
 /// Which rate-limit headers a response carries.
 ///
 /// - The IETF httpapi fields (`draft-ietf-httpapi-ratelimit-headers`), in
-///   structured-field syntax: `RateLimit-Policy: "default";q=60;w=60` (quota
-///   and window in seconds) and `RateLimit: "default";r=12;t=5` (remaining,
-///   and seconds until the quota is whole again).
+///   structured-field syntax: `RateLimit-Policy: "(default)";q=60;w=60`
+///   (quota and window in seconds) and `RateLimit: "(default)";r=12;t=5`
+///   (remaining, and seconds until the quota is whole again).
 /// - The widespread `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
 ///   `X-RateLimit-Reset` (seconds from now).
 ///
 /// Policy names are rule names, with anything outside printable ASCII
-/// replaced by `_`.
+/// replaced by `_`; keys no rule matches are under
+/// [`DEFAULT_POLICY`](crate::rate_limit::DEFAULT_POLICY), `"(default)"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RateLimitHeaders {
     ietf: bool,

@@ -13,6 +13,7 @@ use tower_service::Service;
 use super::headers::RateLimitHeaders;
 use super::rejection::{Rejection, ceil_secs};
 use crate::error::BoxError;
+use crate::rate_limit::DEFAULT_POLICY;
 use crate::redact::Escaped;
 
 /// Builds the response for a rejection. Implemented for closures
@@ -264,7 +265,7 @@ where
             if !headers.contains_key("ratelimit") && !headers.contains_key("x-ratelimit-limit") {
                 this.headers.write(
                     headers,
-                    limited.policy.as_deref().unwrap_or("default"),
+                    limited.policy.as_deref().unwrap_or(DEFAULT_POLICY),
                     limited.quota.as_ref(),
                     0,
                     limited.retry_after,

@@ -3,8 +3,8 @@ use std::time::Duration;
 use http::StatusCode;
 
 use crate::error::{
-    AmbiguousKey, BoxError, CoolingDown, CostTooHigh, MissingKey, QueueFull, QueueTimeout,
-    RateLimited,
+    AmbiguousKey, BodyTooLarge, BodyUnreadable, BoxError, CoolingDown, CostTooHigh, MissingKey,
+    QueueFull, QueueTimeout, RateLimited,
 };
 
 /// One of this crate's refusals, found in a [`BoxError`]: what a response
@@ -27,6 +27,11 @@ pub enum Rejection<'a> {
     QueueTimeout(&'a QueueTimeout),
     /// An upstream cooldown is on.
     CoolingDown(&'a CoolingDown),
+    /// The request body is longer than a
+    /// [`BufferBodyLayer`](crate::buffer::BufferBodyLayer) reads.
+    BodyTooLarge(&'a BodyTooLarge),
+    /// The request body could not be read whole.
+    BodyUnreadable(&'a BodyUnreadable),
 }
 
 impl<'a> Rejection<'a> {
@@ -51,20 +56,29 @@ impl<'a> Rejection<'a> {
         if let Some(x) = e.downcast_ref() {
             return Some(Self::AmbiguousKey(x));
         }
+        if let Some(x) = e.downcast_ref() {
+            return Some(Self::BodyTooLarge(x));
+        }
+        if let Some(x) = e.downcast_ref() {
+            return Some(Self::BodyUnreadable(x));
+        }
         e.downcast_ref().map(Self::MissingKey)
     }
 
     /// The status a server answers with: 429 for a rate limit, 503 for a
     /// full queue, a queue timeout or a cooldown, 413 for a request that can
-    /// never fit, 400 for one without a key or with an ambiguous one.
+    /// never fit or a body over the limit, 400 for one without a key, with an
+    /// ambiguous one, or with a body that could not be read.
     pub fn status(&self) -> StatusCode {
         match self {
             Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::QueueFull(_) | Self::QueueTimeout(_) | Self::CoolingDown(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            Self::CostTooHigh(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::MissingKey(_) | Self::AmbiguousKey(_) => StatusCode::BAD_REQUEST,
+            Self::CostTooHigh(_) | Self::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::MissingKey(_) | Self::AmbiguousKey(_) | Self::BodyUnreadable(_) => {
+                StatusCode::BAD_REQUEST
+            }
         }
     }
 
@@ -87,6 +101,8 @@ impl<'a> Rejection<'a> {
             Self::QueueFull(_) => "queue_full",
             Self::QueueTimeout(_) => "queue_timeout",
             Self::CoolingDown(_) => "cooling_down",
+            Self::BodyTooLarge(_) => "body_too_large",
+            Self::BodyUnreadable(_) => "bad_body",
         }
     }
 
@@ -100,6 +116,8 @@ impl<'a> Rejection<'a> {
             Self::QueueFull(e) => e.to_string(),
             Self::QueueTimeout(e) => e.to_string(),
             Self::CoolingDown(e) => e.to_string(),
+            Self::BodyTooLarge(e) => e.to_string(),
+            Self::BodyUnreadable(e) => e.to_string(),
         }
     }
 }

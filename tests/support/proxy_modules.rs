@@ -26,6 +26,12 @@ macro_rules! proxy_modules {
         #[path = "../examples/proxy/gateway.rs"]
         mod gateway;
         #[allow(dead_code)]
+        #[path = "../examples/proxy/live.rs"]
+        mod live;
+        #[allow(dead_code)]
+        #[path = "../examples/proxy/operator.rs"]
+        mod operator;
+        #[allow(dead_code)]
         #[path = "../examples/proxy/reload.rs"]
         mod reload;
         #[allow(dead_code)]

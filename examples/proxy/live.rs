@@ -1,0 +1,63 @@
+//! Every setting of the stateful layers live: what a configuration says
+//! about the rate limiter, the concurrency permits and the backoff table,
+//! applied through their handles at start and on every reload, and the
+//! master switch.
+//!
+//! The client stack itself (waits, queue limits, `release_at_headers`,
+//! identity rules, timeouts) is rebuilt on each reload around the same
+//! stateful layers (see `gateway::build`); what lives in those layers'
+//! state is changed here, without losing it: spent capacity stays spent,
+//! requests in flight keep their permits, cooling routes keep cooling.
+
+use tower_throttle::error::ConfigError;
+use tower_throttle::rate_limit::Limits;
+
+use crate::config::Settings;
+use crate::gateway::Handles;
+
+/// Concurrency without a `[concurrency]` section: the layer still counts
+/// requests in flight per route, it just never makes one wait.
+pub const UNLIMITED: usize = 1 << 30;
+
+/// The master switch: top-level `enabled` in the file, on unless it says
+/// `false`. Off, every layer passes every request untouched.
+pub fn enabled(settings: &Settings) -> bool {
+    settings.file.enabled != Some(false)
+}
+
+/// Requests in flight per route that `settings` allow.
+pub fn max_in_flight(settings: &Settings) -> usize {
+    match &settings.file.concurrency {
+        Some(c) => usize::try_from(c.max_in_flight).unwrap_or(1).max(1),
+        None => UNLIMITED,
+    }
+}
+
+/// Apply `settings` to the stateful layers. The settings were checked
+/// whole when they were read (`Settings::check`), so nothing here fails in
+/// practice; the one step that could (rate-limit rule names) goes first and
+/// changes nothing when it does.
+pub fn apply(handles: &Handles, settings: &Settings) -> Result<(), ConfigError> {
+    let on = enabled(settings);
+    let mut limits: Limits = settings.stack.rate_limit.clone().unwrap_or_default();
+    // Off overrides the section's own switch; on, the section decides.
+    limits.enabled &= on;
+    handles
+        .rate
+        .apply(&limits)
+        .map_err(|e| e.within("rate_limit"))?;
+    handles
+        .concurrency
+        .set_max_in_flight(max_in_flight(settings))
+        .map_err(|e| e.within("concurrency"))?;
+    handles.concurrency.set_enabled(on);
+    settings
+        .stack
+        .backoff
+        .clone()
+        .unwrap_or_default()
+        .apply_to(&handles.backoff)
+        .map_err(|e| e.within("backoff"))?;
+    handles.backoff.set_enabled(on);
+    Ok(())
+}
