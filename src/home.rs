@@ -44,6 +44,16 @@ impl<T> Home<T> {
         if Arc::strong_count(&self.users) == 1 {
             self.cell.store(next.clone());
         } else {
+            // Handles taken so far keep controlling the clones and services
+            // made before; say so once, as a builder called after the
+            // layer was used is rarely meant.
+            if Arc::strong_count(&self.cell) > Arc::strong_count(&self.users) {
+                tracing::warn!(
+                    "a layer was rebuilt after it was cloned or used: handles taken before \
+                     control the earlier services, not the rebuilt layer's; take handles \
+                     after the last builder call"
+                );
+            }
             *self = Self::new(next);
         }
     }

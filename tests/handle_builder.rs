@@ -68,6 +68,34 @@ async fn a_rate_limit_handle_taken_before_the_builder_controls_the_built_service
         .expect("retuned");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_retune_through_a_handle_taken_before_the_builder_is_kept_by_it() {
+    let layer = RateLimitLayer::new(Quota::per_second(100).expect("valid"), key());
+    let handle = layer.handle();
+    handle
+        .retune(vec![Quota::per_second(1).expect("valid")], Vec::new())
+        .expect("valid");
+    // Builder calls after the retune rebuild the limiter; they keep it.
+    let layer = layer.with_key_stats(10).with_clock(TokioClock);
+    assert_eq!(
+        handle.config().0,
+        vec![Quota::per_second(1).expect("valid")]
+    );
+    let layer = layer.with_quota(Quota::per_minute(100).expect("valid"));
+    assert_eq!(
+        handle.config().0.len(),
+        2,
+        "the retuned quota and the added one"
+    );
+    let svc = layer.layer(Inner::new());
+    svc.clone()
+        .oneshot(request("alice", 0))
+        .await
+        .expect("admitted");
+    let refused = svc.clone().oneshot(request("alice", 1)).await;
+    assert!(refused.is_err(), "1 a second, as retuned");
+}
+
 #[test]
 fn a_concurrency_handle_taken_before_with_key_stats_controls_the_built_services() {
     let layer = ConcurrencyLayer::new(2, key()).expect("valid");

@@ -157,13 +157,15 @@ pub async fn run(
     // 3. Without the gateway's rate limit, the simulator's own refuses.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let rate = &gateway.handles().rate;
+    // Put back as found: the configuration's master switch may have it off.
+    let was_enabled = rate.is_enabled();
     rate.set_enabled(false);
     let over = burst(&client, url, "rate limit off", "sim-large", 8).await;
     let (cooling, other) = tokio::join!(
         burst(&client, url, "while cooling", "sim-large", 3),
         burst(&client, url, "while cooling", "sim-small", 3),
     );
-    rate.set_enabled(true);
+    rate.set_enabled(was_enabled);
     report.batches.extend([over, cooling, other]);
     snap("after the cooldown", &mut report);
 

@@ -5,12 +5,11 @@ use std::task::{Context, Poll, ready};
 
 use http::request::Parts;
 use http_body::Body;
-use http_body_util::combinators::Collect;
-use http_body_util::{LengthLimitError, Limited};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::body::BufferedBody;
+use super::read::{ReadBody, ReadError};
 use crate::error::{BodyTooLarge, BodyUnreadable, BoxError};
 use crate::redact::Escaped;
 
@@ -38,7 +37,7 @@ pin_project! {
     {
         Reading {
             #[pin]
-            collect: Collect<Limited<B>>,
+            read: ReadBody<B>,
             parts: Option<Parts>,
             inner: Option<S>,
             max_bytes: usize,
@@ -63,15 +62,10 @@ where
     B::Error: Into<BoxError>,
     S: Service<http::Request<BufferedBody>>,
 {
-    pub(crate) fn reading(
-        collect: Collect<Limited<B>>,
-        parts: Parts,
-        inner: S,
-        max_bytes: usize,
-    ) -> Self {
+    pub(crate) fn reading(read: ReadBody<B>, parts: Parts, inner: S, max_bytes: usize) -> Self {
         Self {
             state: State::Reading {
-                collect,
+                read,
                 parts: Some(parts),
                 inner: Some(inner),
                 max_bytes,
@@ -99,22 +93,22 @@ where
         loop {
             let next = match self.as_mut().project().state.project() {
                 StateProj::Reading {
-                    collect,
+                    read,
                     parts,
                     inner,
                     max_bytes,
                 } => {
-                    let read = ready!(collect.poll(cx));
+                    let read = ready!(read.poll(cx));
                     match (read, parts.take(), inner.take()) {
-                        (Ok(collected), Some(parts), Some(inner)) => {
-                            let body = BufferedBody::new(collected.to_bytes());
+                        (Ok(bytes), Some(parts), Some(inner)) => {
+                            let body = BufferedBody::new(bytes);
                             State::Ready {
                                 inner,
                                 req: Some(http::Request::from_parts(parts, body)),
                             }
                         }
                         (Err(error), _, _) => State::Failed {
-                            error: Some(refusal(&error, *max_bytes)),
+                            error: Some(refusal(error, *max_bytes)),
                         },
                         _ => State::Failed { error: None },
                     }
@@ -147,11 +141,14 @@ where
 
 /// The error for a body that could not be read whole: over the limit, or
 /// broken off.
-fn refusal(error: &BoxError, max_bytes: usize) -> BoxError {
-    if error.is::<LengthLimitError>() {
-        tracing::debug!(max_bytes, "buffer: body longer than the limit");
-        return Box::new(BodyTooLarge::new(max_bytes));
-    }
+fn refusal(error: ReadError, max_bytes: usize) -> BoxError {
+    let error = match error {
+        ReadError::TooLarge => {
+            tracing::debug!(max_bytes, "buffer: body longer than the limit");
+            return Box::new(BodyTooLarge::new(max_bytes));
+        }
+        ReadError::Body(error) => error,
+    };
     // The transport's words, escaped: never the body itself.
     tracing::debug!(error = %Escaped(&error.to_string()), "buffer: body could not be read");
     Box::new(BodyUnreadable::new())

@@ -2,12 +2,12 @@ use std::fmt;
 use std::task::{Context, Poll};
 
 use http_body::Body;
-use http_body_util::{BodyExt, Limited};
 use tower_layer::Layer;
 use tower_service::Service;
 
 use super::body::BufferedBody;
 use super::future::ResponseFuture;
+use super::read::ReadBody;
 use crate::error::{BodyTooLarge, BoxError};
 
 /// Reads each request's body into memory, up to `max_bytes`, before the
@@ -137,7 +137,7 @@ where
         // ready again.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let collect = Limited::new(body, self.max_bytes).collect();
-        ResponseFuture::reading(collect, parts, inner, self.max_bytes)
+        let read = ReadBody::new(body, self.max_bytes);
+        ResponseFuture::reading(read, parts, inner, self.max_bytes)
     }
 }

@@ -50,6 +50,7 @@
 mod body;
 mod future;
 mod layer;
+mod read;
 
 pub use body::BufferedBody;
 pub use future::ResponseFuture;

@@ -121,8 +121,16 @@ impl<X> RateLimitLayer<X> {
 }
 
 impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
+    /// Take the quotas and rules in force into the setup: a handle taken
+    /// earlier may have retuned them, and a rebuild must not undo that.
+    fn sync_setup(&mut self) {
+        let (default, rules) = self.shared.limiter.config();
+        self.setup.default = default;
+        self.setup.rules = rules;
+    }
+
     /// Build the limiter again from the setup, whose rule names are
-    /// already checked.
+    /// already checked (callers [sync](Self::sync_setup) it first).
     fn rebuild(mut self) -> Self {
         let setup = &self.setup;
         let limiter = Limiter::new(
@@ -147,6 +155,7 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
     /// A request is admitted only when every quota admits it; a refusal by
     /// one consumes nothing from the others.
     pub fn with_quota(mut self, quota: Quota) -> Self {
+        self.sync_setup();
         self.setup.default.push(quota);
         self.rebuild()
     }
@@ -154,6 +163,7 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
     /// Give the keys `rule` matches its quotas instead of the default ones.
     /// A second rule with the same name is an error.
     pub fn with_rule(mut self, rule: Rule) -> Result<Self, ConfigError> {
+        self.sync_setup();
         self.setup.rules.push(rule);
         check_names(&self.setup.rules)?;
         Ok(self.rebuild())
@@ -163,6 +173,7 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
     /// (the aggregate is always counted). Keys beyond that are added up as
     /// one entry, [`OTHER_KEYS`](crate::stats::OTHER_KEYS).
     pub fn with_key_stats(mut self, max_keys: usize) -> Self {
+        self.sync_setup();
         self.setup.key_stats = KeyTracking::up_to(max_keys);
         self.rebuild()
     }
@@ -194,6 +205,7 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
         max_keys: usize,
         filter: impl Fn(&str) -> bool + Send + Sync + 'static,
     ) -> Self {
+        self.sync_setup();
         self.setup.key_stats = KeyTracking::filtered(max_keys, filter);
         self.rebuild()
     }
@@ -203,6 +215,7 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
     /// [`TokioClock`](crate::clock::TokioClock) with the `test-util`
     /// feature; see [`clock`](crate::clock)).
     pub fn with_clock(mut self, clock: impl Clock) -> Self {
+        self.sync_setup();
         self.setup.clock = ClockSource::of(clock);
         self.rebuild()
     }
