@@ -431,6 +431,19 @@ impl<V: Idle, P: Clone> Store<V, P> {
         }
     }
 
+    /// Drop every state, idle or not, shard by shard, and give the memory
+    /// back.
+    pub(crate) fn clear(&self) {
+        for shard in self.shards.iter() {
+            let mut shard = shard.0.lock();
+            shard.map = Map::default();
+            shard.sweep_at_len = MIN_SWEEP_LEN;
+        }
+        if let Some(pinned) = &self.pinned {
+            pinned.cell.lock().state = None;
+        }
+    }
+
     /// Drop every idle state now; returns how many were dropped.
     pub(crate) fn evict_idle(&self, now: Nanos) -> usize {
         let pinned = self.pinned.as_ref().map_or(0, |pinned| {

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use super::algorithm::Grant;
 use super::lines::{Lines, turn_for};
 use super::policy::{Compiled, Policy};
-use super::quota::{Algorithm as Kind, Quota};
+use super::quota::Quota;
 use super::rule::{Rule, check_names};
 use super::table::{Ask, Held, One, Table};
 use crate::clock::{ClockSource, Nanos, Timeline};
@@ -25,7 +25,11 @@ use crate::redact::Quoted;
 use crate::stats::{Event, KeyTracking, Stats};
 use crate::store::{Idle, Store, Tidy};
 
+mod joint;
 mod peek;
+mod settle;
+
+pub(crate) use joint::{Entrant, JointDecision, acquire_joint};
 
 /// Capacity booked on one key: enough to give it back.
 #[derive(Clone, Debug)]
@@ -202,6 +206,9 @@ fn judge(
 }
 
 pub(crate) struct Limiter {
+    /// Unique among the limiters of a process: the order in which a joint
+    /// admission locks the states of several limiters.
+    id: u64,
     timeline: Timeline,
     seed: KeySeed,
     policy: ArcSwap<Policy>,
@@ -254,7 +261,9 @@ impl Limiter {
             seed.global(),
             &|_| {},
         );
+        static IDS: AtomicU64 = AtomicU64::new(0);
         Self {
+            id: IDS.fetch_add(1, Ordering::Relaxed),
             timeline,
             seed,
             policy: ArcSwap::from_pointee(policy),
@@ -272,6 +281,11 @@ impl Limiter {
     #[inline]
     pub(crate) fn seed(&self) -> &KeySeed {
         &self.seed
+    }
+
+    /// See [`Limiter::id`](Self).
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     /// The policy in force, refreshing `cached` if a retune replaced it:
@@ -549,28 +563,6 @@ impl Limiter {
         index
     }
 
-    /// Give a ticket's capacity back: the request did not count
-    /// (`cancel == false`) or left the queue before its turn.
-    pub(crate) fn give_back(&self, ticket: &Ticket, cancel: bool) {
-        let policy = self.policy.load();
-        // After a retune the ticket's tables may be gone or retuned; keeping
-        // the capacity spent is the safe side.
-        if policy.generation != ticket.generation {
-            return;
-        }
-        let Some(rule) = policy.compiled.get(ticket.rule as usize) else {
-            return;
-        };
-        let now = self.timeline.now();
-        for (table, grant) in rule.tables.iter().zip(&ticket.grants) {
-            if cancel {
-                table.cancel(ticket.key, now, grant);
-            } else {
-                table.refund(ticket.key, now, grant);
-            }
-        }
-    }
-
     /// Replace the default quotas and the rules. Keys keep what they have
     /// spent: a quota that stays in place is retuned without minting
     /// capacity, and a key whose rule changes starts the new one spent.
@@ -633,32 +625,6 @@ impl Limiter {
             if first || raised {
                 for table in fresh {
                     table.fill_until(key, floor);
-                }
-            }
-        }
-    }
-
-    /// Forget `key`'s state in every quota (`turns_only`: in turn budgets
-    /// only, which starts the key's new turn).
-    pub(crate) fn forget(&self, key: KeyHash, turns_only: bool) {
-        let policy = self.policy.load();
-        // Both take effect at once, whatever a retune left; but a new turn
-        // refills turn budgets only, and the floor may be all that keeps
-        // the key's other quotas in order.
-        let only_turns = || {
-            policy
-                .compiled
-                .iter()
-                .flat_map(|c| &c.quotas)
-                .all(|q| q.algorithm() == Kind::TurnBudget)
-        };
-        if !turns_only || only_turns() {
-            self.lines.lift(key);
-        }
-        for rule in &policy.compiled {
-            for (quota, table) in rule.quotas.iter().zip(&rule.tables) {
-                if !turns_only || quota.algorithm() == Kind::TurnBudget {
-                    table.forget(key);
                 }
             }
         }

@@ -43,6 +43,7 @@ mod algorithm;
 mod config;
 mod future;
 mod handle;
+mod joint;
 mod layer;
 mod limiter;
 mod lines;
@@ -56,6 +57,7 @@ pub use accounting::{Annotate, Cost, CountAll, CountUnlessRefused, Counts, NoAnn
 pub use config::{Ignored, Limits, QuotaConfig, RateLimitConfig, RuleConfig};
 pub use future::ResponseFuture;
 pub use handle::RateLimitHandle;
+pub use joint::{JointRateLimit, JointRateLimitLayer, JointResponseFuture};
 pub use layer::RateLimitLayer;
 pub use limiter::RateLimitInfo;
 pub use policy::DEFAULT_POLICY;

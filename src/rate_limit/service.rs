@@ -11,6 +11,7 @@ use super::future::{After, Booking, Refund, ResponseFuture};
 use super::handle::RateLimitHandle;
 use super::limiter::{Decision, Limiter, RateLimitInfo, Want};
 use super::policy::Policy;
+use super::quota::Quota;
 use crate::clock::Nanos;
 use crate::error::{BoxError, CostTooHigh, KeyError, RateLimited};
 use crate::home::Home;
@@ -29,6 +30,10 @@ pub(crate) struct Shared<X, F, A, H> {
     /// In nanoseconds, converted once.
     pub(crate) max_wait: Nanos,
     pub(crate) fallback: Option<(KeyHash, Arc<str>)>,
+    /// Named in its refusals (see [`RateLimited::limit`]).
+    pub(crate) name: Option<Arc<str>>,
+    /// No refusal says to retry sooner than this.
+    pub(crate) retry_floor: Duration,
 }
 
 impl<X, F: Clone, A: Clone, H: Clone> Clone for Shared<X, F, A, H> {
@@ -42,6 +47,8 @@ impl<X, F: Clone, A: Clone, H: Clone> Clone for Shared<X, F, A, H> {
             annotate: self.annotate.clone(),
             max_wait: self.max_wait,
             fallback: self.fallback.clone(),
+            name: self.name.clone(),
+            retry_floor: self.retry_floor,
         }
     }
 }
@@ -56,13 +63,50 @@ impl<X, F, A, H> fmt::Debug for Shared<X, F, A, H> {
             .field("annotate", &std::any::type_name::<H>())
             .field("max_wait", &Duration::from_nanos(self.max_wait))
             .field("fallback", &self.fallback.as_ref().map(|(_, key)| key))
+            .field("name", &self.name)
+            .field("retry_floor", &self.retry_floor)
             .finish()
     }
 }
 
 impl<X, F, A, H> Shared<X, F, A, H> {
+    /// The key of `req`: extracted, or the fallback key when it has none.
+    #[inline]
+    pub(crate) fn key<R>(&self, req: &R) -> Result<KeyHash, BoxError>
+    where
+        X: KeyExtractor<R>,
+    {
+        match self.limiter.seed().hash(&*self.extractor, req) {
+            Ok(key) => Ok(key),
+            // Only a missing key takes the fallback; an ambiguous one is
+            // refused.
+            Err(e) => match (&e, &self.fallback) {
+                (KeyError::Missing(_), Some((key, _))) => Ok(*key),
+                _ => Err(no_key(e)),
+            },
+        }
+    }
+
+    /// The refusal of a request on the key `texts` shows, waiting `wait`
+    /// (raised to the retry floor) under `quota` of rule `policy`.
+    pub(crate) fn refusal(
+        &self,
+        key: String,
+        wait: Duration,
+        quota: Quota,
+        policy: &str,
+    ) -> RateLimited {
+        let retry_after = wait.max(self.retry_floor);
+        tracing::debug!(key = %Quoted(&key), ?retry_after, "rate limit: refused");
+        let refused = RateLimited::new(key, retry_after).with_quota(quota, policy);
+        match &self.name {
+            Some(name) => refused.with_limit(&**name),
+            None => refused,
+        }
+    }
+
     /// The texts of `req`'s key parts, for rule lookup, errors and logs.
-    fn key_texts<R>(&self, req: &R) -> KeyTexts
+    pub(crate) fn key_texts<R>(&self, req: &R) -> KeyTexts
     where
         X: KeyExtractor<R>,
     {
@@ -164,14 +208,9 @@ where
             // Switched off: not even the key is looked at.
             return ResponseFuture::go(self.inner.call(req));
         }
-        let key = match shared.limiter.seed().hash(&*shared.extractor, &req) {
+        let key = match shared.key(&req) {
             Ok(key) => key,
-            // Only a missing key takes the fallback; an ambiguous one is
-            // refused.
-            Err(e) => match (&e, &shared.fallback) {
-                (KeyError::Missing(_), Some((key, _))) => *key,
-                _ => return ResponseFuture::failed(no_key(e)),
-            },
+            Err(e) => return ResponseFuture::failed(e),
         };
         let cost = shared.cost.cost(&req);
         let want = Want {
@@ -268,11 +307,12 @@ impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
                 ResponseFuture::waiting(until, due, inner, req, booking, after)
             }
             Decision::Denied(denied) => {
-                let key = texts().label();
-                let retry_after = denied.retry_after;
-                tracing::debug!(key = %Quoted(&key), ?retry_after, "rate limit: refused");
-                let refused =
-                    RateLimited::new(key, retry_after).with_quota(denied.quota, &*denied.policy);
+                let refused = shared.refusal(
+                    texts().label(),
+                    denied.retry_after,
+                    denied.quota,
+                    &denied.policy,
+                );
                 ResponseFuture::failed(Box::new(refused))
             }
             Decision::TooCostly { capacity } => {

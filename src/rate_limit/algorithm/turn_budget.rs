@@ -1,6 +1,8 @@
 //! Budget per turn: at most N admissions per key until the key's turn ends,
 //! by an explicit `new_turn` or by going stale.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use super::{Algorithm, Grant};
 use crate::clock::Nanos;
 use crate::store::Idle;
@@ -12,6 +14,18 @@ pub(crate) struct Turn {
     used: u32,
     /// A turn with nothing used has not started; only `used > 0` counts.
     stale_at: Nanos,
+    /// Which turn this is (see [`next_serial`]); 0 for none.
+    serial: u64,
+}
+
+/// A number no other turn has had: what a grant names its turn by. The
+/// instant a turn started does not tell turns apart: a new turn (the key's
+/// state forgotten) can start at the very instant the last one did (paused
+/// time, a coarse clock), and a refund from the old turn would then free
+/// a unit of the new one. Taken once per turn, not per request.
+fn next_serial() -> u64 {
+    static SERIALS: AtomicU64 = AtomicU64::new(1);
+    SERIALS.fetch_add(1, Ordering::Relaxed)
 }
 
 impl Idle for Turn {
@@ -60,6 +74,7 @@ impl Algorithm for TurnBudget {
                 started: at,
                 used: cost,
                 stale_at: at.saturating_add(self.stale_after),
+                serial: next_serial(),
             };
         } else {
             turn.used = turn.used.saturating_add(cost);
@@ -67,18 +82,22 @@ impl Algorithm for TurnBudget {
         Grant {
             at,
             cost,
-            mark: turn.started,
+            mark: turn.serial,
         }
     }
 
-    fn refund(&self, turn: &mut Turn, _now: Nanos, grant: &Grant) {
-        if turn.started == grant.mark {
+    fn refund(&self, turn: &mut Turn, _now: Nanos, grant: &Grant, _waiting: bool) {
+        // Into the turn it was taken from only. A later turn (this key's
+        // new turn, or one a waiter opened) has its own budget; the old
+        // turn's unit could only be used by going before that turn's
+        // bookings.
+        if turn.serial == grant.mark {
             turn.used = turn.used.saturating_sub(grant.cost);
         }
     }
 
     fn cancel(&self, turn: &mut Turn, now: Nanos, grant: &Grant) {
-        self.refund(turn, now, grant);
+        self.refund(turn, now, grant, false);
     }
 
     fn retune(&self, _old: &Self, _turn: &mut Turn, _now: Nanos) {
@@ -98,6 +117,7 @@ impl Algorithm for TurnBudget {
                 started: at,
                 used: self.limit,
                 stale_at: at.saturating_add(self.stale_after),
+                serial: next_serial(),
             };
         } else {
             // The turn running at `at` is used up; it ends as it would have.
