@@ -6,7 +6,8 @@
 //! its key's limit is refused before the inner service is called, with the
 //! exact time until the key would admit it
 //! ([`RateLimited::retry_after`](crate::error::RateLimited)); or, in wait
-//! mode, it waits for its turn in strict arrival order.
+//! mode, it waits for its turn in strict arrival order. Several limits, each
+//! on its own key, are judged as one by a [`JointRateLimitLayer`].
 //!
 //! ```
 //! use tower::{Service, ServiceExt};
