@@ -160,6 +160,25 @@ async fn the_first_limit_given_that_refuses_is_reported_with_the_longest_floored
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_wait_reported_is_the_longest_of_all_refusals_each_raised_to_its_floor() {
+    let (turns, pairs) = limits(2);
+    let mut svc = JointRateLimitLayer::new(pairs)
+        .unwrap()
+        .and(turns)
+        .unwrap()
+        .layer(Deliver::default());
+    send(&mut svc, msg("a", "x")).await.unwrap(); // a's turn starts
+    time::advance(Duration::from_secs(293)).await;
+    send(&mut svc, msg("a", "b")).await.unwrap(); // and is used up
+    time::advance(Duration::from_secs(5)).await;
+    // The pair waits 5 s more, the turn 2 s: the pair is reported, but
+    // the turn's 2 s is raised to its floor, 10 s, the longest.
+    let refused = refusal(send(&mut svc, msg("a", "b")).await);
+    assert_eq!(refused.limit.as_deref(), Some("pair"));
+    assert_eq!(refused.retry_after, INTERVAL);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_delivery_that_does_not_count_gives_back_what_it_took_in_every_limit() {
     let (turns, pairs) = limits(2);
     let joint = JointRateLimitLayer::new(turns)
