@@ -101,8 +101,7 @@ impl<X> RateLimitLayer<X> {
                 annotate: NoAnnotation,
                 max_wait: 0,
                 fallback: None,
-                name: None,
-                retry_floor: Duration::ZERO,
+                refusals: None,
             },
             setup,
         }
@@ -228,7 +227,7 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
     /// can tell which of several limits said no (stacked layers, or the
     /// parts of a [`JointRateLimitLayer`](super::JointRateLimitLayer)).
     pub fn with_name(mut self, name: impl Into<String>) -> Self {
-        self.shared.name = Some(Arc::from(name.into()));
+        self.shared.refusals_mut().name = Some(Arc::from(name.into()));
         self
     }
 
@@ -265,7 +264,7 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
     /// # }
     /// ```
     pub fn with_retry_floor(mut self, floor: Duration) -> Self {
-        self.shared.retry_floor = floor;
+        self.shared.refusals_mut().retry_floor = floor;
         self
     }
 
@@ -300,8 +299,7 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
                 annotate: s.annotate,
                 max_wait: s.max_wait,
                 fallback: s.fallback,
-                name: s.name,
-                retry_floor: s.retry_floor,
+                refusals: s.refusals,
             },
             setup: self.setup,
         }
@@ -321,8 +319,7 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
                 annotate: s.annotate,
                 max_wait: s.max_wait,
                 fallback: s.fallback,
-                name: s.name,
-                retry_floor: s.retry_floor,
+                refusals: s.refusals,
             },
             setup: self.setup,
         }
@@ -343,8 +340,7 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
                 annotate,
                 max_wait: s.max_wait,
                 fallback: s.fallback,
-                name: s.name,
-                retry_floor: s.retry_floor,
+                refusals: s.refusals,
             },
             setup: self.setup,
         }

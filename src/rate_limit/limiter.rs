@@ -206,9 +206,6 @@ fn judge(
 }
 
 pub(crate) struct Limiter {
-    /// Unique among the limiters of a process: the order in which a joint
-    /// admission locks the states of several limiters.
-    id: u64,
     timeline: Timeline,
     seed: KeySeed,
     policy: ArcSwap<Policy>,
@@ -261,9 +258,7 @@ impl Limiter {
             seed.global(),
             &|_| {},
         );
-        static IDS: AtomicU64 = AtomicU64::new(0);
         Self {
-            id: IDS.fetch_add(1, Ordering::Relaxed),
             timeline,
             seed,
             policy: ArcSwap::from_pointee(policy),
@@ -283,9 +278,11 @@ impl Limiter {
         &self.seed
     }
 
-    /// See [`Limiter::id`](Self).
-    pub(crate) fn id(&self) -> u64 {
-        self.id
+    /// Where this limiter lives: unique among the limiters alive (each is
+    /// in an `Arc` of its own, and does not move), and the order in which a
+    /// joint admission locks the states of several limiters.
+    pub(crate) fn id(&self) -> usize {
+        std::ptr::from_ref(self) as usize
     }
 
     /// The policy in force, refreshing `cached` if a retune replaced it:

@@ -30,6 +30,14 @@ pub(crate) struct Shared<X, F, A, H> {
     /// In nanoseconds, converted once.
     pub(crate) max_wait: Nanos,
     pub(crate) fallback: Option<(KeyHash, Arc<str>)>,
+    /// What its refusals say besides the wait, when set: one pointer, out
+    /// of the way of what every request reads.
+    pub(crate) refusals: Option<Arc<Refusals>>,
+}
+
+/// What a layer's refusals say besides the wait.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Refusals {
     /// Named in its refusals (see [`RateLimited::limit`]).
     pub(crate) name: Option<Arc<str>>,
     /// No refusal says to retry sooner than this.
@@ -47,8 +55,7 @@ impl<X, F: Clone, A: Clone, H: Clone> Clone for Shared<X, F, A, H> {
             annotate: self.annotate.clone(),
             max_wait: self.max_wait,
             fallback: self.fallback.clone(),
-            name: self.name.clone(),
-            retry_floor: self.retry_floor,
+            refusals: self.refusals.clone(),
         }
     }
 }
@@ -63,8 +70,7 @@ impl<X, F, A, H> fmt::Debug for Shared<X, F, A, H> {
             .field("annotate", &std::any::type_name::<H>())
             .field("max_wait", &Duration::from_nanos(self.max_wait))
             .field("fallback", &self.fallback.as_ref().map(|(_, key)| key))
-            .field("name", &self.name)
-            .field("retry_floor", &self.retry_floor)
+            .field("refusals", &self.refusals)
             .finish()
     }
 }
@@ -96,13 +102,23 @@ impl<X, F, A, H> Shared<X, F, A, H> {
         quota: Quota,
         policy: &str,
     ) -> RateLimited {
-        let retry_after = wait.max(self.retry_floor);
+        let retry_after = wait.max(self.retry_floor());
         tracing::debug!(key = %Quoted(&key), ?retry_after, "rate limit: refused");
         let refused = RateLimited::new(key, retry_after).with_quota(quota, policy);
-        match &self.name {
+        match self.refusals.as_ref().and_then(|r| r.name.as_ref()) {
             Some(name) => refused.with_limit(&**name),
             None => refused,
         }
+    }
+
+    /// No refusal says to retry sooner than this.
+    pub(crate) fn retry_floor(&self) -> Duration {
+        self.refusals.as_ref().map_or(Duration::ZERO, |r| r.retry_floor)
+    }
+
+    /// What refusals say, to change it.
+    pub(crate) fn refusals_mut(&mut self) -> &mut Refusals {
+        Arc::make_mut(self.refusals.get_or_insert_with(Default::default))
     }
 
     /// The texts of `req`'s key parts, for rule lookup, errors and logs.
@@ -208,9 +224,14 @@ where
             // Switched off: not even the key is looked at.
             return ResponseFuture::go(self.inner.call(req));
         }
-        let key = match shared.key(&req) {
+        let key = match shared.limiter.seed().hash(&*shared.extractor, &req) {
             Ok(key) => key,
-            Err(e) => return ResponseFuture::failed(e),
+            // Only a missing key takes the fallback; an ambiguous one is
+            // refused.
+            Err(e) => match (&e, &shared.fallback) {
+                (KeyError::Missing(_), Some((key, _))) => *key,
+                _ => return ResponseFuture::failed(no_key(e)),
+            },
         };
         let cost = shared.cost.cost(&req);
         let want = Want {

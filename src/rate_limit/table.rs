@@ -306,6 +306,20 @@ impl Table {
         each!(self, Table, |s| s.remove(key))
     }
 
+    /// A turn budget's new turn for `key`: forget its turn, after calling
+    /// `same_instant` under the key's lock if that turn started at `now` or
+    /// later (a new turn could then start at the very instant it did).
+    /// Other algorithms keep their state.
+    pub(crate) fn forget_turn(&self, key: KeyHash, now: Nanos, same_instant: &dyn Fn()) {
+        if let Self::TurnBudget(s) = self {
+            s.remove_after(key, |turn| {
+                if turn.started() >= now {
+                    same_instant();
+                }
+            });
+        }
+    }
+
     /// Forget every key's state.
     pub(crate) fn clear(&self) {
         each!(self, Table, |s| s.clear())

@@ -1,8 +1,6 @@
 //! Budget per turn: at most N admissions per key until the key's turn ends,
 //! by an explicit `new_turn` or by going stale.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use super::{Algorithm, Grant};
 use crate::clock::Nanos;
 use crate::store::Idle;
@@ -14,18 +12,13 @@ pub(crate) struct Turn {
     used: u32,
     /// A turn with nothing used has not started; only `used > 0` counts.
     stale_at: Nanos,
-    /// Which turn this is (see [`next_serial`]); 0 for none.
-    serial: u64,
 }
 
-/// A number no other turn has had: what a grant names its turn by. The
-/// instant a turn started does not tell turns apart: a new turn (the key's
-/// state forgotten) can start at the very instant the last one did (paused
-/// time, a coarse clock), and a refund from the old turn would then free
-/// a unit of the new one. Taken once per turn, not per request.
-fn next_serial() -> u64 {
-    static SERIALS: AtomicU64 = AtomicU64::new(1);
-    SERIALS.fetch_add(1, Ordering::Relaxed)
+impl Turn {
+    /// When the turn started (or starts, booked ahead by a waiter).
+    pub(crate) fn started(&self) -> Nanos {
+        self.started
+    }
 }
 
 impl Idle for Turn {
@@ -74,7 +67,6 @@ impl Algorithm for TurnBudget {
                 started: at,
                 used: cost,
                 stale_at: at.saturating_add(self.stale_after),
-                serial: next_serial(),
             };
         } else {
             turn.used = turn.used.saturating_add(cost);
@@ -82,16 +74,18 @@ impl Algorithm for TurnBudget {
         Grant {
             at,
             cost,
-            mark: turn.serial,
+            mark: turn.started,
         }
     }
 
     fn refund(&self, turn: &mut Turn, _now: Nanos, grant: &Grant, _waiting: bool) {
-        // Into the turn it was taken from only. A later turn (this key's
-        // new turn, or one a waiter opened) has its own budget; the old
+        // Into the turn it was taken from only: a later turn (the key's
+        // new turn, or one a waiter opened) has its own budget, and the old
         // turn's unit could only be used by going before that turn's
-        // bookings.
-        if turn.serial == grant.mark {
+        // bookings. A turn is named by the instant it started; a new turn
+        // that starts at the instant the forgotten one did is told apart by
+        // the limiter (see `Limiter::new_turn`).
+        if turn.started == grant.mark {
             turn.used = turn.used.saturating_sub(grant.cost);
         }
     }
@@ -117,7 +111,6 @@ impl Algorithm for TurnBudget {
                 started: at,
                 used: self.limit,
                 stale_at: at.saturating_add(self.stale_after),
-                serial: next_serial(),
             };
         } else {
             // The turn running at `at` is used up; it ends as it would have.

@@ -60,7 +60,7 @@ where
     }
 
     fn retry_floor(&self) -> Duration {
-        self.retry_floor
+        Shared::retry_floor(self)
     }
 
     fn refusal(&self, key: String, wait: Duration, quota: Quota, policy: &str) -> RateLimited {

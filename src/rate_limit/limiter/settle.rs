@@ -45,9 +45,21 @@ impl Limiter {
 
     /// Start `key`'s new turn: its turn budgets are full again, its other
     /// quotas untouched. A ticket from the old turn gives nothing back to
-    /// the new one (turns are told apart by serial, not by instant).
+    /// the new one.
+    ///
+    /// A grant names its turn by the instant the turn started, which tells
+    /// turns apart unless the new one starts at the very instant the old
+    /// one did (paused time, a coarse clock). When the turn forgotten
+    /// started now (or later, booked ahead), the generation moves on under
+    /// the key's lock, so no ticket from before gives anything back: this
+    /// key's, nor, as it happens, any other's (the safe side, and only at
+    /// such an instant). Out of the request path, which stays as it was.
     pub(crate) fn new_turn(&self, key: KeyHash) {
-        let policy = self.policy.load();
+        // One at a time with retunes and resets, which also move the
+        // generation on.
+        let _one_at_a_time = self.retuning.lock();
+        let now = self.timeline.now();
+        let policy = self.policy.load_full();
         // It takes effect at once, whatever a retune left; but it refills
         // turn budgets only, and the floor may be all that keeps the key's
         // other quotas in order.
@@ -59,12 +71,8 @@ impl Limiter {
         if only_turns {
             self.lines.lift(key);
         }
-        for rule in &policy.compiled {
-            for (quota, table) in rule.quotas.iter().zip(&rule.tables) {
-                if quota.algorithm() == Kind::TurnBudget {
-                    table.forget(key);
-                }
-            }
+        for table in policy.compiled.iter().flat_map(|c| &c.tables) {
+            table.forget_turn(key, now, &|| self.next_generation());
         }
     }
 
