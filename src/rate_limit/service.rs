@@ -113,7 +113,9 @@ impl<X, F, A, H> Shared<X, F, A, H> {
 
     /// No refusal says to retry sooner than this.
     pub(crate) fn retry_floor(&self) -> Duration {
-        self.refusals.as_ref().map_or(Duration::ZERO, |r| r.retry_floor)
+        self.refusals
+            .as_ref()
+            .map_or(Duration::ZERO, |r| r.retry_floor)
     }
 
     /// What refusals say, to change it.

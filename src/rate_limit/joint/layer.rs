@@ -32,8 +32,8 @@ use crate::rate_limit::accounting::{Cost, CountAll};
 ///   refused with [`CostTooHigh`](crate::error::CostTooHigh) before any
 ///   is judged.
 /// - **All or nothing.** The keys' states are held together while the
-///   request is judged, locked in a fixed order (the limiters' creation
-///   order, then their quotas' order), so two joint layers over the same
+///   request is judged, locked in a fixed order (by the limiters' places
+///   in memory, then their quotas' order), so two joint layers over the same
 ///   limits in any order cannot deadlock, and no request books in
 ///   between.
 /// - **Reject mode only.** A joint limit refuses at once: waiting in

@@ -3,7 +3,7 @@
 //!
 //! The keys' states are all held while the request is judged, so that no
 //! other request can book in between. They are locked limiter by limiter in
-//! the order of the limiters' ids (their creation order), and within one
+//! the order of the limiters' addresses (see [`Limiter::id`]), and within one
 //! limiter in the order of its quotas, as a one-limiter admission locks
 //! them: two joint admissions over the same limiters, listed in any order,
 //! lock in the same order and cannot deadlock. (A joint admission never
