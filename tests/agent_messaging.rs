@@ -440,6 +440,10 @@ fn projects_files_are_checked_field_by_field() {
             "projects[0].nodes[0].id",
         ),
         (
+            r#"{"projects":[{"id":"p","nodes":[{"id":"a"},{"id":"../b"}]}]}"#,
+            "projects[0].nodes[1].id",
+        ),
+        (
             r#"{"projects":[{"id":"p","nodes":[{"id":"a"},{"id":"a"}]}]}"#,
             "projects[0].nodes[1].id: node `a` is listed twice",
         ),
