@@ -56,6 +56,12 @@ pub struct RateLimited {
     /// ([`DEFAULT_POLICY`](crate::rate_limit::DEFAULT_POLICY), `(default)`, for
     /// the default quotas).
     pub policy: Option<String>,
+    /// The name of the limit that refused, when its layer has one
+    /// ([`with_name`](crate::rate_limit::RateLimitLayer::with_name)): which
+    /// of several limits (stacked, or judged together by a
+    /// [`JointRateLimitLayer`](crate::rate_limit::JointRateLimitLayer))
+    /// said no.
+    pub limit: Option<String>,
 }
 
 impl RateLimited {
@@ -66,6 +72,7 @@ impl RateLimited {
             retry_after,
             quota: None,
             policy: None,
+            limit: None,
         }
     }
 
@@ -75,16 +82,22 @@ impl RateLimited {
         self.policy = Some(policy.into());
         self
     }
+
+    /// The same refusal, naming the limit that refused.
+    pub fn with_limit(mut self, limit: impl Into<String>) -> Self {
+        self.limit = Some(limit.into());
+        self
+    }
 }
 
 impl fmt::Display for RateLimited {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "rate limited on key `{}`; retry after {}",
-            self.key,
-            Secs(self.retry_after)
-        )
+        write!(f, "rate limited on key `{}`", self.key)?;
+        if let Some(limit) = &self.limit {
+            // A name the program chose, but shown escaped like a key.
+            write!(f, " by limit `{}`", crate::redact::Escaped(limit))?;
+        }
+        write!(f, "; retry after {}", Secs(self.retry_after))
     }
 }
 

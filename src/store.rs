@@ -274,6 +274,23 @@ impl<V: Idle, P: Clone> Store<V, P> {
         }
     }
 
+    /// Forget `key`'s state, after `last` has looked at it (if it had one)
+    /// under the same lock.
+    pub(crate) fn remove_after(&self, key: KeyHash, last: impl FnOnce(&V)) {
+        if let Some(cell) = self.pinned(key) {
+            let mut cell = cell.lock();
+            if let Some(state) = cell.state.take() {
+                last(&state);
+            }
+            return;
+        }
+        let mut shard = self.shard(key).0.lock();
+        if let Some(state) = shard.map.get(&key.0) {
+            last(state);
+        }
+        shard.map.remove(&key.0);
+    }
+
     /// Forget `key`'s state.
     pub(crate) fn remove(&self, key: KeyHash) {
         if let Some(cell) = self.pinned(key) {
@@ -428,6 +445,19 @@ impl<V: Idle, P: Clone> Store<V, P> {
             self.round_due
                 .store(now.saturating_add(self.sweep_every), Ordering::Relaxed);
             self.cursor.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Drop every state, idle or not, shard by shard, and give the memory
+    /// back.
+    pub(crate) fn clear(&self) {
+        for shard in self.shards.iter() {
+            let mut shard = shard.0.lock();
+            shard.map = Map::default();
+            shard.sweep_at_len = MIN_SWEEP_LEN;
+        }
+        if let Some(pinned) = &self.pinned {
+            pinned.cell.lock().state = None;
         }
     }
 

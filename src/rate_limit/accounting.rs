@@ -39,9 +39,25 @@ where
 /// Whether an admitted request's outcome counts against the quota.
 ///
 /// Implemented for closures `Fn(&Result<Res, E>) -> bool`. When it answers
-/// `false` the request's capacity is given back, unless a later request is
-/// already queued behind it (giving back then would let a newcomer overtake
-/// the queue), in which case it stays spent.
+/// `false` the request gives back what it took, also when later requests
+/// were admitted on the key meanwhile, as far as that never lets more
+/// through than the quota:
+///
+/// - a token bucket gets back only what has not refilled since the request
+///   went (an answer slower than the refill gives back less, or nothing:
+///   those units came back by themselves, and later requests took them);
+/// - a window gets back the request's slot in the window it was counted
+///   in, a turn budget its unit in the turn it was taken from (a later
+///   window or turn has its own);
+/// - nothing comes back across a [reset](super::RateLimitHandle::reset) or
+///   a retune, which already start the key afresh.
+///
+/// With requests waiting on the key (wait mode), a sliding window's slot is
+/// given back exactly (newcomers still go after the waiters); a token
+/// bucket's stays spent, since its one number cannot tell how much of it
+/// the waiters' bookings already absorbed (with a burst of 1, a waiter
+/// booked at the instant the unit comes back has taken it whole), and a
+/// newcomer may not go before them.
 pub trait Counts<Res, E>: Clone + Send + Sync + 'static {
     /// True when this outcome used up quota.
     fn counts(&self, outcome: &Result<Res, E>) -> bool;

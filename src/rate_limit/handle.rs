@@ -117,17 +117,44 @@ impl RateLimitHandle {
         self.cell.load().config()
     }
 
-    /// Forget everything the key with these parts has spent, in every quota.
+    /// Forget everything the key with these parts has spent, in every
+    /// quota. It takes effect at once: requests already waiting keep their
+    /// booked instants, and newcomers do not queue behind them. A request
+    /// admitted before the reset whose outcome then does not count (see
+    /// [`count_only`](super::RateLimitLayer::count_only)) gives nothing
+    /// back: the reset already did, and a refund now could free what a
+    /// request admitted since has taken.
     pub fn reset<S: AsRef<str>>(&self, parts: &[S]) {
         let limiter = self.cell.load();
-        limiter.forget(limiter.seed().hash_parts(parts), false);
+        limiter.reset(Some(limiter.seed().hash_parts(parts)));
+    }
+
+    /// Forget what every key has spent, in every quota, as
+    /// [`reset`](Self::reset) does for one key: all flow state starts
+    /// afresh, and the memory it held is given back. The counters are kept
+    /// ([`reset_stats`](Self::reset_stats) zeroes them).
+    ///
+    /// ```
+    /// use tower_throttle::key::HeaderKey;
+    /// use tower_throttle::rate_limit::{Quota, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::new(Quota::per_turn(4)?, HeaderKey::new("x-agent")?);
+    /// let handle = layer.handle();
+    /// handle.reset_all();
+    /// assert_eq!(handle.key_count(), 0);
+    /// # Ok::<(), tower_throttle::error::ConfigError>(())
+    /// ```
+    pub fn reset_all(&self) {
+        self.cell.load().reset(None);
     }
 
     /// Start a new turn for the key with these parts: its turn budgets are
-    /// full again. Other keys' turns are untouched.
+    /// full again. Other keys' turns are untouched. A request admitted in
+    /// the old turn whose outcome then does not count gives back nothing to
+    /// the new one.
     pub fn new_turn<S: AsRef<str>>(&self, parts: &[S]) {
         let limiter = self.cell.load();
-        limiter.forget(limiter.seed().hash_parts(parts), true);
+        limiter.new_turn(limiter.seed().hash_parts(parts));
     }
 
     /// The counters now.

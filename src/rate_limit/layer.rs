@@ -101,6 +101,7 @@ impl<X> RateLimitLayer<X> {
                 annotate: NoAnnotation,
                 max_wait: 0,
                 fallback: None,
+                refusals: None,
             },
             setup,
         }
@@ -234,6 +235,52 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
         self
     }
 
+    /// Name this limit: its refusals say so in
+    /// [`RateLimited::limit`](crate::error::RateLimited), so that a caller
+    /// can tell which of several limits said no (stacked layers, or the
+    /// parts of a [`JointRateLimitLayer`](super::JointRateLimitLayer)).
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.shared.refusals_mut().name = Some(Arc::from(name.into()));
+        self
+    }
+
+    /// Never tell a refused request to retry sooner than `floor`: its
+    /// `retry_after` is the time until the key would admit it, raised to
+    /// `floor`. For a limit whose real wait can be near zero or unknown,
+    /// such as a [turn budget](super::Algorithm::TurnBudget), whose turn
+    /// may end at any moment by the caller's
+    /// [`new_turn`](super::RateLimitHandle::new_turn): a client that
+    /// retries on the hint then does not hammer the key.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::{Layer, Service, ServiceExt};
+    /// use tower_throttle::error::RateLimited;
+    /// use tower_throttle::rate_limit::{Quota, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_throttle::error::BoxError> {
+    /// let sender = |req: &http::Request<()>| req.headers().get("x-from").cloned();
+    /// let layer = RateLimitLayer::new(Quota::per_turn(1)?, sender)
+    ///     .with_name("fan_out")
+    ///     .with_retry_floor(Duration::from_secs(10));
+    /// let mut svc = layer.layer(tower::service_fn(|_req: http::Request<()>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(()))
+    /// }));
+    /// let send = || http::Request::builder().header("x-from", "a").body(()).unwrap();
+    /// svc.ready().await?.call(send()).await?;
+    /// let refused = svc.ready().await?.call(send()).await.unwrap_err();
+    /// let refused = refused.downcast_ref::<RateLimited>().unwrap();
+    /// assert_eq!(refused.limit.as_deref(), Some("fan_out"));
+    /// assert!(refused.retry_after >= Duration::from_secs(10));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_retry_floor(mut self, floor: Duration) -> Self {
+        self.shared.refusals_mut().retry_floor = floor;
+        self
+    }
+
     /// Decide without enforcing: admit every request and count (in the
     /// stats and in `tracing`) each one that would have been refused, so a
     /// limit can be rolled out safely. The handle can switch it later.
@@ -265,6 +312,7 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
                 annotate: s.annotate,
                 max_wait: s.max_wait,
                 fallback: s.fallback,
+                refusals: s.refusals,
             },
             setup: self.setup,
         }
@@ -284,6 +332,7 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
                 annotate: s.annotate,
                 max_wait: s.max_wait,
                 fallback: s.fallback,
+                refusals: s.refusals,
             },
             setup: self.setup,
         }
@@ -304,9 +353,16 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
                 annotate,
                 max_wait: s.max_wait,
                 fallback: s.fallback,
+                refusals: s.refusals,
             },
             setup: self.setup,
         }
+    }
+
+    /// The shared part, for a layer made of several (see
+    /// [`JointRateLimitLayer`](super::JointRateLimitLayer)).
+    pub(crate) fn into_shared(self) -> Shared<X, F, A, H> {
+        self.shared
     }
 
     /// A handle for live control and stats of this layer's limiter: the

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use super::algorithm::Grant;
 use super::lines::{Lines, turn_for};
 use super::policy::{Compiled, Policy};
-use super::quota::{Algorithm as Kind, Quota};
+use super::quota::Quota;
 use super::rule::{Rule, check_names};
 use super::table::{Ask, Held, One, Table};
 use crate::clock::{ClockSource, Nanos, Timeline};
@@ -25,7 +25,11 @@ use crate::redact::Quoted;
 use crate::stats::{Event, KeyTracking, Stats};
 use crate::store::{Idle, Store, Tidy};
 
+mod joint;
 mod peek;
+mod settle;
+
+pub(crate) use joint::{Entrant, JointDecision, acquire_joint};
 
 /// Capacity booked on one key: enough to give it back.
 #[derive(Clone, Debug)]
@@ -272,6 +276,13 @@ impl Limiter {
     #[inline]
     pub(crate) fn seed(&self) -> &KeySeed {
         &self.seed
+    }
+
+    /// Where this limiter lives: unique among the limiters alive (each is
+    /// in an `Arc` of its own, and does not move), and the order in which a
+    /// joint admission locks the states of several limiters.
+    pub(crate) fn id(&self) -> usize {
+        std::ptr::from_ref(self) as usize
     }
 
     /// The policy in force, refreshing `cached` if a retune replaced it:
@@ -549,28 +560,6 @@ impl Limiter {
         index
     }
 
-    /// Give a ticket's capacity back: the request did not count
-    /// (`cancel == false`) or left the queue before its turn.
-    pub(crate) fn give_back(&self, ticket: &Ticket, cancel: bool) {
-        let policy = self.policy.load();
-        // After a retune the ticket's tables may be gone or retuned; keeping
-        // the capacity spent is the safe side.
-        if policy.generation != ticket.generation {
-            return;
-        }
-        let Some(rule) = policy.compiled.get(ticket.rule as usize) else {
-            return;
-        };
-        let now = self.timeline.now();
-        for (table, grant) in rule.tables.iter().zip(&ticket.grants) {
-            if cancel {
-                table.cancel(ticket.key, now, grant);
-            } else {
-                table.refund(ticket.key, now, grant);
-            }
-        }
-    }
-
     /// Replace the default quotas and the rules. Keys keep what they have
     /// spent: a quota that stays in place is retuned without minting
     /// capacity, and a key whose rule changes starts the new one spent.
@@ -633,32 +622,6 @@ impl Limiter {
             if first || raised {
                 for table in fresh {
                     table.fill_until(key, floor);
-                }
-            }
-        }
-    }
-
-    /// Forget `key`'s state in every quota (`turns_only`: in turn budgets
-    /// only, which starts the key's new turn).
-    pub(crate) fn forget(&self, key: KeyHash, turns_only: bool) {
-        let policy = self.policy.load();
-        // Both take effect at once, whatever a retune left; but a new turn
-        // refills turn budgets only, and the floor may be all that keeps
-        // the key's other quotas in order.
-        let only_turns = || {
-            policy
-                .compiled
-                .iter()
-                .flat_map(|c| &c.quotas)
-                .all(|q| q.algorithm() == Kind::TurnBudget)
-        };
-        if !turns_only || only_turns() {
-            self.lines.lift(key);
-        }
-        for rule in &policy.compiled {
-            for (quota, table) in rule.quotas.iter().zip(&rule.tables) {
-                if !turns_only || quota.algorithm() == Kind::TurnBudget {
-                    table.forget(key);
                 }
             }
         }

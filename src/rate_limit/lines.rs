@@ -253,6 +253,34 @@ impl Lines {
         }
     }
 
+    /// A reset of every key: lift every floor, as [`lift`](Self::lift)
+    /// does for one.
+    pub(crate) fn lift_all(&self) {
+        for shard in self.shards.iter() {
+            let mut queues = shard.queues.lock();
+            let next = queues.next_turn;
+            for line in queues.keys.values_mut() {
+                line.floor = None;
+                line.since = next;
+            }
+        }
+    }
+
+    /// Whether requests wait in `key`'s line now (booked, not yet gone).
+    /// Called under the key's state, under which waiters join, to know
+    /// whether anything is booked ahead of now.
+    pub(crate) fn has_waiters(&self, key: KeyHash) -> bool {
+        let shard = self.shard(key);
+        if shard.waiting.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let queues = shard.queues.lock();
+        queues
+            .keys
+            .get(&key.0)
+            .is_some_and(|line| !line.places.is_empty())
+    }
+
     /// Whether `turn` may go now: `None` when every waiter booked ahead of
     /// it and due no later than it is past its grace and not being polled;
     /// else the instant to look again at, and `waker` is woken sooner if

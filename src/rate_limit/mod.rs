@@ -6,7 +6,8 @@
 //! its key's limit is refused before the inner service is called, with the
 //! exact time until the key would admit it
 //! ([`RateLimited::retry_after`](crate::error::RateLimited)); or, in wait
-//! mode, it waits for its turn in strict arrival order.
+//! mode, it waits for its turn in strict arrival order. Several limits, each
+//! on its own key, are judged as one by a [`JointRateLimitLayer`].
 //!
 //! ```
 //! use tower::{Service, ServiceExt};
@@ -43,6 +44,7 @@ mod algorithm;
 mod config;
 mod future;
 mod handle;
+mod joint;
 mod layer;
 mod limiter;
 mod lines;
@@ -56,6 +58,7 @@ pub use accounting::{Annotate, Cost, CountAll, CountUnlessRefused, Counts, NoAnn
 pub use config::{Ignored, Limits, QuotaConfig, RateLimitConfig, RuleConfig};
 pub use future::ResponseFuture;
 pub use handle::RateLimitHandle;
+pub use joint::{JointRateLimit, JointRateLimitLayer, JointResponseFuture};
 pub use layer::RateLimitLayer;
 pub use limiter::RateLimitInfo;
 pub use policy::DEFAULT_POLICY;

@@ -102,6 +102,29 @@ impl Policy {
         }
     }
 
+    /// The same policy under `generation`: the same tables (so nothing is
+    /// converted or forgotten), rules and quotas.
+    pub(crate) fn renumbered(&self, generation: u32) -> Self {
+        let compiled = self
+            .compiled
+            .iter()
+            .map(|c| Compiled {
+                name: c.name.clone(),
+                quotas: c.quotas.clone(),
+                tables: c.tables.clone(),
+                dry_run: c.dry_run,
+                capacity: c.capacity,
+            })
+            .collect();
+        Self {
+            generation,
+            compiled,
+            rules: self.rules.clone(),
+            matcher: Matcher::new(&self.rules),
+            longest_period: self.longest_period,
+        }
+    }
+
     /// Whether any rule exists (if not, every key uses the default).
     #[inline]
     pub(crate) fn has_rules(&self) -> bool {

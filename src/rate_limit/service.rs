@@ -11,6 +11,7 @@ use super::future::{After, Booking, Refund, ResponseFuture};
 use super::handle::RateLimitHandle;
 use super::limiter::{Decision, Limiter, RateLimitInfo, Want};
 use super::policy::Policy;
+use super::quota::Quota;
 use crate::clock::Nanos;
 use crate::error::{BoxError, CostTooHigh, KeyError, RateLimited};
 use crate::home::Home;
@@ -29,6 +30,18 @@ pub(crate) struct Shared<X, F, A, H> {
     /// In nanoseconds, converted once.
     pub(crate) max_wait: Nanos,
     pub(crate) fallback: Option<(KeyHash, Arc<str>)>,
+    /// What its refusals say besides the wait, when set: one pointer, out
+    /// of the way of what every request reads.
+    pub(crate) refusals: Option<Arc<Refusals>>,
+}
+
+/// What a layer's refusals say besides the wait.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Refusals {
+    /// Named in its refusals (see [`RateLimited::limit`]).
+    pub(crate) name: Option<Arc<str>>,
+    /// No refusal says to retry sooner than this.
+    pub(crate) retry_floor: Duration,
 }
 
 impl<X, F: Clone, A: Clone, H: Clone> Clone for Shared<X, F, A, H> {
@@ -42,6 +55,7 @@ impl<X, F: Clone, A: Clone, H: Clone> Clone for Shared<X, F, A, H> {
             annotate: self.annotate.clone(),
             max_wait: self.max_wait,
             fallback: self.fallback.clone(),
+            refusals: self.refusals.clone(),
         }
     }
 }
@@ -56,13 +70,61 @@ impl<X, F, A, H> fmt::Debug for Shared<X, F, A, H> {
             .field("annotate", &std::any::type_name::<H>())
             .field("max_wait", &Duration::from_nanos(self.max_wait))
             .field("fallback", &self.fallback.as_ref().map(|(_, key)| key))
+            .field("refusals", &self.refusals)
             .finish()
     }
 }
 
 impl<X, F, A, H> Shared<X, F, A, H> {
+    /// The key of `req`: extracted, or the fallback key when it has none.
+    #[inline]
+    pub(crate) fn key<R>(&self, req: &R) -> Result<KeyHash, BoxError>
+    where
+        X: KeyExtractor<R>,
+    {
+        match self.limiter.seed().hash(&*self.extractor, req) {
+            Ok(key) => Ok(key),
+            // Only a missing key takes the fallback; an ambiguous one is
+            // refused.
+            Err(e) => match (&e, &self.fallback) {
+                (KeyError::Missing(_), Some((key, _))) => Ok(*key),
+                _ => Err(no_key(e)),
+            },
+        }
+    }
+
+    /// The refusal of a request on the key `texts` shows, waiting `wait`
+    /// (raised to the retry floor) under `quota` of rule `policy`.
+    pub(crate) fn refusal(
+        &self,
+        key: String,
+        wait: Duration,
+        quota: Quota,
+        policy: &str,
+    ) -> RateLimited {
+        let retry_after = wait.max(self.retry_floor());
+        tracing::debug!(key = %Quoted(&key), ?retry_after, "rate limit: refused");
+        let refused = RateLimited::new(key, retry_after).with_quota(quota, policy);
+        match self.refusals.as_ref().and_then(|r| r.name.as_ref()) {
+            Some(name) => refused.with_limit(&**name),
+            None => refused,
+        }
+    }
+
+    /// No refusal says to retry sooner than this.
+    pub(crate) fn retry_floor(&self) -> Duration {
+        self.refusals
+            .as_ref()
+            .map_or(Duration::ZERO, |r| r.retry_floor)
+    }
+
+    /// What refusals say, to change it.
+    pub(crate) fn refusals_mut(&mut self) -> &mut Refusals {
+        Arc::make_mut(self.refusals.get_or_insert_with(Default::default))
+    }
+
     /// The texts of `req`'s key parts, for rule lookup, errors and logs.
-    fn key_texts<R>(&self, req: &R) -> KeyTexts
+    pub(crate) fn key_texts<R>(&self, req: &R) -> KeyTexts
     where
         X: KeyExtractor<R>,
     {
@@ -268,11 +330,12 @@ impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
                 ResponseFuture::waiting(until, due, inner, req, booking, after)
             }
             Decision::Denied(denied) => {
-                let key = texts().label();
-                let retry_after = denied.retry_after;
-                tracing::debug!(key = %Quoted(&key), ?retry_after, "rate limit: refused");
-                let refused =
-                    RateLimited::new(key, retry_after).with_quota(denied.quota, &*denied.policy);
+                let refused = shared.refusal(
+                    texts().label(),
+                    denied.retry_after,
+                    denied.quota,
+                    &denied.policy,
+                );
                 ResponseFuture::failed(Box::new(refused))
             }
             Decision::TooCostly { capacity } => {

@@ -214,14 +214,38 @@ impl Table {
         each!(self, Table, |s| s.tidy(key, now, tidy))
     }
 
-    pub(crate) fn refund(&self, key: KeyHash, now: Nanos, grant: &Grant) {
-        each!(self, Table, |s| s.with_existing(key, |alg, state| alg
-            .refund(state, now, grant)))
+    /// Give `grant` back (see [`Algorithm::refund`]). `settle` runs under
+    /// the key's lock: `None` when the grant is no longer the key's to give
+    /// back (a reset forgot it), else whether requests wait on the key
+    /// (waiters join under this lock, so none is missed).
+    pub(crate) fn refund(
+        &self,
+        key: KeyHash,
+        now: Nanos,
+        grant: &Grant,
+        settle: &dyn Fn() -> Option<bool>,
+    ) {
+        each!(self, Table, |s| s.with_existing(key, |alg, state| {
+            if let Some(waiting) = settle() {
+                alg.refund(state, now, grant, waiting);
+            }
+        }))
     }
 
-    pub(crate) fn cancel(&self, key: KeyHash, now: Nanos, grant: &Grant) {
-        each!(self, Table, |s| s.with_existing(key, |alg, state| alg
-            .cancel(state, now, grant)))
+    /// Undo a waiter's booking (see [`Algorithm::cancel`]), if `current`
+    /// says under the key's lock that it is still the key's.
+    pub(crate) fn cancel(
+        &self,
+        key: KeyHash,
+        now: Nanos,
+        grant: &Grant,
+        current: &dyn Fn() -> bool,
+    ) {
+        each!(self, Table, |s| s.with_existing(key, |alg, state| {
+            if current() {
+                alg.cancel(state, now, grant);
+            }
+        }))
     }
 
     /// Whether `key` has state here that is not idle.
@@ -280,6 +304,25 @@ impl Table {
     /// Forget the key's state (a reset, or a new turn).
     pub(crate) fn forget(&self, key: KeyHash) {
         each!(self, Table, |s| s.remove(key))
+    }
+
+    /// A turn budget's new turn for `key`: forget its turn, after calling
+    /// `same_instant` under the key's lock if that turn started at `now` or
+    /// later (a new turn could then start at the very instant it did).
+    /// Other algorithms keep their state.
+    pub(crate) fn forget_turn(&self, key: KeyHash, now: Nanos, same_instant: &dyn Fn()) {
+        if let Self::TurnBudget(s) = self {
+            s.remove_after(key, |turn| {
+                if turn.started() >= now {
+                    same_instant();
+                }
+            });
+        }
+    }
+
+    /// Forget every key's state.
+    pub(crate) fn clear(&self) {
+        each!(self, Table, |s| s.clear())
     }
 
     pub(crate) fn len(&self) -> usize {

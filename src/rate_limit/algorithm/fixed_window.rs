@@ -87,7 +87,7 @@ impl Algorithm for FixedWindow {
         }
     }
 
-    fn refund(&self, state: &mut WindowCount, _now: Nanos, grant: &Grant) {
+    fn refund(&self, state: &mut WindowCount, _now: Nanos, grant: &Grant, _waiting: bool) {
         // Only a window that still counts can take a unit back; bookings in
         // later windows then still see their own window unchanged.
         if state.end == grant.mark {
@@ -96,7 +96,7 @@ impl Algorithm for FixedWindow {
     }
 
     fn cancel(&self, state: &mut WindowCount, now: Nanos, grant: &Grant) {
-        self.refund(state, now, grant);
+        self.refund(state, now, grant, false);
     }
 
     fn retune(&self, old: &Self, state: &mut WindowCount, now: Nanos) {

@@ -68,12 +68,27 @@ impl Algorithm for Gcra {
         }
     }
 
-    fn refund(&self, tat: &mut Tat, now: Nanos, grant: &Grant) {
-        // An arrival time beyond now + tolerance means a request is booked
-        // for the future; lowering it would let a newcomer overtake it.
-        if tat.0 > now && tat.0 <= now.saturating_add(self.tolerance) {
-            tat.0 = tat.0.saturating_sub(self.units(grant.cost)).max(now);
+    fn refund(&self, tat: &mut Tat, now: Nanos, grant: &Grant, waiting: bool) {
+        // What of the grant the bucket has not refilled by itself yet,
+        // counted from the grant's own instant: by `at + units` its units
+        // are back whatever happened since. Counted from the arrival time
+        // instead, a grant whose units came back long ago would be given
+        // back again, on top of the requests admitted since (a burst of 3
+        // refilled, 3 admitted, then a slow answer refunded: a 4th at once).
+        // Every booking since lies at or before now, so none of them can
+        // have used those units up: they are the key's to give back.
+        let owed = grant
+            .at
+            .saturating_add(self.units(grant.cost))
+            .saturating_sub(now);
+        // With waiters booked ahead, the bucket's one number cannot tell how
+        // much of the unit their bookings already absorbed (a burst of 1:
+        // a waiter booked at the instant the unit would have come back has
+        // taken it), and a newcomer may not go before them: it stays spent.
+        if waiting || owed == 0 || tat.0 <= now {
+            return;
         }
+        tat.0 = tat.0.saturating_sub(owed).max(now);
     }
 
     fn cancel(&self, tat: &mut Tat, _now: Nanos, grant: &Grant) {

@@ -49,9 +49,13 @@ pub(crate) trait Algorithm: Clone + Send + Sync + 'static {
     /// Book `cost` units at `at`, an instant no earlier than `earliest` said.
     fn book(&self, state: &mut Self::State, now: Nanos, at: Nanos, cost: u32) -> Grant;
 
-    /// The admitted request turned out not to count: give its capacity back,
-    /// unless that would let a later arrival overtake a queued one.
-    fn refund(&self, state: &mut Self::State, now: Nanos, grant: &Grant);
+    /// The admitted request turned out not to count: give back what it
+    /// took, as far as that can be done without over-admitting (the units
+    /// are counted once: none that came back by themselves, none a later
+    /// booking relies on) and without letting a later arrival go before a
+    /// booked one. `waiting`: requests are waiting on the key now (booked
+    /// ahead of now, in its line).
+    fn refund(&self, state: &mut Self::State, now: Nanos, grant: &Grant, waiting: bool);
 
     /// A queued request left before its instant: give back what can be given
     /// back without ever over-admitting.

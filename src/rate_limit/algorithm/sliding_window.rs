@@ -95,9 +95,11 @@ impl Algorithm for SlidingWindow {
         Grant { at, cost, mark: at }
     }
 
-    fn refund(&self, log: &mut Log, _now: Nanos, grant: &Grant) {
+    fn refund(&self, log: &mut Log, _now: Nanos, grant: &Grant, _waiting: bool) {
         // Removing an admission only lowers counts, and a newcomer is still
-        // booked no earlier than the latest booking, so no queue reorders.
+        // booked no earlier than the latest booking, so no queue reorders:
+        // exact whatever is booked behind it, waiters included (the log
+        // holds every booking, so nothing is guessed).
         if let Some(i) = log
             .entries
             .iter()
@@ -109,7 +111,7 @@ impl Algorithm for SlidingWindow {
     }
 
     fn cancel(&self, log: &mut Log, now: Nanos, grant: &Grant) {
-        self.refund(log, now, grant);
+        self.refund(log, now, grant, false);
     }
 
     fn retune(&self, old: &Self, log: &mut Log, _now: Nanos) {

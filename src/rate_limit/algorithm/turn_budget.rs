@@ -14,6 +14,13 @@ pub(crate) struct Turn {
     stale_at: Nanos,
 }
 
+impl Turn {
+    /// When the turn started (or starts, booked ahead by a waiter).
+    pub(crate) fn started(&self) -> Nanos {
+        self.started
+    }
+}
+
 impl Idle for Turn {
     #[inline]
     fn is_idle(&self, now: Nanos) -> bool {
@@ -71,14 +78,20 @@ impl Algorithm for TurnBudget {
         }
     }
 
-    fn refund(&self, turn: &mut Turn, _now: Nanos, grant: &Grant) {
+    fn refund(&self, turn: &mut Turn, _now: Nanos, grant: &Grant, _waiting: bool) {
+        // Into the turn it was taken from only: a later turn (the key's
+        // new turn, or one a waiter opened) has its own budget, and the old
+        // turn's unit could only be used by going before that turn's
+        // bookings. A turn is named by the instant it started; a new turn
+        // that starts at the instant the forgotten one did is told apart by
+        // the limiter (see `Limiter::new_turn`).
         if turn.started == grant.mark {
             turn.used = turn.used.saturating_sub(grant.cost);
         }
     }
 
     fn cancel(&self, turn: &mut Turn, now: Nanos, grant: &Grant) {
-        self.refund(turn, now, grant);
+        self.refund(turn, now, grant, false);
     }
 
     fn retune(&self, _old: &Self, _turn: &mut Turn, _now: Nanos) {
