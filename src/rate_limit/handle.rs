@@ -118,16 +118,33 @@ impl RateLimitHandle {
     }
 
     /// Forget everything the key with these parts has spent, in every quota.
+    ///
+    /// On a limiter that keeps its state in Redis, the key's state there is
+    /// deleted by a task of its own: this returns before Redis has it.
     pub fn reset<S: AsRef<str>>(&self, parts: &[S]) {
         let limiter = self.cell.load();
         limiter.forget(limiter.seed().hash_parts(parts), false);
+        #[cfg(feature = "redis")]
+        if let Some(remote) = limiter.remote() {
+            let parts: Vec<String> = parts.iter().map(|p| p.as_ref().to_owned()).collect();
+            limiter.forget_remote(remote, &parts, false);
+        }
     }
 
     /// Start a new turn for the key with these parts: its turn budgets are
     /// full again. Other keys' turns are untouched.
+    ///
+    /// On a limiter that keeps its state in Redis, as for
+    /// [`reset`](Self::reset): a task of its own deletes the turn budgets'
+    /// state there.
     pub fn new_turn<S: AsRef<str>>(&self, parts: &[S]) {
         let limiter = self.cell.load();
         limiter.forget(limiter.seed().hash_parts(parts), true);
+        #[cfg(feature = "redis")]
+        if let Some(remote) = limiter.remote() {
+            let parts: Vec<String> = parts.iter().map(|p| p.as_ref().to_owned()).collect();
+            limiter.forget_remote(remote, &parts, true);
+        }
     }
 
     /// The counters now.

@@ -26,6 +26,11 @@ use crate::stats::{Event, KeyTracking, Stats};
 use crate::store::{Idle, Store, Tidy};
 
 mod peek;
+#[cfg(feature = "redis")]
+mod remote;
+
+#[cfg(feature = "redis")]
+pub(crate) use remote::{Asked, Remote, check_quotas};
 
 /// Capacity booked on one key: enough to give it back.
 #[derive(Clone, Debug)]
@@ -34,6 +39,9 @@ pub(crate) struct Ticket {
     generation: u32,
     rule: u32,
     grants: SmallVec<[Grant; 2]>,
+    /// The booking in Redis, for a limiter that keeps its state there.
+    #[cfg(feature = "redis")]
+    remote: Option<Arc<crate::redis::rate::Grant>>,
 }
 
 /// What a caller of [`Limiter::acquire`] needs back besides the decision.
@@ -73,6 +81,9 @@ pub(crate) enum Decision {
     Denied(Box<Denied>),
     /// The request costs more than the key can ever admit at once.
     TooCostly { capacity: u32 },
+    /// The shared store did not answer, and the limiter fails closed.
+    #[cfg(feature = "redis")]
+    Unavailable,
 }
 
 /// A refusal: how long to wait, and the quota with the longest wait.
@@ -220,6 +231,9 @@ pub(crate) struct Limiter {
     pub(crate) lines: Lines,
     /// Retunes one at a time.
     retuning: Mutex<()>,
+    /// Where the state lives when not in this process.
+    #[cfg(feature = "redis")]
+    remote: Option<Arc<Remote>>,
 }
 
 impl fmt::Debug for Limiter {
@@ -266,6 +280,8 @@ impl Limiter {
             stats: Arc::new(Stats::new(key_stats)),
             lines: Lines::default(),
             retuning: Mutex::new(()),
+            #[cfg(feature = "redis")]
+            remote: None,
         }
     }
 
@@ -416,6 +432,8 @@ impl Limiter {
                 generation: policy.generation,
                 rule: index as u32,
                 grants,
+                #[cfg(feature = "redis")]
+                remote: None,
             })
         };
         // Not in a line: go now. (A request in a line waits for the waiters
@@ -552,6 +570,13 @@ impl Limiter {
     /// Give a ticket's capacity back: the request did not count
     /// (`cancel == false`) or left the queue before its turn.
     pub(crate) fn give_back(&self, ticket: &Ticket, cancel: bool) {
+        #[cfg(feature = "redis")]
+        if let Some(grant) = &ticket.remote {
+            if let Some(remote) = &self.remote {
+                remote.give_back(grant.clone(), ticket.key, cancel);
+            }
+            return;
+        }
         let policy = self.policy.load();
         // After a retune the ticket's tables may be gone or retuned; keeping
         // the capacity spent is the safe side.
@@ -576,6 +601,10 @@ impl Limiter {
     /// capacity, and a key whose rule changes starts the new one spent.
     pub(crate) fn retune(&self, default: Vec<Quota>, rules: Vec<Rule>) -> Result<(), ConfigError> {
         check_names(&rules)?;
+        #[cfg(feature = "redis")]
+        if self.remote.is_some() {
+            check_quotas(&default, &rules)?;
+        }
         let _one_at_a_time = self.retuning.lock();
         let old = self.policy.load_full();
         if old.compiled[0].quotas == default && old.rules == rules {
@@ -619,6 +648,8 @@ impl Limiter {
         let generation = policy.generation;
         self.policy.store(Arc::new(policy));
         self.generation.store(generation, Ordering::Release);
+        #[cfg(feature = "redis")]
+        self.retuned_remote();
         // Once more for waiters booked under the old policy meanwhile.
         self.hold_back(now, &fresh, false);
         Ok(())
