@@ -170,6 +170,7 @@ pub(crate) struct Asking<S, R, A, H> {
     pub(crate) texts: KeyTexts,
 }
 
+#[cfg(feature = "redis")]
 impl<S, R, A, H> Drop for Asking<S, R, A, H> {
     /// Dropped before its decision was read (the caller gave up during the
     /// round trip): Redis may have booked the request all the same. A task

@@ -78,6 +78,7 @@
 //! # }
 //! ```
 
+pub(crate) mod cooldown;
 mod names;
 pub(crate) mod rate;
 mod store;
