@@ -164,8 +164,14 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
     /// second per key) is an error naming it, here and in a later retune.
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-    pub fn with_store(mut self, store: crate::redis::RedisStore) -> Result<Self, ConfigError> {
+    pub fn with_store(self, store: crate::redis::RedisStore) -> Result<Self, ConfigError> {
         super::limiter::check_quotas(&self.setup.default, &self.setup.rules)?;
+        Ok(self.stored(store))
+    }
+
+    /// [`with_store`](Self::with_store) for quotas already checked.
+    #[cfg(feature = "redis")]
+    pub(crate) fn stored(mut self, store: crate::redis::RedisStore) -> Self {
         if !store.names.is_keyed() {
             tracing::info!(
                 prefix = %store.prefix(),
@@ -174,7 +180,7 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
             );
         }
         self.setup.store = Some(store);
-        Ok(self.rebuild())
+        self.rebuild()
     }
 
     /// Also hold every key to `quota` (60 per minute *and* 1,000 per day).
