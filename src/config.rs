@@ -75,6 +75,7 @@ pub struct StackConfig {
 /// ```toml
 /// [store]
 /// redis_url = "redis://127.0.0.1:6379"
+/// # cluster = true             # redis_url is one node of a Redis Cluster
 /// prefix = "gateway:"          # default "tt:"
 /// timeout = "50ms"             # every call; default 50ms
 /// on_error = "open"            # or "closed"; default "open"
@@ -87,6 +88,9 @@ pub struct StoreConfig {
     /// `redis://[user:password@]host:port[/db]`. Never shown: it may hold a
     /// password.
     pub redis_url: String,
+    /// `redis_url` is a node of a Redis Cluster; default false.
+    #[serde(default)]
+    pub cluster: Option<bool>,
     /// Put before every key name; default `tt:`.
     #[serde(default)]
     pub prefix: Option<String>,
@@ -116,6 +120,7 @@ impl std::fmt::Debug for StoreConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StoreConfig")
             .field("redis_url", &"(hidden)")
+            .field("cluster", &self.cluster)
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
             .field("on_error", &self.on_error)
@@ -188,7 +193,12 @@ impl StoreConfig {
         use crate::redis::{OnError, RedisStore};
 
         self.check()?;
-        let mut store = RedisStore::new(self.redis_url.trim())?;
+        let url = self.redis_url.trim();
+        let mut store = if self.cluster == Some(true) {
+            RedisStore::cluster(&[url])?
+        } else {
+            RedisStore::new(url)?
+        };
         if let Some(prefix) = &self.prefix {
             store = store.with_prefix(prefix.clone());
         }

@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use ::redis::cluster::{ClusterClient, ClusterClientBuilder};
+use ::redis::cluster_async::ClusterConnection;
 use ::redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
 use tokio::sync::OnceCell;
 
@@ -123,6 +125,37 @@ impl RedisStore {
         })
     }
 
+    /// A store on a Redis Cluster, found from the nodes at `urls` (one is
+    /// enough; more help when one is down). Every state of one key carries
+    /// the same hash tag, so each script touches one slot, and the client
+    /// routes it to that slot's master, following the cluster as it
+    /// changes. A list with no URL, or one that cannot be parsed, is an
+    /// error; nothing is connected yet.
+    pub fn cluster<S: AsRef<str>>(urls: &[S]) -> Result<Self, ConfigError> {
+        let urls: Vec<&str> = urls.iter().map(AsRef::as_ref).collect();
+        let Some(&first) = urls.first() else {
+            return Err(ConfigError::new(
+                "redis_url",
+                "a cluster needs a node's URL",
+            ));
+        };
+        let addr = Client::open(first)
+            .map(|c| c.get_connection_info().addr().to_string())
+            .map_err(|e| ConfigError::new("redis_url", format!("not a Redis URL: {e}")))?;
+        let client = ClusterClientBuilder::new(urls)
+            .connection_timeout(Duration::from_secs(1))
+            .build()
+            .map_err(|e| ConfigError::new("redis_url", format!("not a cluster's URLs: {e}")))?;
+        let mut store = Self::new(first)?;
+        store.conn = Arc::new(Connection {
+            target: Target::Cluster(client),
+            conn: OnceCell::new(),
+            addr: format!("cluster at {addr}"),
+            down: AtomicBool::new(false),
+        });
+        Ok(store)
+    }
+
     /// Put `prefix` before every key name (default [`DEFAULT_PREFIX`],
     /// `tt:`). The returned store shares this one's connection.
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
@@ -196,6 +229,19 @@ impl RedisStore {
             .as_ref()
             .map(|c| c.load(Ordering::SeqCst).to_string())
             .unwrap_or_default()
+    }
+
+    /// For benchmarks: one `PING` on the store's own connection, the
+    /// floor under any call it makes.
+    #[doc(hidden)]
+    pub async fn ping(&self) -> bool {
+        match self.conn.get().await {
+            Ok(mut conn) => ::redis::cmd("PING")
+                .query_async::<String>(&mut conn)
+                .await
+                .is_ok(),
+            Err(_) => false,
+        }
     }
 
     /// The prefix of every key name.
@@ -277,18 +323,21 @@ impl From<RedisError> for StoreError {
 /// What the store connects to.
 pub(crate) enum Target {
     Single(Client),
+    Cluster(ClusterClient),
 }
 
 /// A connected target: cheap to clone, multiplexed.
 #[derive(Clone)]
 pub(crate) enum Conn {
     Single(ConnectionManager),
+    Cluster(ClusterConnection),
 }
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -300,12 +349,14 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Self::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
         }
     }
 }
@@ -336,6 +387,12 @@ impl Connection {
                             .set_max_delay(Duration::from_secs(1));
                         ConnectionManager::new_lazy_with_config(client.clone(), config)
                             .map(Conn::Single)
+                    }
+                    // Connects to the nodes and reads the slots now; a
+                    // failure leaves the cell empty, to be tried again on
+                    // the next call.
+                    Target::Cluster(client) => {
+                        client.get_async_connection().await.map(Conn::Cluster)
                     }
                 }
             })

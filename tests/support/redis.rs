@@ -136,5 +136,92 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+        if let Some(file) = self.nodes_file() {
+            let _ = std::fs::remove_file(file);
+        }
+    }
+}
+
+impl RedisServer {
+    /// The cluster configuration file a cluster node writes, if it is one.
+    fn nodes_file(&self) -> Option<std::path::PathBuf> {
+        let i = self
+            .extra
+            .iter()
+            .position(|a| a == "--cluster-config-file")?;
+        Some(std::env::temp_dir().join(self.extra.get(i + 1)?))
+    }
+}
+
+/// A Redis Cluster of `redis-server`s of the test's own, one master each,
+/// no replicas, made with `redis-cli --cluster create`.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Start `masters` nodes and make a cluster of them; `None` (with a
+    /// notice) when `redis-server` or `redis-cli` is missing outside CI.
+    pub fn start(test: &str, masters: usize) -> Option<Self> {
+        if !required("redis-server", test) || !required("redis-cli", test) {
+            return None;
+        }
+        let nodes: Vec<RedisServer> = (0..masters)
+            .map(|_| {
+                let port = free_port();
+                let mut node = RedisServer {
+                    child: None,
+                    port,
+                    extra: [
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        &format!("tower-throttle-nodes-{}-{port}.conf", std::process::id()),
+                        "--cluster-node-timeout",
+                        "5000",
+                    ]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+                };
+                node.launch();
+                node
+            })
+            .collect();
+        let status = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("redis-cli runs");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        let cluster = Self { nodes };
+        cluster.wait_ok();
+        Some(cluster)
+    }
+
+    /// Block until every node says the cluster is ok (a hang guard of 20 s).
+    fn wait_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for node in &self.nodes {
+            loop {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut node.connection())
+                    .unwrap_or_default();
+                if info.contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "the cluster never became ok");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// Every node's URL.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
     }
 }
