@@ -52,7 +52,9 @@ fn setup(url: &str) -> (RedisStore, Svc) {
         .expect("valid URL")
         .with_prefix("bench:")
         .with_timeout(Duration::from_secs(5));
-    let quota = Quota::per_second(10_000).expect("valid quota");
+    let quota = Quota::per_second(10_000)
+        .and_then(|q| q.with_burst(10_000_000))
+        .expect("valid quota");
     let svc = RateLimitLayer::new(quota, GlobalKey)
         .with_store(store.clone())
         .expect("a quota Redis keeps")

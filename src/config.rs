@@ -234,6 +234,12 @@ pub struct ConcurrencyConfig {
     /// body ends (tower's behaviour); default false.
     #[serde(default)]
     pub release_at_headers: Option<bool>,
+    /// Share the permits with other replicas through the `[store]`: refused
+    /// (an error naming this field). Permits stay per replica; see
+    /// [`concurrency`](crate::concurrency#several-replicas) for why, and
+    /// divide `max_in_flight` by the number of replicas instead.
+    #[serde(default)]
+    pub shared: Option<bool>,
 }
 
 /// The `[backoff]` section.
@@ -364,6 +370,14 @@ fn count(field: &str, value: i64) -> Result<usize, ConfigError> {
 
 impl ConcurrencyConfig {
     fn check(&self) -> Result<(), ConfigError> {
+        if self.shared == Some(true) {
+            return Err(ConfigError::new(
+                "shared",
+                "concurrency permits are not shared through a store: a leased permit can \
+                 expire while its request still runs, which breaks the cap; keep them per \
+                 replica and divide max_in_flight by the number of replicas",
+            ));
+        }
         if count("max_in_flight", self.max_in_flight)? == 0 {
             return Err(ConfigError::new(
                 "max_in_flight",
@@ -568,6 +582,7 @@ impl Stack {
                 release_at_headers: Some(
                     a.release_at_headers.unwrap_or(false) && b.release_at_headers.unwrap_or(false),
                 ),
+                shared: a.shared.or(b.shared),
             }),
             (a, b) => a.clone().or_else(|| b.clone()),
         };

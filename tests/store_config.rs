@@ -64,6 +64,15 @@ fn a_bad_store_section_is_an_error_naming_its_field() {
 }
 
 #[test]
+fn shared_concurrency_permits_are_refused_with_the_reason() {
+    let err = StackConfig::from_toml("[concurrency]\nmax_in_flight = 4\nshared = true")
+        .and_then(|c| c.validate())
+        .expect_err("refused");
+    assert_eq!(err.field, "concurrency.shared");
+    assert!(err.message.contains("lease"), "{err}");
+}
+
+#[test]
 fn the_store_section_never_shows_its_url_or_hash_key() {
     let stack =
         stack("redis_url = \"redis://user:hunter2@127.0.0.1:6379\"\nhash_key = \"sesame-open\"")
