@@ -148,9 +148,10 @@ fn redis_benchmark(port: u16, clients: usize, n: usize) -> Option<f64> {
         .output()
         .ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
-    // "PING_MBULK: 123456.79 requests per second, p50=0.223 msec"
-    text.lines()
-        .filter(|l| l.contains("PING_MBULK"))
+    // "PING_MBULK: 123456.79 requests per second, p50=0.223 msec", after
+    // progress lines ended by carriage returns.
+    text.split(['\r', '\n'])
+        .filter(|l| l.starts_with("PING_MBULK") && l.contains("requests per second"))
         .find_map(|l| l.split_whitespace().nth(1)?.parse().ok())
 }
 
@@ -163,6 +164,7 @@ fn report(url: &str, port: u16, runtime: &tokio::runtime::Runtime) {
             store.ping().await;
         }
         let n = 20_000;
+        // Alternated, so that both see the same noise of a shared machine.
         let (ping_p50, ping_p99) = percentiles(n, || async { assert!(store.ping().await) }).await;
         let (adm_p50, adm_p99) = percentiles(n, || admit(&svc)).await;
         println!("latency, one at a time ({n} each):");
@@ -189,7 +191,10 @@ fn report(url: &str, port: u16, runtime: &tokio::runtime::Runtime) {
         match redis_benchmark(port, in_flight, n) {
             Some(rate) => {
                 println!("  redis-benchmark -t ping -c {in_flight}: {rate:9.0} /s");
-                println!("  admission / redis-benchmark: {:.0}%", 100.0 * adm_rate / rate);
+                println!(
+                    "  admission / redis-benchmark: {:.0}%",
+                    100.0 * adm_rate / rate
+                );
             }
             None => println!("  (redis-benchmark not found)"),
         }

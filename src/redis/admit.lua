@@ -9,25 +9,31 @@
 -- locals cost Redis about 3 µs per algorithm per call (measured), more than
 -- the commands themselves.
 --
--- KEYS[1]      the key's rule marker (which rule it last spent under)
+-- KEYS[1]      the key's rule marker (which rule it last spent under),
+--              used only when the limiter has rules
 -- KEYS[2..]    each quota's state; a sliding window has two keys (its
 --              bookings and its sum), the others one
--- ARGV         cost, max_wait, horizon, info (0/1), waits (0/1), rule,
---              marker_ttl (ms), now (empty: Redis's TIME; a number: a
---              clock a test sets), then per quota: kind (g, s, f, t), a, b
+-- KEYS[last]   with a probe (ARGV[9]): the default rule's first state, to
+--              tell whether a key never seen under a rule spent under the
+--              default before the rules came
+-- ARGV         cost, max_wait, horizon, info (0/1), waits (0/1), rule
+--              (empty: no rules), marker_ttl (ms), now (empty: Redis's
+--              TIME; a number: a clock a test sets), probe (0/1), then per
+--              quota: kind (g, s, f, t), a, b
 --                g: emission, burst      s: limit, window
 --                f: limit, window        t: limit, stale_after
 --
 -- Per quota, the state (and its TTL, a second past the moment it goes
--- idle):
---   g  a hash: t (theoretical arrival time), e, b (the parameters it was
---      kept under, so that a retune converts it as Gcra::retune does)
---   f  a hash: e (the end of the latest window with bookings), u (its
---      use), w, l (the window and limit it was kept under)
+-- idle), in strings where it can be, which Redis reads and writes with one
+-- command each (GET, SET PX):
+--   g  "tat,e,b": the theoretical arrival time, and the parameters it was
+--      kept under, so that a retune converts it as Gcra::retune does
+--   f  "e,u,w,l": the end of the latest window with bookings, its use, and
+--      the window and limit it was kept under
 --   s  a sorted set of bookings (score: instant; member: a sequence number
 --      and the cost, so each is unique), and a hash: s (their sum), n (the
 --      sequence)
---   t  a hash: s (the turn's start), u (its use), x (when it goes stale)
+--   t  "s,u,x": the turn's start, its use, and when it goes stale
 --
 -- Returns {0, wait, slowest} when refused (nothing booked), else
 -- {1, at, now, left, reset, tightest, mark...}: the instant booked, Redis's
@@ -48,17 +54,19 @@ local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
 -- Read every quota.
 local quotas = {}
 local k = 2
-local i = 9
+local i = 10
 while ARGV[i] do
   local kind = ARGV[i]
   local q = { kind = kind, a = tonumber(ARGV[i + 1]), b = tonumber(ARGV[i + 2]), key = KEYS[k] }
   k = k + 1
   if kind == 'g' then
-    local v = redis.call('HMGET', q.key, 't', 'e', 'b')
-    q.fresh = not v[1]
-    q.tat = tonumber(v[1]) or 0
+    local v = redis.call('GET', q.key)
+    q.fresh = not v
+    local tat, oe, ob
+    if v then tat, oe, ob = string.match(v, '^([^,]+),([^,]+),([^,]+)$') end
+    q.tat = tonumber(tat) or 0
     q.tol = q.a * q.b
-    local oe, ob = tonumber(v[2]), tonumber(v[3])
+    oe, ob = tonumber(oe), tonumber(ob)
     if oe and ob and (oe ~= q.a or ob ~= q.b) and q.tat > now then
       -- Retuned: waiters keep their instants; with none, what was owed
       -- under the old rate stays owed, and the new burst never adds.
@@ -72,11 +80,13 @@ while ARGV[i] do
       end
     end
   elseif kind == 'f' then
-    local v = redis.call('HMGET', q.key, 'e', 'u', 'w', 'l')
-    q.fresh = not v[1]
-    q.e = tonumber(v[1]) or 0
-    q.u = tonumber(v[2]) or 0
-    local ow, ol = tonumber(v[3]), tonumber(v[4])
+    local v = redis.call('GET', q.key)
+    q.fresh = not v
+    local e, u, ow, ol
+    if v then e, u, ow, ol = string.match(v, '^([^,]+),([^,]+),([^,]+),([^,]+)$') end
+    q.e = tonumber(e) or 0
+    q.u = tonumber(u) or 0
+    ow, ol = tonumber(ow), tonumber(ol)
     if ow and ol and ow ~= q.b and q.e > now then
       -- New boundaries: count the bookings in the new window holding the
       -- latest instant they can have, plus every earlier old window that
@@ -99,19 +109,28 @@ while ARGV[i] do
     q.seq = tonumber(v[2]) or 0
     if not q.last then q.sum = 0 end
   else
-    local v = redis.call('HMGET', q.key, 's', 'u', 'x')
-    q.fresh = not v[1]
-    q.s = tonumber(v[1]) or 0
-    q.u = tonumber(v[2]) or 0
-    q.x = tonumber(v[3]) or 0
+    local v = redis.call('GET', q.key)
+    q.fresh = not v
+    local st, u, x
+    if v then st, u, x = string.match(v, '^([^,]+),([^,]+),([^,]+)$') end
+    q.s = tonumber(st) or 0
+    q.u = tonumber(u) or 0
+    q.x = tonumber(x) or 0
   end
   quotas[#quotas + 1] = q
   i = i + 3
 end
 
--- A key that spent under another rule (as far as its marker remembers)
--- starts each quota it has no state in spent, never with a free burst.
-local was = redis.call('GET', KEYS[1])
+-- A key that spent under another rule (as far as its marker remembers, or
+-- under the default before any rule came) starts each quota it has no
+-- state in spent, never with a free burst.
+local was = false
+if rule ~= '' then
+  was = redis.call('GET', KEYS[1])
+  if not was and ARGV[9] == '1' and redis.call('EXISTS', KEYS[#KEYS]) == 1 then
+    was = '(default)'
+  end
+end
 if was and was ~= rule then
   for _, q in ipairs(quotas) do
     if q.fresh then
@@ -265,7 +284,7 @@ if ARGV[4] == '1' then
       local live = q.sum
       if goes > now then
         live = 0
-        local alive = redis.call('ZRANGEBYSCORE', q.key, '(' .. (goes - q.b), '+inf')
+        local alive = redis.call('ZRANGEBYSCORE', q.key, string.format('(%d', goes - q.b), '+inf')
         for _, member in ipairs(alive) do
           live = live + tonumber(string.match(member, ':(%d+)$'))
         end
@@ -289,27 +308,29 @@ end
 -- idle, so that it never expires early.
 for _, q in ipairs(quotas) do
   local kind = q.kind
-  local idle
+  -- Numbers as integers: tostring would write 1e+15.
+  local fmt = string.format
   if kind == 'g' then
-    redis.call('HSET', q.key, 't', q.tat, 'e', q.a, 'b', q.b)
-    idle = q.tat
+    redis.call('SET', q.key, fmt('%d,%d,%d', q.tat, q.a, q.b),
+      'PX', max(ceil((q.tat - now) / 1000), 0) + 1000)
   elseif kind == 'f' then
-    redis.call('HSET', q.key, 'e', q.e, 'u', q.u, 'w', q.b, 'l', q.a)
-    idle = q.e
+    redis.call('SET', q.key, fmt('%d,%d,%d,%d', q.e, q.u, q.b, q.a),
+      'PX', max(ceil((q.e - now) / 1000), 0) + 1000)
   elseif kind == 's' then
+    local ttl = max(ceil(((q.last or now) + q.b - now) / 1000), 0) + 1000
     redis.call('HSET', q.aux, 's', q.sum, 'n', q.seq)
-    idle = (q.last or now) + q.b
+    redis.call('PEXPIRE', q.key, ttl)
+    redis.call('PEXPIRE', q.aux, ttl)
   else
-    redis.call('HSET', q.key, 's', q.s, 'u', q.u, 'x', q.x)
-    idle = q.x
+    redis.call('SET', q.key, fmt('%d,%d,%d', q.s, q.u, q.x),
+      'PX', max(ceil((q.x - now) / 1000), 0) + 1000)
   end
-  local ttl = max(ceil((idle - now) / 1000), 0) + 1000
-  redis.call('PEXPIRE', q.key, ttl)
-  if q.aux then redis.call('PEXPIRE', q.aux, ttl) end
 end
-if was == rule then
-  redis.call('PEXPIRE', KEYS[1], ARGV[7])
-else
-  redis.call('SET', KEYS[1], rule, 'PX', ARGV[7])
+if rule ~= '' then
+  if was == rule then
+    redis.call('PEXPIRE', KEYS[1], ARGV[7])
+  else
+    redis.call('SET', KEYS[1], rule, 'PX', ARGV[7])
+  end
 end
 return reply

@@ -14,7 +14,7 @@ use super::store::{RedisStore, StoreError};
 use crate::clock::{Nanos, saturating_nanos};
 use crate::error::ConfigError;
 use crate::key::KeyHash;
-use crate::rate_limit::{Algorithm, Quota};
+use crate::rate_limit::{Algorithm, DEFAULT_POLICY, Quota};
 use crate::store::PassThrough;
 
 static ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("admit.lua")));
@@ -157,12 +157,20 @@ pub(crate) struct Admission {
     args: Vec<String>,
     quotas: Vec<QuotaArgs>,
     cost: u32,
+    /// The last key is the default's state, probed.
+    probed: bool,
 }
 
 /// What one admission asks.
 pub(crate) struct Ask<'a> {
     pub(crate) parts: &'a [String],
-    pub(crate) rule: &'a str,
+    /// The rule's name; `None` when the limiter has no rules (no key can
+    /// move between rules, so none is remembered).
+    pub(crate) rule: Option<&'a str>,
+    /// For a key under a rule: the default's first quota, whose state shows
+    /// whether a key never seen under a rule spent under the default before
+    /// the rules came.
+    pub(crate) default_quota: Option<&'a Quota>,
     pub(crate) quotas: &'a [Quota],
     pub(crate) cost: u32,
     pub(crate) max_wait: Nanos,
@@ -177,24 +185,36 @@ pub(crate) struct Ask<'a> {
 
 impl Admission {
     pub(crate) fn new(store: &RedisStore, ask: Ask<'_>) -> Self {
-        let tag = store.names.tag(ask.rule);
+        let tag = store.names.tag(ask.rule.unwrap_or(DEFAULT_POLICY));
         let quotas: Vec<QuotaArgs> = ask.quotas.iter().map(QuotaArgs::of).collect();
-        let keys = state_keys(store, ask.parts, &tag, &quotas, |_| true);
+        let mut keys = state_keys(store, ask.parts, &tag, &quotas, |_| true);
+        let probe = ask.rule.and(ask.default_quota).map(|quota| {
+            let default = store.names.tag(DEFAULT_POLICY);
+            let base = store.names.base(&store.prefix, ask.parts);
+            format!("{base}:rl:{default}:0{}", QuotaArgs::of(quota).kind)
+        });
+        let probed = probe.is_some();
+        keys.extend(probe);
         let max_wait = ask.max_wait / 1_000;
         let horizon = max_wait.max(MIN_HORIZON_US).saturating_add(1_000_000);
         // As an in-process limiter remembers a key's rule: its longest
         // period and the longest wait past its last request.
         let marker_ttl =
             (ask.longest_period.saturating_add(ask.max_wait) / 1_000_000).saturating_add(1_000);
-        let mut args = Vec::with_capacity(8 + 3 * quotas.len());
+        let mut args = Vec::with_capacity(9 + 3 * quotas.len());
         args.push(ask.cost.to_string());
         args.push(max_wait.to_string());
         args.push(horizon.to_string());
         args.push(u8::from(ask.info).to_string());
         args.push(u8::from(ask.waits).to_string());
-        args.push(tag);
+        args.push(if ask.rule.is_some() {
+            tag
+        } else {
+            String::new()
+        });
         args.push(marker_ttl.to_string());
         args.push(store.now_arg());
+        args.push(u8::from(probed).to_string());
         for q in &quotas {
             args.push(q.kind.to_string());
             args.push(q.a.to_string());
@@ -205,6 +225,7 @@ impl Admission {
             args,
             quotas,
             cost: ask.cost,
+            probed,
         }
     }
 
@@ -274,8 +295,11 @@ impl Reply {
                     reset: Duration::from_micros(int(reply.get(4))?),
                     tightest: index(int(reply.get(5))?)?,
                     grant: Arc::new(Grant {
-                        // The rule marker is not the booking's.
-                        keys: admission.keys[1..].to_vec(),
+                        // The rule marker and the probe are not the
+                        // booking's.
+                        keys: admission.keys
+                            [1..admission.keys.len() - usize::from(admission.probed)]
+                            .to_vec(),
                         quotas: admission.quotas,
                         marks,
                         cost: admission.cost,

@@ -159,7 +159,10 @@ impl Limiter {
             &remote.store,
             rate::Ask {
                 parts: texts.parts(),
-                rule: &rule.name,
+                rule: policy.has_rules().then_some(&*rule.name),
+                default_quota: (index != 0)
+                    .then(|| policy.compiled[0].quotas.first())
+                    .flatten(),
                 quotas: &rule.quotas,
                 cost,
                 max_wait,
