@@ -97,22 +97,33 @@ fn criterion_benches(c: &mut Criterion, url: &str, runtime: &tokio::runtime::Run
     g.finish();
 }
 
-/// p50 and p99 of `n` sequential calls of `call`, in microseconds.
-async fn percentiles<F, Fut>(n: usize, call: F) -> (f64, f64)
+/// p50 and p99 of `n` sequential calls of `a` and of `b`, alternated so
+/// that both see the same noise of a shared machine, in microseconds.
+async fn percentiles<A, AF, B, BF>(n: usize, a: A, b: B) -> [(f64, f64); 2]
 where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = ()>,
+    A: Fn() -> AF,
+    AF: std::future::Future<Output = ()>,
+    B: Fn() -> BF,
+    BF: std::future::Future<Output = ()>,
 {
-    let mut h = Histogram::<u64>::new(3).expect("a histogram");
+    let mut h = [
+        Histogram::<u64>::new(3).expect("a histogram"),
+        Histogram::<u64>::new(3).expect("a histogram"),
+    ];
     for _ in 0..n {
         let start = Instant::now();
-        call().await;
-        let _ = h.record(start.elapsed().as_nanos() as u64);
+        a().await;
+        let _ = h[0].record(start.elapsed().as_nanos() as u64);
+        let start = Instant::now();
+        b().await;
+        let _ = h[1].record(start.elapsed().as_nanos() as u64);
     }
-    (
-        h.value_at_quantile(0.5) as f64 / 1e3,
-        h.value_at_quantile(0.99) as f64 / 1e3,
-    )
+    h.map(|h| {
+        (
+            h.value_at_quantile(0.5) as f64 / 1e3,
+            h.value_at_quantile(0.99) as f64 / 1e3,
+        )
+    })
 }
 
 /// Calls per second with `in_flight` at once, `n` in all.
@@ -164,9 +175,8 @@ fn report(url: &str, port: u16, runtime: &tokio::runtime::Runtime) {
             store.ping().await;
         }
         let n = 20_000;
-        // Alternated, so that both see the same noise of a shared machine.
-        let (ping_p50, ping_p99) = percentiles(n, || async { assert!(store.ping().await) }).await;
-        let (adm_p50, adm_p99) = percentiles(n, || admit(&svc)).await;
+        let [(ping_p50, ping_p99), (adm_p50, adm_p99)] =
+            percentiles(n, || async { assert!(store.ping().await) }, || admit(&svc)).await;
         println!("latency, one at a time ({n} each):");
         println!("  PING       p50 {ping_p50:7.1} µs  p99 {ping_p99:7.1} µs");
         println!("  admission  p50 {adm_p50:7.1} µs  p99 {adm_p99:7.1} µs");

@@ -280,6 +280,14 @@ impl Reply {
                 slowest: index(int(reply.get(2))?)?,
             }),
             1 => {
+                // The rule marker and the probe are not the booking's.
+                let mut keys = admission.keys;
+                if admission.probed {
+                    keys.pop();
+                }
+                if !keys.is_empty() {
+                    keys.remove(0);
+                }
                 let at = int(reply.get(1))?;
                 let now = int(reply.get(2))?;
                 let marks = reply[6..]
@@ -295,11 +303,7 @@ impl Reply {
                     reset: Duration::from_micros(int(reply.get(4))?),
                     tightest: index(int(reply.get(5))?)?,
                     grant: Arc::new(Grant {
-                        // The rule marker and the probe are not the
-                        // booking's.
-                        keys: admission.keys
-                            [1..admission.keys.len() - usize::from(admission.probed)]
-                            .to_vec(),
+                        keys,
                         quotas: admission.quotas,
                         marks,
                         cost: admission.cost,
