@@ -211,4 +211,15 @@ async fn a_script_flush_reloads_the_scripts_with_no_failed_request() {
     assert!(second.iter().all(|(o, _)| o.is_ok()), "{second:?}");
     assert_eq!(handle.stats().store.expect("store stats").errors, 0);
     assert_eq!(handle.stats().aggregate.admitted, 12);
+    // All twelve booked in Redis, before and after the flush.
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("flush:*")
+        .query(&mut conn)
+        .expect("KEYS");
+    let bookings = keys.iter().find(|k| k.ends_with('s')).expect("the window");
+    let booked: u64 = redis::cmd("ZCARD")
+        .arg(bookings)
+        .query(&mut conn)
+        .expect("ZCARD");
+    assert_eq!(booked, 12);
 }

@@ -583,7 +583,7 @@ async fn capacity_comes_back(server: &RedisServer, algorithm: Algorithm) {
 }
 
 #[tokio::test]
-async fn a_reset_through_a_handle_clears_the_key_in_redis() {
+async fn a_reset_through_a_handle_clears_the_key_in_redis_for_every_replica() {
     let Some(server) = RedisServer::start("a_reset_through_a_handle") else {
         return;
     };
@@ -593,15 +593,65 @@ async fn a_reset_through_a_handle_clears_the_key_in_redis() {
             .with_store(store(&server, "reset:", Some(&clock)))
             .expect("a quota Redis keeps")
     };
-    let layer = make();
-    let handle = layer.handle();
-    let mut svc = layer.layer(Inner::new());
-    send(&mut svc, "alice", 0).await.expect("first");
-    send(&mut svc, "alice", 1).await.expect_err("full");
+    let a = make();
+    let handle = a.handle();
+    let mut a = a.layer(Inner::new());
+    send(&mut a, "alice", 0).await.expect("first");
+    // Replica b sees alice's window full, and refuses until a's handle
+    // resets her; her refusal is not remembered past the reset.
+    let b = make().layer(Inner::new());
+    send(&mut b.clone(), "alice", 1).await.expect_err("full");
     handle.reset(&["alice"]);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while send(&mut svc, "alice", 2).await.is_err() {
+    loop {
+        // A fresh replica each time: b remembers its refusal until the
+        // window ends.
+        let mut c = make().layer(Inner::new());
+        if send(&mut c, "alice", 2).await.is_ok() {
+            break;
+        }
         assert!(tokio::time::Instant::now() < deadline, "never reset");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+#[tokio::test]
+async fn a_flood_on_a_refused_key_costs_no_round_trips_until_its_retry_after() {
+    let Some(server) = RedisServer::start("a_flood_on_a_refused_key") else {
+        return;
+    };
+    let clock = Clock::new();
+    let layer = RateLimitLayer::new(quota(Algorithm::SlidingWindow, 1, MINUTE), GlobalKey)
+        .with_store(store(&server, "flood:", Some(&clock)))
+        .expect("a quota Redis keeps");
+    let handle = layer.handle();
+    let mut svc = layer.layer(Inner::new());
+    send(&mut svc, "k", 0).await.expect("admitted");
+    let mut conn = server.connection();
+    let calls = |conn: &mut redis::Connection| -> u64 {
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(conn)
+            .expect("INFO");
+        stats
+            .lines()
+            .find(|l| l.starts_with("cmdstat_evalsha:"))
+            .and_then(|l| l.split("calls=").nth(1))
+            .and_then(|l| l.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let before = calls(&mut conn);
+    for i in 0..50 {
+        let err = send(&mut svc, "k", i).await.expect_err("refused");
+        // Each answer as exact as Redis's own.
+        assert_eq!(retry_after(&err), MINUTE);
+    }
+    // One asked Redis; the 49 after it were answered here.
+    assert_eq!(calls(&mut conn) - before, 1);
+    let store = handle.stats().store.expect("store stats");
+    assert_eq!(store.cached_refusals, 49);
+    // At the instant, Redis is asked again, and admits.
+    clock.advance(MINUTE);
+    send(&mut svc, "k", 50).await.expect("admitted again");
 }
