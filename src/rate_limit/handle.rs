@@ -173,7 +173,9 @@ impl RateLimitHandle {
     /// The wait counts the key's quotas (under its rule) and the requests
     /// already waiting on it. Whether the request would wait that long or
     /// be refused depends on the service's `max_wait`. Zero when limiting
-    /// is off, in a dry run, and for a key without a quota.
+    /// is off, in a dry run, and for a key without a quota. On a limiter
+    /// that keeps its state in Redis (feature `redis`), what this replica
+    /// knows without asking: its in-process fallback's state.
     ///
     /// ```
     /// use std::time::Duration;

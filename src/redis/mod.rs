@@ -35,7 +35,9 @@
 //! the stats count failed calls and the decisions made without Redis
 //! ([`StoreStats`](crate::stats::StoreStats)). The connection reconnects by
 //! itself, with backoff. A key Redis refused is refused locally until its
-//! `retry_after`, so a flood of refused requests costs no round trips.
+//! `retry_after`, so a flood of refused requests costs no round trips. A
+//! call that timed out may still have booked in Redis: that capacity stays
+//! spent, the safe side.
 //!
 //! # What differs from in process
 //!
