@@ -651,6 +651,8 @@ async fn a_flood_on_a_refused_key_costs_no_round_trips_until_its_retry_after() {
     assert_eq!(calls(&mut conn) - before, 1);
     let store = handle.stats().store.expect("store stats");
     assert_eq!(store.cached_refusals, 49);
+    // A peek says what the cache says.
+    assert_eq!(handle.peek_wait::<&str>(&[]), MINUTE);
     // At the instant, Redis is asked again, and admits.
     clock.advance(MINUTE);
     send(&mut svc, "k", 50).await.expect("admitted again");

@@ -175,7 +175,8 @@ impl RateLimitHandle {
     /// be refused depends on the service's `max_wait`. Zero when limiting
     /// is off, in a dry run, and for a key without a quota. On a limiter
     /// that keeps its state in Redis (feature `redis`), what this replica
-    /// knows without asking: its in-process fallback's state.
+    /// knows without asking: the `retry_after` of a refusal it remembers,
+    /// else zero.
     ///
     /// ```
     /// use std::time::Duration;

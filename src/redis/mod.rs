@@ -53,10 +53,11 @@
 //! - [`RateLimitHandle::reset`](crate::rate_limit::RateLimitHandle::reset)
 //!   and [`new_turn`](crate::rate_limit::RateLimitHandle::new_turn) delete
 //!   the key's state in Redis in a task of their own (they return before
-//!   Redis has it); [`peek_wait`](crate::rate_limit::RateLimitHandle::peek_wait),
-//!   [`key_count`](crate::rate_limit::RateLimitHandle::key_count) and
-//!   [`evict_idle`](crate::rate_limit::RateLimitHandle::evict_idle) see only
-//!   this replica (its cache of refused keys, its fallback state).
+//!   Redis has it); [`peek_wait`](crate::rate_limit::RateLimitHandle::peek_wait)
+//!   says what this replica's cache of refused keys says (zero otherwise),
+//!   and [`key_count`](crate::rate_limit::RateLimitHandle::key_count) and
+//!   [`evict_idle`](crate::rate_limit::RateLimitHandle::evict_idle) see
+//!   only its in-process fallback's state.
 //!
 //! ```no_run
 //! use tower::ServiceBuilder;

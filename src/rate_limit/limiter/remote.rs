@@ -37,6 +37,15 @@ impl Remote {
         }
     }
 
+    /// How long a request of cost 1 on `key` would wait, as far as the
+    /// refusals remembered here say (zero: nothing remembered).
+    pub(crate) fn peek_refused(&self, key: KeyHash) -> std::time::Duration {
+        let now = self.store.local_micros();
+        self.refused
+            .check(key, 1, 0, now)
+            .map_or(std::time::Duration::ZERO, |(wait, _)| wait)
+    }
+
     /// Give a booking on `key` back, in a task of its own: a response
     /// future or a waiter being dropped cannot wait for Redis. Once Redis
     /// has it, a refusal of the key remembered here no longer holds. Outside
