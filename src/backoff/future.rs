@@ -288,7 +288,7 @@ fn report(
     let engine = watch.engine().clone();
     let (key, generation, text) = (watch.key(), watch.shared_generation, watch.text());
     let lengths = engine.lengths();
-    Some(Box::pin(async move {
+    let report = async move {
         let (store, name) = *route;
         let reported = crate::redis::cooldown::report(
             &store,
@@ -303,7 +303,18 @@ fn report(
             Ok(shared) => engine.merge_shared(key, shared, &text),
             Err(_) => crate::stats::StoreCounters::add(&engine.store_counters.errors),
         }
-    }))
+    };
+    // In a task of its own, so that a caller who drops the response future
+    // meanwhile does not keep the other replicas from hearing of it.
+    Some(match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            let task = runtime.spawn(report);
+            Box::pin(async move {
+                let _ = task.await;
+            })
+        }
+        Err(_) => Box::pin(report),
+    })
 }
 
 #[cfg(not(feature = "redis"))]
