@@ -657,3 +657,39 @@ async fn a_flood_on_a_refused_key_costs_no_round_trips_until_its_retry_after() {
     clock.advance(MINUTE);
     send(&mut svc, "k", 50).await.expect("admitted again");
 }
+
+#[tokio::test]
+async fn a_key_a_new_rule_takes_over_on_redis_starts_it_spent() {
+    let Some(server) = RedisServer::start("a_key_a_new_rule_takes_over") else {
+        return;
+    };
+    let clock = Clock::new();
+    let layer = RateLimitLayer::new(Quota::per_minute(2).expect("valid"), header_key())
+        .with_store(store(&server, "rules:", Some(&clock)))
+        .expect("a quota Redis keeps");
+    let handle = layer.handle();
+    let mut svc = layer.layer(Inner::new());
+    // vip-1 spends the default's two, before any rule exists.
+    send(&mut svc, "vip-1", 0).await.expect("first");
+    send(&mut svc, "vip-1", 1).await.expect("second");
+    let vip = tower_throttle::rate_limit::Rule::new(
+        "vip",
+        tower_throttle::rate_limit::KeyPattern::parts(["vip-*"]).expect("valid"),
+    )
+    .with_quota(Quota::per_minute(3).expect("valid"));
+    handle
+        .retune(vec![Quota::per_minute(2).expect("valid")], vec![vip])
+        .expect("valid retune");
+    // Its new rule's bucket starts spent, as in process: no free burst for
+    // moving; one unit (20 s at 3 a minute) away.
+    let err = send(&mut svc, "vip-1", 2).await.expect_err("no free burst");
+    assert_eq!(retry_after(&err), Duration::from_secs(20));
+    assert_eq!(refusal(&err).policy.as_deref(), Some("vip"));
+    // A key that never spent anywhere gets the rule's whole burst.
+    for i in 0..3 {
+        send(&mut svc, "vip-2", i)
+            .await
+            .expect("fresh key, full burst");
+    }
+    send(&mut svc, "vip-2", 3).await.expect_err("burst spent");
+}
