@@ -692,4 +692,17 @@ async fn a_key_a_new_rule_takes_over_on_redis_starts_it_spent() {
             .expect("fresh key, full burst");
     }
     send(&mut svc, "vip-2", 3).await.expect_err("burst spent");
+    // The rule renamed: another rule to Redis, which vip-2 (spent under
+    // the old one, as its marker says) starts spent too.
+    let gold = tower_throttle::rate_limit::Rule::new(
+        "gold",
+        tower_throttle::rate_limit::KeyPattern::parts(["vip-*"]).expect("valid"),
+    )
+    .with_quota(Quota::per_minute(3).expect("valid"));
+    handle
+        .retune(vec![Quota::per_minute(2).expect("valid")], vec![gold])
+        .expect("valid retune");
+    let err = send(&mut svc, "vip-2", 4).await.expect_err("no free burst");
+    assert_eq!(refusal(&err).policy.as_deref(), Some("gold"));
+    assert_eq!(retry_after(&err), Duration::from_secs(20));
 }
