@@ -69,8 +69,8 @@ pub struct StackConfig {
 
 /// The `[store]` section: keep the rate limits and the cooldowns in Redis,
 /// shared by every replica that names the same server (feature `redis`;
-/// see [`redis`](crate#feature-flags)). A build without the feature refuses
-/// the section.
+/// see the `redis` module). A build without the feature refuses the
+/// section.
 ///
 /// ```toml
 /// [store]
@@ -106,8 +106,7 @@ pub struct StoreConfig {
     #[serde(default)]
     pub local_fallback: Option<bool>,
     /// The secret keying the hash that names keys in Redis (see
-    /// [`RedisStore::with_hash_key`](crate::redis::RedisStore::with_hash_key)).
-    /// Never shown.
+    /// `RedisStore::with_hash_key`). Never shown.
     #[serde(default)]
     pub hash_key: Option<String>,
     /// The environment variable holding that secret, instead of

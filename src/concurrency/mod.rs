@@ -92,7 +92,8 @@
 //!
 //! # Several replicas
 //!
-//! Rate limits and cooldowns can live in Redis ([`redis`](crate::redis));
+//! Rate limits and cooldowns can live in Redis (the `redis` module, feature
+//! `redis`);
 //! concurrency permits stay in each replica, by design. Shared, a permit
 //! would have to be a lease in Redis that expires unless renewed, so that
 //! a crashed replica's permits come back. But a replica that stalls or
