@@ -93,10 +93,9 @@
 //! # Several replicas
 //!
 //! Rate limits and cooldowns can live in Redis (the `redis` module, feature
-//! `redis`);
-//! concurrency permits stay in each replica, by design. Shared, a permit
-//! would have to be a lease in Redis that expires unless renewed, so that
-//! a crashed replica's permits come back. But a replica that stalls or
+//! `redis`); concurrency permits stay in each replica, by design. Shared, a
+//! permit would have to be a lease in Redis that expires unless renewed, so
+//! that a crashed replica's permits come back. But a replica that stalls or
 //! loses Redis for longer than the lease keeps running requests whose
 //! permits have expired and been handed out again: the cap is broken at
 //! the moment the upstream is most likely in trouble. A waiter on another
