@@ -62,6 +62,157 @@ pub struct StackConfig {
     /// See [`IdentityConfig`].
     #[serde(default)]
     pub identity: Option<IdentityConfig>,
+    /// See [`StoreConfig`].
+    #[serde(default)]
+    pub store: Option<StoreConfig>,
+}
+
+/// The `[store]` section: keep the rate limits and the cooldowns in Redis,
+/// shared by every replica that names the same server (feature `redis`;
+/// see the `redis` module). A build without the feature refuses the
+/// section.
+///
+/// ```toml
+/// [store]
+/// redis_url = "redis://127.0.0.1:6379"
+/// # cluster = true             # redis_url is one node of a Redis Cluster
+/// prefix = "gateway:"          # default "tt:"
+/// timeout = "50ms"             # every call; default 50ms
+/// on_error = "open"            # or "closed"; default "open"
+/// local_fallback = true        # open: in-process limits per replica; default true
+/// hash_key_env = "GATEWAY_HASH_KEY"  # or hash_key = "..." (a secret)
+/// ```
+#[derive(Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `redis://[user:password@]host:port[/db]`. Never shown: it may hold a
+    /// password.
+    pub redis_url: String,
+    /// `redis_url` is a node of a Redis Cluster; default false.
+    #[serde(default)]
+    pub cluster: Option<bool>,
+    /// Put before every key name; default `tt:`.
+    #[serde(default)]
+    pub prefix: Option<String>,
+    /// The timeout of every Redis call, e.g. `"50ms"` (the default).
+    #[serde(default)]
+    pub timeout: Option<String>,
+    /// `"open"` (default: let requests through) or `"closed"` (refuse them,
+    /// 503) while Redis is unreachable.
+    #[serde(default)]
+    pub on_error: Option<String>,
+    /// Failing open, hold requests to in-process limits with the same quotas
+    /// (default true) or admit them all (false).
+    #[serde(default)]
+    pub local_fallback: Option<bool>,
+    /// The secret keying the hash that names keys in Redis (see
+    /// `RedisStore::with_hash_key`). Never shown.
+    #[serde(default)]
+    pub hash_key: Option<String>,
+    /// The environment variable holding that secret, instead of
+    /// `hash_key` (which keeps it out of the file).
+    #[serde(default)]
+    pub hash_key_env: Option<String>,
+}
+
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("redis_url", &"(hidden)")
+            .field("cluster", &self.cluster)
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field("on_error", &self.on_error)
+            .field("local_fallback", &self.local_fallback)
+            .field("hash_key", &self.hash_key.as_ref().map(|_| "(hidden)"))
+            .field("hash_key_env", &self.hash_key_env)
+            .finish()
+    }
+}
+
+impl StoreConfig {
+    fn check(&self) -> Result<(), ConfigError> {
+        if cfg!(not(feature = "redis")) {
+            return Err(ConfigError::new(
+                "",
+                "this build has no Redis store: enable tower-throttle's `redis` feature",
+            ));
+        }
+        if self.redis_url.trim().is_empty() {
+            return Err(ConfigError::new("redis_url", "must not be empty"));
+        }
+        if duration("timeout", &self.timeout)?.is_some_and(|d| d.is_zero()) {
+            return Err(ConfigError::new("timeout", "must be longer than zero"));
+        }
+        match self.on_error.as_deref() {
+            None | Some("open") | Some("closed") => {}
+            Some(other) => {
+                return Err(ConfigError::new(
+                    "on_error",
+                    format!(
+                        "`{}` is not a choice; use \"open\" or \"closed\"",
+                        crate::redact::Escaped(other)
+                    ),
+                ));
+            }
+        }
+        if self.hash_key.is_some() && self.hash_key_env.is_some() {
+            return Err(ConfigError::new(
+                "hash_key_env",
+                "give the secret once: hash_key or hash_key_env",
+            ));
+        }
+        self.secret().map(|_| ())
+    }
+
+    /// The hash key, from the file or the environment.
+    fn secret(&self) -> Result<Option<String>, ConfigError> {
+        if let Some(name) = &self.hash_key_env {
+            return match std::env::var(name) {
+                Ok(secret) if !secret.is_empty() => Ok(Some(secret)),
+                _ => Err(ConfigError::new(
+                    "hash_key_env",
+                    format!(
+                        "the environment variable `{}` is not set",
+                        crate::redact::Escaped(name)
+                    ),
+                )),
+            };
+        }
+        match &self.hash_key {
+            Some(key) if key.is_empty() => Err(ConfigError::new("hash_key", "must not be empty")),
+            key => Ok(key.clone()),
+        }
+    }
+
+    /// The store this section describes. Nothing is connected yet.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub fn build(&self) -> Result<crate::redis::RedisStore, ConfigError> {
+        use crate::redis::{OnError, RedisStore};
+
+        self.check()?;
+        let url = self.redis_url.trim();
+        let mut store = if self.cluster == Some(true) {
+            RedisStore::cluster(&[url])?
+        } else {
+            RedisStore::new(url)?
+        };
+        if let Some(prefix) = &self.prefix {
+            store = store.with_prefix(prefix.clone());
+        }
+        if let Some(timeout) = duration("timeout", &self.timeout)? {
+            store = store.with_timeout(timeout);
+        }
+        if self.on_error.as_deref() == Some("closed") {
+            store = store.on_error(OnError::Closed);
+        }
+        store = store.with_local_fallback(self.local_fallback.unwrap_or(true));
+        if let Some(secret) = self.secret()? {
+            store = store.with_hash_key(secret)?;
+        }
+        Ok(store)
+    }
 }
 
 /// The `[concurrency]` section.
@@ -82,6 +233,12 @@ pub struct ConcurrencyConfig {
     /// body ends (tower's behaviour); default false.
     #[serde(default)]
     pub release_at_headers: Option<bool>,
+    /// Share the permits with other replicas through the `[store]`: refused
+    /// (an error naming this field). Permits stay per replica; see
+    /// [`concurrency`](crate::concurrency#several-replicas) for why, and
+    /// divide `max_in_flight` by the number of replicas instead.
+    #[serde(default)]
+    pub shared: Option<bool>,
 }
 
 /// The `[backoff]` section.
@@ -128,6 +285,11 @@ pub struct Stack {
     pub backoff: Option<BackoffConfig>,
     /// The identity rules.
     pub identity: Option<IdentityConfig>,
+    /// The store section, checked.
+    pub store: Option<StoreConfig>,
+    /// The store built from it, shared by the layers this stack builds.
+    #[cfg(feature = "redis")]
+    redis: Option<crate::redis::RedisStore>,
 }
 
 impl StackConfig {
@@ -162,11 +324,28 @@ impl StackConfig {
             // Built once here so a bad rule is reported now, not at use.
             c.clone().build().map_err(|e| e.within("identity"))?;
         }
+        if let Some(c) = &self.store {
+            c.check().map_err(|e| e.within("store"))?;
+        }
+        #[cfg(feature = "redis")]
+        let redis = match &self.store {
+            Some(c) => {
+                if let Some(limits) = &rate_limit {
+                    crate::rate_limit::check_quotas(&limits.default, &limits.rules)
+                        .map_err(|e| e.within("rate_limit"))?;
+                }
+                Some(c.build().map_err(|e| e.within("store"))?)
+            }
+            None => None,
+        };
         Ok(Stack {
             rate_limit,
             concurrency: self.concurrency.clone(),
             backoff: self.backoff.clone(),
             identity: self.identity.clone(),
+            store: self.store.clone(),
+            #[cfg(feature = "redis")]
+            redis,
         })
     }
 }
@@ -190,6 +369,14 @@ fn count(field: &str, value: i64) -> Result<usize, ConfigError> {
 
 impl ConcurrencyConfig {
     fn check(&self) -> Result<(), ConfigError> {
+        if self.shared == Some(true) {
+            return Err(ConfigError::new(
+                "shared",
+                "concurrency permits are not shared through a store: a leased permit can \
+                 expire while its request still runs, which breaks the cap; keep them per \
+                 replica and divide max_in_flight by the number of replicas",
+            ));
+        }
         if count("max_in_flight", self.max_in_flight)? == 0 {
             return Err(ConfigError::new(
                 "max_in_flight",
@@ -311,11 +498,25 @@ impl BackoffConfig {
 }
 
 impl Stack {
-    /// The rate-limit layer, keyed by `extractor`, if configured.
+    /// The rate-limit layer, keyed by `extractor`, if configured; on the
+    /// `[store]`, when there is one.
     pub fn rate_limit_layer<X>(&self, extractor: X) -> Option<RateLimitLayer<X>> {
-        self.rate_limit
-            .as_ref()
-            .map(|limits| RateLimitLayer::from_limits(limits, extractor))
+        let layer = RateLimitLayer::from_limits(self.rate_limit.as_ref()?, extractor);
+        #[cfg(feature = "redis")]
+        let layer = match &self.redis {
+            // Its quotas were checked against the store by `validate`.
+            Some(store) => layer.stored(store.clone()),
+            None => layer,
+        };
+        Some(layer)
+    }
+
+    /// The Redis store of the `[store]` section, if there is one: for
+    /// layers built by hand to share it.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub fn redis_store(&self) -> Option<&crate::redis::RedisStore> {
+        self.redis.as_ref()
     }
 
     /// The concurrency layer, keyed by `extractor`, if configured.
@@ -334,10 +535,17 @@ impl Stack {
         &self,
         extractor: X,
     ) -> Result<Option<Backoff429Layer<X>>, ConfigError> {
-        self.backoff
+        let layer = self
+            .backoff
             .as_ref()
             .map(|c| c.layer(extractor).map_err(|e| e.within("backoff")))
-            .transpose()
+            .transpose()?;
+        #[cfg(feature = "redis")]
+        let layer = match (layer, &self.redis) {
+            (Some(layer), Some(store)) => Some(layer.with_store(store.clone())),
+            (layer, _) => layer,
+        };
+        Ok(layer)
     }
 
     /// The identity layer, if configured.
@@ -373,6 +581,7 @@ impl Stack {
                 release_at_headers: Some(
                     a.release_at_headers.unwrap_or(false) && b.release_at_headers.unwrap_or(false),
                 ),
+                shared: a.shared.or(b.shared),
             }),
             (a, b) => a.clone().or_else(|| b.clone()),
         };
@@ -405,6 +614,11 @@ impl Stack {
                 concurrency,
                 backoff,
                 identity,
+                // Where the state lives is not a limit: the earlier layer's
+                // store stands.
+                store: self.store.clone().or_else(|| later.store.clone()),
+                #[cfg(feature = "redis")]
+                redis: self.redis.clone().or_else(|| later.redis.clone()),
             },
             ignored,
         )

@@ -395,6 +395,34 @@ impl fmt::Display for CoolingDown {
 
 impl Error for CoolingDown {}
 
+/// The shared store a layer keeps its state in (Redis) did not answer in
+/// time, and the layer fails closed: the request was refused, not sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoreUnavailable {
+    /// The key as it may be shown (see [`RateLimited::key`]).
+    pub key: String,
+}
+
+impl StoreUnavailable {
+    /// A refusal of `key` for want of the store.
+    pub fn new(key: String) -> Self {
+        Self { key }
+    }
+}
+
+impl fmt::Display for StoreUnavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the shared limit store is unavailable; refused key `{}` (fail closed)",
+            self.key
+        )
+    }
+}
+
+impl Error for StoreUnavailable {}
+
 /// The request body is longer than a
 /// [`BufferBodyLayer`](crate::buffer::BufferBodyLayer) reads; nothing was
 /// sent to the inner service.

@@ -58,6 +58,9 @@ pub mod key;
 pub mod parts;
 pub mod rate_limit;
 pub mod redact;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
 pub mod respond;
 pub mod stats;
 mod store;

@@ -80,6 +80,56 @@ pub struct StatsSnapshot {
     pub keys: Vec<KeyStats>,
     /// Keys not counted apart because the per-key table was full.
     pub untracked_keys: u64,
+    /// For a layer that keeps its state in a shared store (Redis): the
+    /// calls that failed and what was decided without the store. `None`
+    /// for state in process; left out of the serialized form then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store: Option<StoreStats>,
+}
+
+/// What a layer keeping its state in a shared store counts besides its
+/// decisions, since its last stats reset.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct StoreStats {
+    /// Calls to the store that failed or timed out.
+    pub errors: u64,
+    /// Decisions made without the store because a call failed (failing
+    /// open: by the in-process fallback, or admitting).
+    pub fallbacks: u64,
+    /// Refusals made without a call, because the store refused the key a
+    /// moment before and its `retry_after` has not passed.
+    pub cached_refusals: u64,
+}
+
+/// The counters behind [`StoreStats`].
+#[derive(Debug, Default)]
+pub(crate) struct StoreCounters {
+    pub(crate) errors: AtomicU64,
+    pub(crate) fallbacks: AtomicU64,
+    pub(crate) cached_refusals: AtomicU64,
+}
+
+impl StoreCounters {
+    /// Count one more.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn add(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> StoreStats {
+        StoreStats {
+            errors: self.errors.load(Ordering::Relaxed),
+            fallbacks: self.fallbacks.load(Ordering::Relaxed),
+            cached_refusals: self.cached_refusals.load(Ordering::Relaxed),
+        }
+    }
+
+    fn reset(&self) {
+        self.errors.store(0, Ordering::Relaxed);
+        self.fallbacks.store(0, Ordering::Relaxed);
+        self.cached_refusals.store(0, Ordering::Relaxed);
+    }
 }
 
 #[derive(Default)]
@@ -274,6 +324,8 @@ pub(crate) struct Stats {
     baseline: Mutex<Tally>,
     /// Whether the layer reports requests in flight.
     tracks_in_flight: bool,
+    /// A shared store's counters, for a layer that keeps its state in one.
+    store: Option<Arc<StoreCounters>>,
     hub: Arc<Hub>,
 }
 
@@ -302,8 +354,17 @@ impl Stats {
             untracked: AtomicU64::new(0),
             baseline: Mutex::new(Tally::default()),
             tracks_in_flight: false,
+            store: None,
             hub: Arc::new(Hub::default()),
         }
+    }
+
+    /// The same counters, also reporting a shared store's in every
+    /// snapshot.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn with_store_counters(mut self, counters: Arc<StoreCounters>) -> Self {
+        self.store = Some(counters);
+        self
     }
 
     /// The same counters, also reporting requests in flight
@@ -472,6 +533,7 @@ impl Stats {
             aggregate: self.render(&all, in_flight),
             keys,
             untracked_keys: self.untracked.load(Ordering::Relaxed),
+            store: self.store.as_ref().map(|s| s.snapshot()),
         }
     }
 
@@ -479,6 +541,9 @@ impl Stats {
     /// flight) keep counting what is there.
     pub(crate) fn reset(&self) {
         *self.baseline.lock() = self.totals();
+        if let Some(store) = &self.store {
+            store.reset();
+        }
         if let Some(keys) = &self.keys {
             let mut table = keys.lock();
             let KeyTable { keys, other } = &mut *table;

@@ -219,6 +219,20 @@ async fn a_limit_given_twice_or_a_waiting_part_is_refused_when_built() {
     assert_eq!(waiting.unwrap_err().field, "max_wait");
 }
 
+#[cfg(feature = "redis")]
+#[tokio::test(start_paused = true)]
+async fn a_part_on_a_shared_store_is_refused_when_built() {
+    // Nothing connects until a request: no server is needed to be refused.
+    let store = || tower_throttle::redis::RedisStore::new("redis://127.0.0.1:1").unwrap();
+    let (turns, pairs) = limits(2);
+    let shared = JointRateLimitLayer::new(turns.with_store(store()).unwrap());
+    assert_eq!(shared.unwrap_err().field, "store");
+    let later = JointRateLimitLayer::new(pairs)
+        .unwrap()
+        .and(limits(2).0.with_store(store()).unwrap());
+    assert_eq!(later.unwrap_err().field, "store");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_limit_switched_off_or_in_a_dry_run_refuses_nothing() {
     let (turns, pairs) = limits(1);

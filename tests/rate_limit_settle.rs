@@ -205,6 +205,13 @@ async fn a_refund_from_before_a_reset_gives_nothing_back() {
             let layer = layer(quota);
             let handle = layer.handle();
             let mut svc = layer.layer(inner(Log::default()));
+            // Start where the key's window does: a fixed window turns over
+            // on the wall clock, and one boundary inside the test's second
+            // would refill the key whatever the refund did.
+            send(&mut svc, 200).await.expect("a fresh key");
+            let full = send(&mut svc, 200).await.expect_err("full");
+            let wait = full.downcast_ref::<RateLimited>().expect("refused");
+            time::advance(wait.retry_after).await;
             let old = svc.ready().await.unwrap().call(request(429, 1_000));
             let old = tokio::spawn(old);
             tokio::task::yield_now().await;

@@ -141,6 +141,19 @@ pub async fn run(
             }
         };
     }
+    if cli.simulator_only {
+        return simulator_only(loaded.settings, cli.listen, stop).await;
+    }
+    let mut loaded = loaded;
+    if let Some(url) = &cli.redis {
+        loaded.settings = match loaded.settings.with_redis(url) {
+            Ok(settings) => settings,
+            Err(e) => {
+                eprintln!("proxy: {e}");
+                return EXIT_USAGE;
+            }
+        };
+    }
     let listen = match cli.listen.or(loaded.settings.gateway.listen) {
         Some(addr) => addr,
         None => DEFAULT_LISTEN
@@ -192,6 +205,34 @@ pub async fn run(
         watcher.abort();
     }
     tracing::info!(clean, "stopped");
+    0
+}
+
+/// `--simulator-only`: the file's `[simulator]` alone, on `listen`, until
+/// `stop`, so that several gateways can share one upstream.
+async fn simulator_only(
+    settings: Settings,
+    listen: Option<SocketAddr>,
+    stop: impl Future<Output = ()>,
+) -> u8 {
+    let (Some(sim), Some(listen)) = (settings.simulator, listen) else {
+        eprintln!("proxy: --simulator-only needs --listen and a [simulator] section");
+        return EXIT_USAGE;
+    };
+    let sim = config::SimSettings { listen, ..sim };
+    let simulator = match crate::simulator::Simulator::start(sim).await {
+        Ok(simulator) => simulator,
+        Err(e) => {
+            eprintln!("proxy: cannot start the simulator on {listen}: {e}");
+            return EXIT_FAILURE;
+        }
+    };
+    println!("tower-throttle proxy: the simulator alone");
+    println!("  simulator  {}", simulator.url());
+    stop.await;
+    tracing::info!("shutting down");
+    simulator.stop(std::time::Duration::from_secs(5)).await;
+    tracing::info!(clean = true, "stopped");
     0
 }
 

@@ -49,6 +49,17 @@ pub struct Cli {
     )]
     pub connections: Vec<usize>,
 
+    /// Keep the rate limits and the cooldowns in Redis at URL, shared by
+    /// every gateway given the same URL (as `[store] redis_url`; needs the
+    /// `redis` feature).
+    #[arg(long, value_name = "URL", conflicts_with_all = ["bench", "simulator_only"])]
+    pub redis: Option<String>,
+
+    /// Run the built-in simulator alone (the file's `[simulator]`) on
+    /// --listen, so that several gateways can share one upstream.
+    #[arg(long, requires = "listen", conflicts_with_all = ["bench", "demo"])]
+    pub simulator_only: bool,
+
     /// Log filter: a level (`info`, `debug`) or `target=level` pairs
     /// [default: $RUST_LOG, else info].
     #[arg(long, value_name = "FILTER")]

@@ -15,7 +15,7 @@ use std::time::Duration;
 use http::uri::{Authority, Scheme};
 use http::{HeaderName, HeaderValue, Uri};
 use serde::Deserialize;
-use tower_throttle::config::{BackoffConfig, ConcurrencyConfig, Stack, StackConfig};
+use tower_throttle::config::{BackoffConfig, ConcurrencyConfig, Stack, StackConfig, StoreConfig};
 use tower_throttle::error::ConfigError;
 use tower_throttle::identity::IdentityConfig;
 use tower_throttle::rate_limit::RateLimitConfig;
@@ -73,6 +73,10 @@ pub struct ProxyFile {
     /// `[identity]`.
     #[serde(default)]
     pub identity: Option<IdentityConfig>,
+    /// `[store]`: the rate limits and cooldowns in Redis, shared by every
+    /// gateway on the same server (the `redis` feature).
+    #[serde(default)]
+    pub store: Option<StoreConfig>,
 }
 
 /// `[gateway]`: the server itself.
@@ -386,13 +390,7 @@ impl Settings {
                 ..s
             });
         let providers = check_providers(&file.providers, simulator.is_some(), env)?;
-        let stack = StackConfig {
-            rate_limit: file.rate_limit.clone(),
-            concurrency: file.concurrency.clone(),
-            backoff: file.backoff.clone(),
-            identity: file.identity.clone(),
-        }
-        .validate()?;
+        let stack = stack_config(&file, file.store.clone()).validate()?;
         check_rule_providers(&file, &providers)?;
         Ok(Self {
             file,
@@ -428,12 +426,41 @@ impl Settings {
         if a.simulator != b.simulator {
             changed.push("simulator");
         }
+        if a.store != b.store {
+            changed.push("store");
+        }
         changed
+    }
+
+    /// The same settings with the layers' state in Redis at `url`
+    /// (`--redis`): the file's `[store]` with that URL, or one with
+    /// defaults. Only the start reads it: a reload keeps the layers, and
+    /// so their store.
+    pub fn with_redis(mut self, url: &str) -> Result<Self, ConfigError> {
+        let store = StoreConfig {
+            redis_url: url.to_owned(),
+            ..self.file.store.clone().unwrap_or_default()
+        };
+        self.stack = stack_config(&self.file, Some(store))
+            .validate()
+            .map_err(|e| e.within("--redis"))?;
+        Ok(self)
     }
 
     /// The provider serving unprefixed paths, if any.
     pub fn default_provider(&self) -> Option<&Provider> {
         self.providers.iter().find(|p| p.default)
+    }
+}
+
+/// The crate's sections of `file`, with `store`.
+fn stack_config(file: &ProxyFile, store: Option<StoreConfig>) -> StackConfig {
+    StackConfig {
+        rate_limit: file.rate_limit.clone(),
+        concurrency: file.concurrency.clone(),
+        backoff: file.backoff.clone(),
+        identity: file.identity.clone(),
+        store,
     }
 }
 

@@ -483,13 +483,26 @@ impl Gateway {
         // handles, now and on every reload (`live`).
         let limits = settings.stack.rate_limit.clone().unwrap_or_default();
         let rate = RateLimitLayer::from_limits(&limits, RouteKey)
-            .with_key_stats_where(routes, is_tracked(&tracked))
-            .with_response_headers(NoteQuota);
-        let concurrency = ConcurrencyLayer::new(live::max_in_flight(&settings), RouteKey)
-            .map_err(|e| e.within("concurrency"))?
             .with_key_stats_where(routes, is_tracked(&tracked));
         let backoff =
             Backoff429Layer::new(RouteKey).with_key_stats_where(routes, is_tracked(&tracked));
+        // With a `[store]`, rate limits and cooldowns are shared with every
+        // gateway on the same Redis; concurrency stays per gateway.
+        #[cfg(feature = "redis")]
+        let (rate, backoff) = match settings.stack.redis_store() {
+            Some(store) => {
+                tracing::info!(prefix = %store.prefix(), "rate limits and cooldowns in Redis");
+                let rate = rate
+                    .with_store(store.clone())
+                    .map_err(|e| e.within("rate_limit"))?;
+                (rate, backoff.with_store(store.clone()))
+            }
+            None => (rate, backoff),
+        };
+        let rate = rate.with_response_headers(NoteQuota);
+        let concurrency = ConcurrencyLayer::new(live::max_in_flight(&settings), RouteKey)
+            .map_err(|e| e.within("concurrency"))?
+            .with_key_stats_where(routes, is_tracked(&tracked));
         let handles = Handles {
             rate: rate.handle(),
             concurrency: concurrency.handle(),

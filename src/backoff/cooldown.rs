@@ -40,6 +40,9 @@ pub(crate) struct Config {
     pub(crate) on_503: bool,
     pub(crate) proactive: bool,
     pub(crate) key_stats: KeyTracking,
+    /// Where cooldowns are shared with other replicas.
+    #[cfg(feature = "redis")]
+    pub(crate) store: Option<crate::redis::RedisStore>,
 }
 
 /// One waiter in a route's queue.
@@ -67,6 +70,10 @@ pub(crate) struct Route {
     forget_at: Nanos,
     queue: VecDeque<Slot>,
     next_id: u64,
+    /// The shared cooldown's generation, as the store last said (see
+    /// [`Cooldowns::merge_shared`]).
+    #[cfg(feature = "redis")]
+    shared_generation: u64,
 }
 
 impl Idle for Route {
@@ -146,6 +153,12 @@ pub(crate) struct Cooldowns {
     /// Off: requests pass untouched and responses are not read.
     enabled: AtomicBool,
     key_stats: KeyTracking,
+    /// Where cooldowns are shared with other replicas.
+    #[cfg(feature = "redis")]
+    pub(crate) store: Option<crate::redis::RedisStore>,
+    /// The store's counters (reported in the stats when there is a store).
+    #[cfg(feature = "redis")]
+    pub(crate) store_counters: Arc<crate::stats::StoreCounters>,
     /// Numbers cooldown starts across routes, so that a request can tell a
     /// cooldown that started after it was sent.
     epochs: AtomicU64,
@@ -194,10 +207,21 @@ pub(crate) struct Watch {
     /// end it.
     streak_open: bool,
     text: Arc<str>,
+    /// The shared cooldown's generation when the request was sent.
+    #[cfg(feature = "redis")]
+    pub(crate) shared_generation: u64,
 }
 
 impl Cooldowns {
     pub(crate) fn new(config: Config) -> Self {
+        #[cfg(feature = "redis")]
+        let store_counters = Arc::new(crate::stats::StoreCounters::default());
+        let stats = Stats::new(config.key_stats.clone());
+        #[cfg(feature = "redis")]
+        let stats = match &config.store {
+            Some(_) => stats.with_store_counters(store_counters.clone()),
+            None => stats,
+        };
         Self {
             timeline: Timeline::new(ClockSource::Tokio),
             seed: KeySeed::default(),
@@ -210,8 +234,12 @@ impl Cooldowns {
             on_503: AtomicBool::new(config.on_503),
             proactive: AtomicBool::new(config.proactive),
             enabled: AtomicBool::new(true),
-            stats: Arc::new(Stats::new(config.key_stats.clone())),
+            stats: Arc::new(stats),
             key_stats: config.key_stats,
+            #[cfg(feature = "redis")]
+            store: config.store,
+            #[cfg(feature = "redis")]
+            store_counters,
             epochs: AtomicU64::new(0),
             started: AtomicU64::new(0),
         }
@@ -230,6 +258,8 @@ impl Cooldowns {
             on_503: self.on_503.load(Ordering::Relaxed),
             proactive: self.proactive.load(Ordering::Relaxed),
             key_stats: self.key_stats.clone(),
+            #[cfg(feature = "redis")]
+            store: self.store.clone(),
         }
     }
 
@@ -348,22 +378,26 @@ impl Cooldowns {
             generation: route.generation,
             streak_open: route.streak > 0,
             text,
+            #[cfg(feature = "redis")]
+            shared_generation: route.shared_generation,
         }
     }
 
-    /// Read a response to a request sent under `watch`.
-    fn observe(&self, watch: &Watch, status: StatusCode, headers: &HeaderMap) {
+    /// Read a response to a request sent under `watch`: what it said that
+    /// a shared cooldown must hear (a 429, a 503 with a wait, a success
+    /// ending a streak or advising a wait), if anything.
+    fn observe(&self, watch: &Watch, status: StatusCode, headers: &HeaderMap) -> Option<Said> {
         let refused = status == StatusCode::TOO_MANY_REQUESTS;
         let unavailable =
             status == StatusCode::SERVICE_UNAVAILABLE && self.on_503.load(Ordering::Relaxed);
         let success = status.is_success();
         // Switched off since the request went: its response is not read.
         if !(refused || unavailable || success) || !self.is_enabled() {
-            return;
+            return None;
         }
         let proactive = self.proactive.load(Ordering::Relaxed);
         if success && !watch.streak_open && !proactive {
-            return;
+            return None;
         }
         // The lengths in force as the response is read.
         let lengths = self.lengths();
@@ -372,9 +406,12 @@ impl Cooldowns {
         } else {
             None
         };
-        if unavailable && advised.is_none() {
-            return;
-        }
+        let said = match advised {
+            _ if refused => Said::Refused(advised.map(|(wait, _)| wait)),
+            Some((wait, _)) if unavailable => Said::Unavailable(wait),
+            None if unavailable => return None,
+            _ => Said::Succeeded(advised.map(|(wait, _)| wait)),
+        };
         let now = self.timeline.now();
         let mut locked = self.routes.lock(watch.key, now);
         let ((), route) = locked.get();
@@ -420,6 +457,7 @@ impl Cooldowns {
                 forget_after,
             );
         }
+        Some(said)
     }
 
     /// Cool `route` down for `wait` from `now`, unless it already cools
@@ -523,9 +561,95 @@ impl Cooldowns {
 }
 
 impl Watch {
-    /// Read the response this watch was made for.
-    pub(crate) fn observe(&self, status: StatusCode, headers: &HeaderMap) {
-        self.engine.observe(self, status, headers);
+    /// Read the response this watch was made for; what it said, for a
+    /// shared cooldown.
+    pub(crate) fn observe(&self, status: StatusCode, headers: &HeaderMap) -> Option<Said> {
+        self.engine.observe(self, status, headers)
+    }
+
+    /// The engine the watch reports to.
+    #[cfg(feature = "redis")]
+    pub(crate) fn engine(&self) -> &Arc<Cooldowns> {
+        &self.engine
+    }
+
+    /// The route watched.
+    #[cfg(feature = "redis")]
+    pub(crate) fn key(&self) -> KeyHash {
+        self.key
+    }
+
+    /// The route's name as it may be shown.
+    #[cfg(feature = "redis")]
+    pub(crate) fn text(&self) -> Arc<str> {
+        self.text.clone()
+    }
+}
+
+/// What a response said that a shared cooldown must hear.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) enum Said {
+    /// 429, with the wait its headers advised, if any.
+    Refused(Option<Duration>),
+    /// 503 with an advised wait (without one it says nothing).
+    Unavailable(Duration),
+    /// A success, with the wait its headers advised (proactive), if any.
+    Succeeded(Option<Duration>),
+}
+
+#[cfg(feature = "redis")]
+impl Cooldowns {
+    /// Fold the route's shared state, as the store says it (`shared`), into
+    /// this replica's: the longer cooldown wins, the streak is the
+    /// store's.
+    pub(crate) fn merge_shared(
+        &self,
+        key: KeyHash,
+        shared: crate::redis::cooldown::Shared,
+        text: &Arc<str>,
+    ) {
+        let now = self.timeline.now();
+        let until = now.saturating_add(saturating_nanos(shared.cooling));
+        let mut locked = self.routes.lock(key, now);
+        let ((), route) = locked.get();
+        route.refresh(now);
+        route.streak = shared.streak;
+        route.shared_generation = route.shared_generation.max(shared.generation);
+        if route.text.is_none() {
+            route.text = Some(text.clone());
+        }
+        // Within a millisecond of this replica's own: the same cooldown,
+        // seen through a round trip.
+        if until <= route.until.saturating_add(1_000_000) {
+            return;
+        }
+        let was_cooling = route.until > now;
+        route.until = until;
+        let lengths = self.lengths();
+        let forget_after = lengths.backoff.cap().min(lengths.max_cooldown);
+        route.forget_at = until.saturating_add(saturating_nanos(forget_after));
+        // The queue's head, asleep until the old end, looks again then.
+        route.generation = self.epochs.fetch_add(1, Ordering::Relaxed) + 1;
+        drop(locked);
+        if !was_cooling {
+            self.started.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut active = self.active.lock();
+        if active.map.len() >= active.prune_at {
+            active.prune(now);
+        }
+        active.map.insert(
+            key.0,
+            Listed {
+                text: text.clone(),
+                until,
+                reason: Reason::Shared,
+                status: 429,
+            },
+        );
+        drop(active);
+        self.stats.touch();
     }
 }
 

@@ -1,16 +1,48 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use pin_project_lite::pin_project;
 use tokio::sync::oneshot;
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use super::cooldown::{Check, QueueSlot, Watch};
+#[cfg(feature = "redis")]
+use super::cooldown::Admit;
+use super::cooldown::{Check, Cooldowns, QueueSlot, Watch};
 use crate::error::BoxError;
+use crate::key::KeyHash;
 use crate::parts::ResponseParts;
+
+/// A route whose cooldown is shared: the store and the route's Redis key.
+#[cfg(feature = "redis")]
+pub(crate) type Route = Box<(crate::redis::RedisStore, String)>;
+/// Without a store there is no shared route.
+#[cfg(not(feature = "redis"))]
+pub(crate) type Route = std::convert::Infallible;
+
+/// What reading a shared route gives.
+#[cfg(feature = "redis")]
+type Read = Result<crate::redis::cooldown::Shared, crate::redis::StoreError>;
+#[cfg(not(feature = "redis"))]
+type Read = std::convert::Infallible;
+
+/// A request whose route's shared cooldown is being read: the inner service
+/// that was ready for it, the request, and what it is admitted with.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) struct Reading<S, R> {
+    pub(crate) read: Pin<Box<dyn Future<Output = Read> + Send>>,
+    pub(crate) inner: Option<S>,
+    pub(crate) req: Option<R>,
+    pub(crate) key: KeyHash,
+    pub(crate) text: Arc<str>,
+    pub(crate) max_wait: Duration,
+    pub(crate) engine: Arc<Cooldowns>,
+    pub(crate) route: Option<Route>,
+}
 
 /// A request waiting for its route's cooldown to end: the inner service that
 /// was ready for it, the request, and its place in the queue.
@@ -18,6 +50,8 @@ struct Waiter<S, R> {
     inner: S,
     req: Option<R>,
     slot: QueueSlot,
+    /// The shared route, for the response.
+    route: Option<Route>,
     /// Fires when this request becomes the head of the queue; `None` once it
     /// is.
     head: Option<oneshot::Receiver<()>>,
@@ -72,7 +106,10 @@ where
 
 pin_project! {
     /// The response future of [`Backoff429`](super::Backoff429).
-    pub struct ResponseFuture<Fut, S, R> {
+    pub struct ResponseFuture<Fut, S, R>
+    where
+        Fut: Future,
+    {
         #[pin]
         state: State<Fut, S, R>,
     }
@@ -80,7 +117,13 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<Fut, S, R> {
+    enum State<Fut, S, R>
+    where
+        Fut: Future,
+    {
+        Reading {
+            reading: Box<Reading<S, R>>,
+        },
         Waiting {
             waiter: Box<Waiter<S, R>>,
         },
@@ -88,6 +131,12 @@ pin_project! {
             #[pin]
             future: Fut,
             watch: Option<Watch>,
+            route: Option<Route>,
+        },
+        // The response, held until the shared route has heard what it said.
+        Reporting {
+            report: Pin<Box<dyn Future<Output = ()> + Send>>,
+            outcome: Option<Fut::Output>,
         },
         Failed {
             error: Option<BoxError>,
@@ -95,12 +144,13 @@ pin_project! {
     }
 }
 
-impl<Fut, S, R> ResponseFuture<Fut, S, R> {
+impl<Fut: Future, S, R> ResponseFuture<Fut, S, R> {
     pub(crate) fn called(future: Fut, watch: Watch) -> Self {
         Self {
             state: State::Called {
                 future,
                 watch: Some(watch),
+                route: None,
             },
         }
     }
@@ -111,7 +161,16 @@ impl<Fut, S, R> ResponseFuture<Fut, S, R> {
             state: State::Called {
                 future,
                 watch: None,
+                route: None,
             },
+        }
+    }
+
+    /// Reading the route's shared cooldown first.
+    #[cfg(feature = "redis")]
+    pub(crate) fn reading(reading: Box<Reading<S, R>>) -> Self {
+        Self {
+            state: State::Reading { reading },
         }
     }
 
@@ -127,6 +186,7 @@ impl<Fut, S, R> ResponseFuture<Fut, S, R> {
                     inner,
                     req: Some(req),
                     slot,
+                    route: None,
                     head,
                     sleep: None,
                 }),
@@ -153,12 +213,35 @@ where
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         loop {
             match self.as_mut().project().state.project() {
-                StateProj::Called { future, watch } => {
+                StateProj::Called {
+                    future,
+                    watch,
+                    route,
+                } => {
                     let outcome = ready!(future.poll(cx));
-                    if let (Ok(response), Some(watch)) = (&outcome, watch.take()) {
-                        watch.observe(response.status(), response.headers());
+                    let (Ok(response), Some(watch)) = (&outcome, watch.take()) else {
+                        return Poll::Ready(outcome.map_err(Into::into));
+                    };
+                    let said = watch.observe(response.status(), response.headers());
+                    match report(said, &watch, route.take()) {
+                        Some(report) => self.as_mut().project().state.set(State::Reporting {
+                            report,
+                            outcome: Some(outcome),
+                        }),
+                        None => return Poll::Ready(outcome.map_err(Into::into)),
                     }
+                }
+                StateProj::Reporting { report, outcome } => {
+                    ready!(report.as_mut().poll(cx));
+                    let Some(outcome) = outcome.take() else {
+                        return Poll::Ready(Err(polled_after_completion()));
+                    };
                     return Poll::Ready(outcome.map_err(Into::into));
+                }
+                StateProj::Reading { reading } => {
+                    let read = ready!(reading.read.as_mut().poll(cx));
+                    let next = read_done(reading, read);
+                    self.as_mut().project().state.set(next);
                 }
                 StateProj::Waiting { waiter } => {
                     let watch = match ready!(waiter.poll_turn(cx)) {
@@ -178,9 +261,11 @@ where
                     // Only now may the next waiter go: the inner service
                     // sees the requests in arrival order.
                     waiter.slot.release();
+                    let route = waiter.route.take();
                     self.as_mut().project().state.set(State::Called {
                         future,
                         watch: Some(watch),
+                        route,
                     });
                 }
                 StateProj::Failed { error } => {
@@ -191,15 +276,132 @@ where
     }
 }
 
+/// What a response said, sent to its shared route; `None` when there is
+/// nothing to send (no store, or nothing said).
+#[cfg(feature = "redis")]
+fn report(
+    said: Option<super::Said>,
+    watch: &Watch,
+    route: Option<Route>,
+) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>> {
+    let (said, route) = (said?, route?);
+    let engine = watch.engine().clone();
+    let (key, generation, text) = (watch.key(), watch.shared_generation, watch.text());
+    let lengths = engine.lengths();
+    let report = async move {
+        let (store, name) = *route;
+        let reported = crate::redis::cooldown::report(
+            &store,
+            &name,
+            generation,
+            said,
+            &lengths.backoff,
+            lengths.max_cooldown,
+        )
+        .await;
+        match reported {
+            Ok(shared) => engine.merge_shared(key, shared, &text),
+            Err(_) => crate::stats::StoreCounters::add(&engine.store_counters.errors),
+        }
+    };
+    // In a task of its own, so that a caller who drops the response future
+    // meanwhile does not keep the other replicas from hearing of it.
+    Some(match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            let task = runtime.spawn(report);
+            Box::pin(async move {
+                let _ = task.await;
+            })
+        }
+        Err(_) => Box::pin(report),
+    })
+}
+
+#[cfg(not(feature = "redis"))]
+fn report<T>(
+    _said: Option<T>,
+    _watch: &Watch,
+    _route: Option<Route>,
+) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>> {
+    None
+}
+
+/// The state after the route's shared cooldown was read: as in process,
+/// with what Redis said folded in first.
+#[cfg(feature = "redis")]
+fn read_done<Fut, S, R>(reading: &mut Reading<S, R>, read: Read) -> State<Fut, S, R>
+where
+    Fut: Future,
+    S: Service<R, Future = Fut>,
+{
+    use crate::stats::StoreCounters;
+
+    let engine = reading.engine.clone();
+    match read {
+        Ok(shared) => engine.merge_shared(reading.key, shared, &reading.text),
+        Err(_) => {
+            StoreCounters::add(&engine.store_counters.errors);
+            let closed = engine
+                .store
+                .as_ref()
+                .is_some_and(|s| s.error_mode() == crate::redis::OnError::Closed);
+            if closed {
+                let error = crate::error::StoreUnavailable::new(reading.text.to_string());
+                return State::Failed {
+                    error: Some(Box::new(error)),
+                };
+            }
+            // Open: this replica's own cooldowns.
+            StoreCounters::add(&engine.store_counters.fallbacks);
+        }
+    }
+    let (Some(mut inner), Some(req)) = (reading.inner.take(), reading.req.take()) else {
+        return State::Failed {
+            error: Some(polled_after_completion()),
+        };
+    };
+    let text = reading.text.clone();
+    let route = reading.route.take();
+    match engine.admit(reading.key, reading.max_wait, &|| text.clone()) {
+        Admit::Go(watch) => State::Called {
+            future: inner.call(req),
+            watch: Some(watch),
+            route,
+        },
+        Admit::Wait(slot, head) => State::Waiting {
+            waiter: Box::new(Waiter {
+                inner,
+                req: Some(req),
+                slot,
+                route,
+                head,
+                sleep: None,
+            }),
+        },
+        Admit::Refused(error) => State::Failed {
+            error: Some(Box::new(error)),
+        },
+    }
+}
+
+#[cfg(not(feature = "redis"))]
+fn read_done<Fut, S, R>(_reading: &mut Reading<S, R>, read: Read) -> State<Fut, S, R>
+where
+    Fut: Future,
+{
+    match read {}
+}
+
 fn polled_after_completion() -> BoxError {
     "backoff future polled after completion".into()
 }
 
-impl<Fut, S, R> fmt::Debug for ResponseFuture<Fut, S, R> {
+impl<Fut: Future, S, R> fmt::Debug for ResponseFuture<Fut, S, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
+            State::Reading { .. } => "reading",
             State::Waiting { .. } => "waiting",
-            State::Called { .. } => "called",
+            State::Called { .. } | State::Reporting { .. } => "called",
             State::Failed { .. } => "failed",
         };
         f.debug_struct("ResponseFuture")

@@ -36,12 +36,15 @@ pub enum Reason {
         /// Consecutive 429 responses without a success in between.
         streak: u32,
     },
+    /// Started by another replica sharing the route's cooldown through a
+    /// store (Redis), for a reason that replica knows.
+    Shared,
 }
 
 impl Reason {
     /// True when the length came from a response header.
     pub fn is_header(&self) -> bool {
-        !matches!(self, Self::Exponential { .. })
+        !matches!(self, Self::Exponential { .. } | Self::Shared)
     }
 
     /// The header the length came from, as it is usually spelled; `None` for
@@ -54,7 +57,7 @@ impl Reason {
             Self::ResetTime => "anthropic-ratelimit-*-reset",
             Self::ResetEpoch => "x-ratelimit-reset",
             Self::RateLimitField => "ratelimit",
-            Self::Exponential { .. } => return None,
+            Self::Exponential { .. } | Self::Shared => return None,
         })
     }
 }

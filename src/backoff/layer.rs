@@ -73,6 +73,8 @@ impl<X> Backoff429Layer<X> {
             on_503: false,
             proactive: false,
             key_stats: KeyTracking::default(),
+            #[cfg(feature = "redis")]
+            store: None,
         };
         let engine = Arc::new(Cooldowns::new(config));
         Self {
@@ -183,6 +185,24 @@ impl<X> Backoff429Layer<X> {
         let key: Arc<str> = Arc::from(key.into());
         self.shared.fallback = Some((self.shared.engine.seed().hash_parts(&[&*key]), key));
         self
+    }
+
+    /// Share every route's cooldown and 429 streak with the other replicas
+    /// that use the same store (see [`redis`](crate::redis)): a 429 (or a
+    /// 503, with [`on_503`](Self::on_503)) one replica sees cools the route
+    /// for all, the longer of the cooldown in force and the new one winning.
+    ///
+    /// Each request reads its route's state in Redis first (one round
+    /// trip), and a response that starts a cooldown or ends a streak is
+    /// passed back to the caller once Redis has it: every replica sees it
+    /// before its next request to that route. When Redis cannot be reached,
+    /// the store's [`OnError`](crate::redis::OnError) decides: open goes on
+    /// with this replica's own cooldowns, closed refuses with
+    /// [`StoreUnavailable`](crate::error::StoreUnavailable).
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub fn with_store(self, store: crate::redis::RedisStore) -> Self {
+        self.rebuild(|config| config.store = Some(store))
     }
 
     /// A handle for the stats, cooldowns and live settings of this layer:

@@ -64,6 +64,8 @@ mod retry;
 mod service;
 mod stats;
 
+#[cfg(feature = "redis")]
+pub(crate) use cooldown::Said;
 pub use exponential::ExponentialBackoff;
 pub use future::ResponseFuture;
 pub use handle::BackoffHandle;

@@ -143,6 +143,11 @@ where
                 _ => return ResponseFuture::failed(no_key(e)),
             },
         };
+        #[cfg(feature = "redis")]
+        if let Some(store) = &shared.engine.store {
+            let store = store.clone();
+            return self.call_remote(req, key, store);
+        }
         let text = || shared.key_text(&req);
         match shared.engine.admit(key, shared.max_wait, &text) {
             Admit::Go(watch) => ResponseFuture::called(self.inner.call(req), watch),
@@ -155,6 +160,54 @@ where
             }
             Admit::Refused(error) => ResponseFuture::failed(Box::new(error)),
         }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl<S, X> Backoff429<S, X> {
+    /// A request on a route whose cooldown is shared: read it from Redis
+    /// first, then decide as in process.
+    #[inline(never)]
+    fn call_remote<R>(
+        &mut self,
+        req: R,
+        key: KeyHash,
+        store: crate::redis::RedisStore,
+    ) -> ResponseFuture<S::Future, S, R>
+    where
+        S: Service<R> + Clone,
+        X: KeyExtractor<R>,
+    {
+        use crate::redis::cooldown;
+
+        let shared = &*self.shared;
+        let parts = match (
+            crate::key::key_parts(&*shared.extractor, &req),
+            &shared.fallback,
+        ) {
+            (Ok(parts), _) => parts,
+            (Err(_), Some((_, fallback))) => vec![fallback.to_string()],
+            // Refused by `call` already.
+            (Err(e), None) => return ResponseFuture::failed(no_key(e)),
+        };
+        let name = cooldown::route_key(&store, &parts);
+        let text = shared.key_text(&req);
+        let read = {
+            let (store, name) = (store.clone(), name.clone());
+            Box::pin(async move { cooldown::read(&store, &name).await })
+        };
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::reading(Box::new(super::future::Reading {
+            read,
+            inner: Some(inner),
+            req: Some(req),
+            key,
+            text,
+            max_wait: shared.max_wait,
+            engine: shared.engine.clone(),
+            route: Some(Box::new((store, name))),
+        }))
     }
 }
 

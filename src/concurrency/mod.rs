@@ -89,6 +89,22 @@
 //! both orders). A request that gives up in the concurrency queue would also
 //! have spent a rate slot without being sent. The price of this order is that
 //! a request waiting for its rate slot holds a concurrency permit meanwhile.
+//!
+//! # Several replicas
+//!
+//! Rate limits and cooldowns can live in Redis (the `redis` module, feature
+//! `redis`); concurrency permits stay in each replica, by design. Shared, a
+//! permit would have to be a lease in Redis that expires unless renewed, so
+//! that a crashed replica's permits come back. But a replica that stalls or
+//! loses Redis for longer than the lease keeps running requests whose
+//! permits have expired and been handed out again: the cap is broken at
+//! the moment the upstream is most likely in trouble. A waiter on another
+//! replica could only learn of a release by polling or by a notification
+//! channel that loses messages on reconnect, never the immediate FIFO grant
+//! of this layer; and every request would cost two round trips plus a
+//! renewal per lease period while a stream runs. So a `[concurrency]`
+//! section asking for `shared = true` is refused when the configuration is
+//! checked. With N replicas, give each `max_in_flight / N`.
 
 mod body;
 mod future;

@@ -9,9 +9,10 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use super::accounting::{Annotate, Counts};
-use super::limiter::{Limiter, RateLimitInfo, Ticket};
+use super::limiter::{Decision, Limiter, RateLimitInfo, Ticket};
+use super::service::{Refusals, Settle, decide};
 use crate::error::BoxError;
-use crate::key::KeyHash;
+use crate::key::{KeyHash, KeyTexts};
 use crate::stats::Event;
 
 /// Capacity booked for a waiting request, and its place in the key's line.
@@ -153,6 +154,55 @@ pin_project! {
     }
 }
 
+/// A request whose decision is on its way from a shared store (Redis):
+/// the inner service that was ready for it, the request, and what the
+/// decision is settled with.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) struct Asking<S, R, A, H> {
+    pub(crate) decision: Pin<Box<dyn Future<Output = Decision> + Send>>,
+    pub(crate) inner: S,
+    pub(crate) req: Option<R>,
+    pub(crate) limiter: Arc<Limiter>,
+    pub(crate) key: KeyHash,
+    pub(crate) cost: u32,
+    pub(crate) counts: A,
+    pub(crate) annotate: H,
+    pub(crate) refusals: Option<Arc<Refusals>>,
+    pub(crate) texts: KeyTexts,
+}
+
+#[cfg(feature = "redis")]
+impl<S, R, A, H> Drop for Asking<S, R, A, H> {
+    /// Dropped before its decision was read (the caller gave up during the
+    /// round trip): Redis may have booked the request all the same. A task
+    /// of its own reads the decision and gives back what it booked, and
+    /// its place in the key's line.
+    fn drop(&mut self) {
+        if self.req.is_none() {
+            // Decided already.
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let decision = std::mem::replace(&mut self.decision, Box::pin(std::future::pending()));
+        let (limiter, key) = (self.limiter.clone(), self.key);
+        runtime.spawn(async move {
+            match decision.await {
+                Decision::Later { ticket, turn, .. } => {
+                    // Dropped at once: out of the line, capacity given back.
+                    drop(Booking::new(limiter, ticket, key, turn));
+                }
+                Decision::Now {
+                    ticket: Some(ticket),
+                    ..
+                } => limiter.give_back(&ticket, true),
+                _ => {}
+            }
+        });
+    }
+}
+
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit).
     pub struct ResponseFuture<Fut, S, R, A, H> {
@@ -178,6 +228,9 @@ pin_project! {
         },
         Waiting {
             waiting: Pin<Box<Waiting<S, R, A, H>>>,
+        },
+        Asking {
+            asking: Box<Asking<S, R, A, H>>,
         },
         Failed {
             error: Option<BoxError>,
@@ -237,6 +290,13 @@ impl<Fut, S, R, A, H> ResponseFuture<Fut, S, R, A, H> {
         }
     }
 
+    #[cfg(feature = "redis")]
+    pub(crate) fn asking(asking: Box<Asking<S, R, A, H>>) -> Self {
+        Self {
+            state: State::Asking { asking },
+        }
+    }
+
     pub(crate) fn failed(error: BoxError) -> Self {
         Self {
             state: State::Failed { error: Some(error) },
@@ -246,7 +306,7 @@ impl<Fut, S, R, A, H> ResponseFuture<Fut, S, R, A, H> {
 
 impl<Fut, S, R, A, H> Future for ResponseFuture<Fut, S, R, A, H>
 where
-    S: Service<R, Future = Fut>,
+    S: Service<R, Future = Fut> + Clone,
     Fut: Future<Output = Result<S::Response, S::Error>>,
     S::Error: Into<BoxError>,
     A: Counts<S::Response, S::Error>,
@@ -267,7 +327,7 @@ where
 
 impl<Fut, S, R, A, H> ResponseFuture<Fut, S, R, A, H>
 where
-    S: Service<R, Future = Fut>,
+    S: Service<R, Future = Fut> + Clone,
     Fut: Future<Output = Result<S::Response, S::Error>>,
     S::Error: Into<BoxError>,
     A: Counts<S::Response, S::Error>,
@@ -327,6 +387,24 @@ where
                         .state
                         .set(State::called(future, after));
                 }
+                StateProj::Asking { asking } => {
+                    let asking = &mut **asking;
+                    let decision = ready!(asking.decision.as_mut().poll(cx));
+                    let Some(req) = asking.req.take() else {
+                        return Poll::Ready(Err(polled_after_completion()));
+                    };
+                    let texts = std::mem::take(&mut asking.texts);
+                    let settle = Settle {
+                        limiter: &asking.limiter,
+                        counts: &asking.counts,
+                        annotate: &asking.annotate,
+                        refusals: asking.refusals.as_deref(),
+                        key: asking.key,
+                        cost: asking.cost,
+                    };
+                    let next = decide(decision, settle, &mut asking.inner, req, &|_| texts.clone());
+                    self.as_mut().project().state.set(next.state);
+                }
                 StateProj::Failed { error } => {
                     return Poll::Ready(Err(error.take().unwrap_or_else(polled_after_completion)));
                 }
@@ -343,6 +421,7 @@ impl<Fut, S, R, A, H> fmt::Debug for ResponseFuture<Fut, S, R, A, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Waiting { .. } => "waiting",
+            State::Asking { .. } => "asking",
             State::Called { .. } | State::Settling { .. } => "called",
             State::Failed { .. } => "failed",
         };

@@ -124,15 +124,28 @@ impl RateLimitHandle {
     /// [`count_only`](super::RateLimitLayer::count_only)) gives nothing
     /// back: the reset already did, and a refund now could free what a
     /// request admitted since has taken.
+    ///
+    /// On a limiter that keeps its state in Redis, the key's state there is
+    /// deleted by a task of its own: this returns before Redis has it.
     pub fn reset<S: AsRef<str>>(&self, parts: &[S]) {
         let limiter = self.cell.load();
         limiter.reset(Some(limiter.seed().hash_parts(parts)));
+        #[cfg(feature = "redis")]
+        if let Some(remote) = limiter.remote() {
+            let parts: Vec<String> = parts.iter().map(|p| p.as_ref().to_owned()).collect();
+            limiter.forget_remote(remote, &parts, false);
+        }
     }
 
     /// Forget what every key has spent, in every quota, as
     /// [`reset`](Self::reset) does for one key: all flow state starts
     /// afresh, and the memory it held is given back. The counters are kept
     /// ([`reset_stats`](Self::reset_stats) zeroes them).
+    ///
+    /// On a limiter that keeps its state in Redis, this clears what this
+    /// replica holds (its in-process state and its cache of refused keys),
+    /// not the shared state in Redis: removing a whole prefix is for the
+    /// operator (`redis-cli --scan --pattern 'PREFIX*'`), not for one replica.
     ///
     /// ```
     /// use tower_throttle::key::HeaderKey;
@@ -145,16 +158,30 @@ impl RateLimitHandle {
     /// # Ok::<(), tower_throttle::error::ConfigError>(())
     /// ```
     pub fn reset_all(&self) {
-        self.cell.load().reset(None);
+        let limiter = self.cell.load();
+        limiter.reset(None);
+        #[cfg(feature = "redis")]
+        if let Some(remote) = limiter.remote() {
+            remote.refused.forget(None);
+        }
     }
 
     /// Start a new turn for the key with these parts: its turn budgets are
     /// full again. Other keys' turns are untouched. A request admitted in
     /// the old turn whose outcome then does not count gives back nothing to
     /// the new one.
+    ///
+    /// On a limiter that keeps its state in Redis, as for
+    /// [`reset`](Self::reset): a task of its own deletes the turn budgets'
+    /// state there.
     pub fn new_turn<S: AsRef<str>>(&self, parts: &[S]) {
         let limiter = self.cell.load();
         limiter.new_turn(limiter.seed().hash_parts(parts));
+        #[cfg(feature = "redis")]
+        if let Some(remote) = limiter.remote() {
+            let parts: Vec<String> = parts.iter().map(|p| p.as_ref().to_owned()).collect();
+            limiter.forget_remote(remote, &parts, true);
+        }
     }
 
     /// The counters now.
@@ -183,7 +210,10 @@ impl RateLimitHandle {
     /// The wait counts the key's quotas (under its rule) and the requests
     /// already waiting on it. Whether the request would wait that long or
     /// be refused depends on the service's `max_wait`. Zero when limiting
-    /// is off, in a dry run, and for a key without a quota.
+    /// is off, in a dry run, and for a key without a quota. On a limiter
+    /// that keeps its state in Redis (feature `redis`), what this replica
+    /// knows without asking: the `retry_after` of a refusal it remembers,
+    /// else zero.
     ///
     /// ```
     /// use std::time::Duration;

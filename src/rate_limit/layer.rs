@@ -24,6 +24,9 @@ struct Setup {
     rules: Vec<Rule>,
     clock: ClockSource,
     key_stats: KeyTracking,
+    /// Where the state lives when not in the process.
+    #[cfg(feature = "redis")]
+    store: Option<crate::redis::RedisStore>,
 }
 
 /// Applies a keyed rate limit to every request of the wrapped service.
@@ -84,6 +87,8 @@ impl<X> RateLimitLayer<X> {
             rules: Vec::new(),
             clock: ClockSource::default(),
             key_stats: KeyTracking::default(),
+            #[cfg(feature = "redis")]
+            store: None,
         };
         let limiter = Arc::new(Limiter::new(
             setup.default.clone(),
@@ -140,6 +145,11 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
             setup.clock.clone(),
             setup.key_stats.clone(),
         );
+        #[cfg(feature = "redis")]
+        let limiter = match &setup.store {
+            Some(store) => limiter.with_remote(store.clone()),
+            None => limiter,
+        };
         if let Some((_, key)) = self.shared.fallback.take() {
             self.shared.fallback = Some((limiter.seed().hash_parts(&[&*key]), key));
         }
@@ -150,6 +160,36 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
         self.shared.home.replace(&limiter);
         self.shared.limiter = limiter;
         self
+    }
+
+    /// Keep the limiter's state in Redis, shared by every replica that
+    /// uses the same store (see [`redis`](crate::redis)): each decision is
+    /// one atomic script call on Redis's clock. The quotas, rules, switches
+    /// and options of this layer apply as they do in process; when Redis
+    /// cannot be reached the store's [`OnError`](crate::redis::OnError)
+    /// decides.
+    ///
+    /// A quota finer than Redis keeps time (a token bucket above 10,000 per
+    /// second per key) is an error naming it, here and in a later retune.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub fn with_store(self, store: crate::redis::RedisStore) -> Result<Self, ConfigError> {
+        super::limiter::check_quotas(&self.setup.default, &self.setup.rules)?;
+        Ok(self.stored(store))
+    }
+
+    /// [`with_store`](Self::with_store) for quotas already checked.
+    #[cfg(feature = "redis")]
+    pub(crate) fn stored(mut self, store: crate::redis::RedisStore) -> Self {
+        if !store.names.is_keyed() {
+            tracing::info!(
+                prefix = %store.prefix(),
+                "rate limit on Redis without a hash key: key names can be tested against \
+                 guesses of low-entropy keys (client addresses); set one"
+            );
+        }
+        self.setup.store = Some(store);
+        self.rebuild()
     }
 
     /// Also hold every key to `quota` (60 per minute *and* 1,000 per day).

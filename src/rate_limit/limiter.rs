@@ -27,9 +27,13 @@ use crate::store::{Idle, Store, Tidy};
 
 mod joint;
 mod peek;
+#[cfg(feature = "redis")]
+mod remote;
 mod settle;
 
 pub(crate) use joint::{Entrant, JointDecision, acquire_joint};
+#[cfg(feature = "redis")]
+pub(crate) use remote::{Asked, Remote, check_quotas};
 
 /// Capacity booked on one key: enough to give it back.
 #[derive(Clone, Debug)]
@@ -38,6 +42,9 @@ pub(crate) struct Ticket {
     generation: u32,
     rule: u32,
     grants: SmallVec<[Grant; 2]>,
+    /// The booking in Redis, for a limiter that keeps its state there.
+    #[cfg(feature = "redis")]
+    remote: Option<Arc<crate::redis::rate::Grant>>,
 }
 
 /// What a caller of [`Limiter::acquire`] needs back besides the decision.
@@ -77,6 +84,9 @@ pub(crate) enum Decision {
     Denied(Box<Denied>),
     /// The request costs more than the key can ever admit at once.
     TooCostly { capacity: u32 },
+    /// The shared store did not answer, and the limiter fails closed.
+    #[cfg(feature = "redis")]
+    Unavailable,
 }
 
 /// A refusal: how long to wait, and the quota with the longest wait.
@@ -224,6 +234,9 @@ pub(crate) struct Limiter {
     pub(crate) lines: Lines,
     /// Retunes one at a time.
     retuning: Mutex<()>,
+    /// Where the state lives when not in this process.
+    #[cfg(feature = "redis")]
+    remote: Option<Arc<Remote>>,
 }
 
 impl fmt::Debug for Limiter {
@@ -270,6 +283,8 @@ impl Limiter {
             stats: Arc::new(Stats::new(key_stats)),
             lines: Lines::default(),
             retuning: Mutex::new(()),
+            #[cfg(feature = "redis")]
+            remote: None,
         }
     }
 
@@ -427,6 +442,8 @@ impl Limiter {
                 generation: policy.generation,
                 rule: index as u32,
                 grants,
+                #[cfg(feature = "redis")]
+                remote: None,
             })
         };
         // Not in a line: go now. (A request in a line waits for the waiters
@@ -565,6 +582,10 @@ impl Limiter {
     /// capacity, and a key whose rule changes starts the new one spent.
     pub(crate) fn retune(&self, default: Vec<Quota>, rules: Vec<Rule>) -> Result<(), ConfigError> {
         check_names(&rules)?;
+        #[cfg(feature = "redis")]
+        if self.remote.is_some() {
+            check_quotas(&default, &rules)?;
+        }
         let _one_at_a_time = self.retuning.lock();
         let old = self.policy.load_full();
         if old.compiled[0].quotas == default && old.rules == rules {
@@ -608,6 +629,8 @@ impl Limiter {
         let generation = policy.generation;
         self.policy.store(Arc::new(policy));
         self.generation.store(generation, Ordering::Release);
+        #[cfg(feature = "redis")]
+        self.retuned_remote();
         // Once more for waiters booked under the old policy meanwhile.
         self.hold_back(now, &fresh, false);
         Ok(())

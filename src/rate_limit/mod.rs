@@ -61,6 +61,8 @@ pub use handle::RateLimitHandle;
 pub use joint::{JointRateLimit, JointRateLimitLayer, JointResponseFuture};
 pub use layer::RateLimitLayer;
 pub use limiter::RateLimitInfo;
+#[cfg(feature = "redis")]
+pub(crate) use limiter::check_quotas;
 pub use policy::DEFAULT_POLICY;
 pub use quota::{Algorithm, DEFAULT_STALE_TURN, MAX_PERIOD, Quota};
 pub use rule::{KeyPattern, Rule};

@@ -102,13 +102,7 @@ impl<X, F, A, H> Shared<X, F, A, H> {
         quota: Quota,
         policy: &str,
     ) -> RateLimited {
-        let retry_after = wait.max(self.retry_floor());
-        tracing::debug!(key = %Quoted(&key), ?retry_after, "rate limit: refused");
-        let refused = RateLimited::new(key, retry_after).with_quota(quota, policy);
-        match self.refusals.as_ref().and_then(|r| r.name.as_ref()) {
-            Some(name) => refused.with_limit(&**name),
-            None => refused,
-        }
+        refusal(self.refusals.as_deref(), key, wait, quota, policy)
     }
 
     /// No refusal says to retry sooner than this.
@@ -226,6 +220,11 @@ where
             // Switched off: not even the key is looked at.
             return ResponseFuture::go(self.inner.call(req));
         }
+        #[cfg(feature = "redis")]
+        if let Some(remote) = shared.limiter.remote() {
+            let remote = remote.clone();
+            return self.call_remote(req, remote);
+        }
         let key = match shared.limiter.seed().hash(&*shared.extractor, &req) {
             Ok(key) => key,
             // Only a missing key takes the fallback; an ambiguous one is
@@ -280,75 +279,214 @@ impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
         H: Annotate<S::Response>,
     {
         let shared = &*self.shared;
-        let texts = || shared.key_texts(&req);
-        let refund = |ticket| {
-            (!shared.counts.always()).then(|| Refund {
-                limiter: shared.limiter.clone(),
-                ticket,
-                counts: shared.counts.clone(),
-            })
+        let after = Settle {
+            limiter: &shared.limiter,
+            counts: &shared.counts,
+            annotate: &shared.annotate,
+            refusals: shared.refusals.as_deref(),
+            key,
+            cost,
         };
-        let note =
-            |info: Option<Box<RateLimitInfo>>| info.map(|info| (shared.annotate.clone(), *info));
-        match decision {
-            // Handled by `call`; here so that the match is whole.
-            Decision::Go => ResponseFuture::go(self.inner.call(req)),
-            Decision::Now { ticket, info } => {
-                let after = After {
-                    refund: ticket.and_then(refund),
-                    note: note(info),
-                };
-                ResponseFuture::called(self.inner.call(req), after)
-            }
-            Decision::Later {
-                until,
-                ticket,
-                info,
-                turn,
-                due,
-            } => {
-                // Owned at once, so that any way out gives its capacity and
-                // its place in the key's line back.
-                let refund_ticket = (!shared.counts.always()).then(|| ticket.clone());
-                let booking = Booking::new(shared.limiter.clone(), ticket, key, turn);
-                if tracing::enabled!(tracing::Level::DEBUG) {
-                    let wait = until.saturating_duration_since(tokio::time::Instant::now());
-                    tracing::debug!(
-                        key = %Quoted(&texts().label()),
-                        ?wait,
-                        "rate limit: waiting for turn"
-                    );
-                }
-                let after = After {
-                    refund: refund_ticket.and_then(refund),
-                    note: note(info),
-                };
-                // The ready inner service goes with the waiting request; this
+        decide(decision, after, &mut self.inner, req, &|req| {
+            shared.key_texts(req)
+        })
+    }
+
+    /// A request on a limiter that keeps its state in Redis: the key's
+    /// texts (the Redis key is named after them), then the decision, one
+    /// round trip away unless it is known here.
+    #[cfg(feature = "redis")]
+    #[inline(never)]
+    fn call_remote<R>(
+        &mut self,
+        req: R,
+        remote: Arc<super::limiter::Remote>,
+    ) -> ResponseFuture<S::Future, S, R, A, H>
+    where
+        S: Service<R> + Clone,
+        X: KeyExtractor<R>,
+        F: Cost<R>,
+        A: Counts<S::Response, S::Error>,
+        H: Annotate<S::Response>,
+    {
+        use super::future::Asking;
+        use super::limiter::Asked;
+
+        let shared = &*self.shared;
+        let texts = match crate::key::key_texts(&*shared.extractor, &req) {
+            Ok(texts) => texts,
+            Err(e) => match (&e, &shared.fallback) {
+                (KeyError::Missing(_), Some((_, key))) => KeyTexts::plain(&**key),
+                _ => return ResponseFuture::failed(no_key(e)),
+            },
+        };
+        let key = shared.limiter.seed().hash_parts(texts.parts());
+        let cost = shared.cost.cost(&req);
+        let want = Want {
+            // Always: a request dropped during the round trip gives back
+            // what Redis booked for it (see `Asking`'s drop).
+            ticket: true,
+            info: shared.annotate.wanted(),
+        };
+        shared.limiter.refresh(&mut self.policy);
+        let asked = shared.limiter.ask_remote(
+            &remote,
+            &self.policy,
+            key,
+            texts.clone(),
+            cost,
+            shared.max_wait,
+            want,
+        );
+        match asked {
+            Asked::Decided(decision) => self.decided(decision, key, cost, req),
+            Asked::Asking(decision) => {
+                // The ready inner service goes with the request; this
                 // service keeps a fresh clone, to be polled ready again.
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::waiting(until, due, inner, req, booking, after)
-            }
-            Decision::Denied(denied) => {
-                let refused = shared.refusal(
-                    texts().label(),
-                    denied.retry_after,
-                    denied.quota,
-                    &denied.policy,
-                );
-                ResponseFuture::failed(Box::new(refused))
-            }
-            Decision::TooCostly { capacity } => {
-                let key = texts().label();
-                tracing::debug!(
-                    key = %Quoted(&key),
+                ResponseFuture::asking(Box::new(Asking {
+                    decision,
+                    inner,
+                    req: Some(req),
+                    limiter: shared.limiter.clone(),
+                    key,
                     cost,
-                    capacity,
-                    "rate limit: cost above capacity"
-                );
-                ResponseFuture::failed(Box::new(CostTooHigh::new(key, cost, capacity)))
+                    counts: shared.counts.clone(),
+                    annotate: shared.annotate.clone(),
+                    refusals: shared.refusals.clone(),
+                    texts,
+                }))
             }
         }
+    }
+}
+
+/// What a decision is settled with, besides the request and its service.
+pub(super) struct Settle<'a, A, H> {
+    pub(super) limiter: &'a Arc<Limiter>,
+    pub(super) counts: &'a A,
+    pub(super) annotate: &'a H,
+    /// What a refusal says besides the wait (a name, a floor).
+    pub(super) refusals: Option<&'a Refusals>,
+    pub(super) key: KeyHash,
+    pub(super) cost: u32,
+}
+
+/// The response future for `decision` on `req`, with `inner` ready for it;
+/// `texts` names the request's key, for refusals and logs.
+#[inline]
+pub(super) fn decide<S, R, A, H>(
+    decision: Decision,
+    settle: Settle<'_, A, H>,
+    inner: &mut S,
+    req: R,
+    texts: &dyn Fn(&R) -> KeyTexts,
+) -> ResponseFuture<S::Future, S, R, A, H>
+where
+    S: Service<R> + Clone,
+    A: Counts<S::Response, S::Error>,
+    H: Annotate<S::Response>,
+{
+    let Settle {
+        limiter,
+        counts,
+        annotate,
+        refusals,
+        key,
+        cost,
+    } = settle;
+    let refund = |ticket| {
+        (!counts.always()).then(|| Refund {
+            limiter: limiter.clone(),
+            ticket,
+            counts: counts.clone(),
+        })
+    };
+    let note = |info: Option<Box<RateLimitInfo>>| info.map(|info| (annotate.clone(), *info));
+    match decision {
+        // Handled by `call`; here so that the match is whole.
+        Decision::Go => ResponseFuture::go(inner.call(req)),
+        Decision::Now { ticket, info } => {
+            let after = After {
+                refund: ticket.and_then(refund),
+                note: note(info),
+            };
+            ResponseFuture::called(inner.call(req), after)
+        }
+        Decision::Later {
+            until,
+            ticket,
+            info,
+            turn,
+            due,
+        } => {
+            // Owned at once, so that any way out gives its capacity and
+            // its place in the key's line back.
+            let refund_ticket = (!counts.always()).then(|| ticket.clone());
+            let booking = Booking::new(limiter.clone(), ticket, key, turn);
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                let wait = until.saturating_duration_since(tokio::time::Instant::now());
+                tracing::debug!(
+                    key = %Quoted(&texts(&req).label()),
+                    ?wait,
+                    "rate limit: waiting for turn"
+                );
+            }
+            let after = After {
+                refund: refund_ticket.and_then(refund),
+                note: note(info),
+            };
+            // The ready inner service goes with the waiting request; the
+            // caller keeps a fresh clone, to be polled ready again.
+            let clone = inner.clone();
+            let inner = std::mem::replace(inner, clone);
+            ResponseFuture::waiting(until, due, inner, req, booking, after)
+        }
+        Decision::Denied(denied) => {
+            let refused = refusal(
+                refusals,
+                texts(&req).label(),
+                denied.retry_after,
+                denied.quota,
+                &denied.policy,
+            );
+            ResponseFuture::failed(Box::new(refused))
+        }
+        Decision::TooCostly { capacity } => {
+            let key = texts(&req).label();
+            tracing::debug!(
+                key = %Quoted(&key),
+                cost,
+                capacity,
+                "rate limit: cost above capacity"
+            );
+            ResponseFuture::failed(Box::new(CostTooHigh::new(key, cost, capacity)))
+        }
+        #[cfg(feature = "redis")]
+        Decision::Unavailable => {
+            let key = texts(&req).label();
+            tracing::debug!(key = %Quoted(&key), "rate limit: store unavailable, refused");
+            ResponseFuture::failed(Box::new(crate::error::StoreUnavailable::new(key)))
+        }
+    }
+}
+
+/// A refusal of `key` for `wait` by `quota` of `policy`, as `refusals`
+/// say it (a name, a floor on the wait).
+fn refusal(
+    refusals: Option<&Refusals>,
+    key: String,
+    wait: Duration,
+    quota: Quota,
+    policy: &str,
+) -> RateLimited {
+    let retry_after = wait.max(refusals.map_or(Duration::ZERO, |r| r.retry_floor));
+    tracing::debug!(key = %Quoted(&key), ?retry_after, "rate limit: refused");
+    let refused = RateLimited::new(key, retry_after).with_quota(quota, policy);
+    match refusals.and_then(|r| r.name.as_ref()) {
+        Some(name) => refused.with_limit(&**name),
+        None => refused,
     }
 }
 

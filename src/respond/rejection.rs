@@ -4,7 +4,7 @@ use http::StatusCode;
 
 use crate::error::{
     AmbiguousKey, BodyTooLarge, BodyUnreadable, BoxError, CoolingDown, CostTooHigh, MissingKey,
-    QueueFull, QueueTimeout, RateLimited,
+    QueueFull, QueueTimeout, RateLimited, StoreUnavailable,
 };
 
 /// One of this crate's refusals, found in a [`BoxError`]: what a response
@@ -32,6 +32,8 @@ pub enum Rejection<'a> {
     BodyTooLarge(&'a BodyTooLarge),
     /// The request body could not be read whole.
     BodyUnreadable(&'a BodyUnreadable),
+    /// The shared store (Redis) did not answer and the layer fails closed.
+    StoreUnavailable(&'a StoreUnavailable),
 }
 
 impl<'a> Rejection<'a> {
@@ -62,19 +64,23 @@ impl<'a> Rejection<'a> {
         if let Some(x) = e.downcast_ref() {
             return Some(Self::BodyUnreadable(x));
         }
+        if let Some(x) = e.downcast_ref() {
+            return Some(Self::StoreUnavailable(x));
+        }
         e.downcast_ref().map(Self::MissingKey)
     }
 
     /// The status a server answers with: 429 for a rate limit, 503 for a
-    /// full queue, a queue timeout or a cooldown, 413 for a request that can
+    /// full queue, a queue timeout, a cooldown or a store that is away, 413 for a request that can
     /// never fit or a body over the limit, 400 for one without a key, with an
     /// ambiguous one, or with a body that could not be read.
     pub fn status(&self) -> StatusCode {
         match self {
             Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
-            Self::QueueFull(_) | Self::QueueTimeout(_) | Self::CoolingDown(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::QueueFull(_)
+            | Self::QueueTimeout(_)
+            | Self::CoolingDown(_)
+            | Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::CostTooHigh(_) | Self::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::MissingKey(_) | Self::AmbiguousKey(_) | Self::BodyUnreadable(_) => {
                 StatusCode::BAD_REQUEST
@@ -103,6 +109,7 @@ impl<'a> Rejection<'a> {
             Self::CoolingDown(_) => "cooling_down",
             Self::BodyTooLarge(_) => "body_too_large",
             Self::BodyUnreadable(_) => "bad_body",
+            Self::StoreUnavailable(_) => "store_unavailable",
         }
     }
 
@@ -118,6 +125,7 @@ impl<'a> Rejection<'a> {
             Self::CoolingDown(e) => e.to_string(),
             Self::BodyTooLarge(e) => e.to_string(),
             Self::BodyUnreadable(e) => e.to_string(),
+            Self::StoreUnavailable(e) => e.to_string(),
         }
     }
 }

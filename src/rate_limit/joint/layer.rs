@@ -93,7 +93,8 @@ pub struct JointRateLimitLayer<R, A = CountAll> {
 
 impl<R: 'static> JointRateLimitLayer<R> {
     /// A joint limit of `first` alone; add more with [`and`](Self::and).
-    /// An error when `first` is in wait mode.
+    /// An error when `first` is in wait mode or keeps its state in a shared
+    /// store.
     pub fn new<X, F, A, H>(first: RateLimitLayer<X, F, A, H>) -> Result<Self, ConfigError>
     where
         X: KeyExtractor<R>,
@@ -111,8 +112,9 @@ impl<R: 'static> JointRateLimitLayer<R> {
 
 impl<R: 'static, A> JointRateLimitLayer<R, A> {
     /// Also hold every request to `next`, judged after the limits given
-    /// before it. An error when `next` is in wait mode, or shares its
-    /// limiter with a limit already given (a clone of the same layer).
+    /// before it. An error when `next` is in wait mode, keeps its state in a
+    /// shared store, or shares its limiter with a limit already given (a
+    /// clone of the same layer).
     pub fn and<X, F, A2, H>(
         mut self,
         next: RateLimitLayer<X, F, A2, H>,
@@ -128,6 +130,16 @@ impl<R: 'static, A> JointRateLimitLayer<R, A> {
             return Err(ConfigError::new(
                 "max_wait",
                 "a joint limit refuses at once; build its parts without with_max_wait",
+            ));
+        }
+        // A joint judgement locks every part's key state in one process;
+        // a Redis-backed part is judged by a script elsewhere, so the two
+        // could not take "all or nothing" together.
+        #[cfg(feature = "redis")]
+        if shared.limiter.remote().is_some() {
+            return Err(ConfigError::new(
+                "store",
+                "a joint limit is judged in process; build its parts without with_store",
             ));
         }
         if self

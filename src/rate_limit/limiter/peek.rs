@@ -18,6 +18,12 @@ impl Limiter {
         if !self.is_enabled() || self.is_dry_run() {
             return Duration::ZERO;
         }
+        #[cfg(feature = "redis")]
+        if let Some(remote) = &self.remote {
+            // What this replica knows without asking Redis: a refusal it
+            // remembers.
+            return remote.peek_refused(key);
+        }
         let policy = self.policy.load();
         let now = self.timeline.now();
         let (index, moved) = if policy.has_rules() {

@@ -19,6 +19,13 @@ impl Limiter {
     /// Give a ticket's capacity back: the request did not count
     /// (`cancel == false`) or left the queue before its turn.
     pub(crate) fn give_back(&self, ticket: &Ticket, cancel: bool) {
+        #[cfg(feature = "redis")]
+        if let Some(grant) = &ticket.remote {
+            if let Some(remote) = &self.remote {
+                remote.give_back(grant.clone(), ticket.key, cancel);
+            }
+            return;
+        }
         let policy = self.policy.load();
         // After a retune or a reset the ticket's tables may be gone,
         // retuned or emptied; keeping the capacity spent is the safe side.

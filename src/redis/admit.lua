@@ -1,0 +1,336 @@
+-- Judge every quota of one key at once, and book them all or none.
+--
+-- The arithmetic is that of src/rate_limit/algorithm/*.rs, in microseconds
+-- of Redis's own clock (TIME): Lua numbers are doubles, exact to 2^53, which
+-- microseconds since the epoch stay well under; nanoseconds would not.
+--
+-- Written as plain branches on each quota's kind, with no function made
+-- inside: the whole script runs on every call, and closures over its
+-- locals cost Redis about 3 µs per algorithm per call (measured), more than
+-- the commands themselves.
+--
+-- KEYS[1]      the key's rule marker (which rule it last spent under),
+--              used only when the limiter has rules
+-- KEYS[2..]    each quota's state; a sliding window has two keys (its
+--              bookings and its sum), the others one
+-- KEYS[last]   with a probe (ARGV[9]): the default rule's first state, to
+--              tell whether a key never seen under a rule spent under the
+--              default before the rules came
+-- ARGV         cost, max_wait, horizon, info (0/1), waits (0/1), rule
+--              (empty: no rules), marker_ttl (ms), now (empty: Redis's
+--              TIME; a number: a clock a test sets), probe (0/1), then per
+--              quota: kind (g, s, f, t), a, b
+--                g: emission, burst      s: limit, window
+--                f: limit, window        t: limit, stale_after
+--
+-- Per quota, the state (and its TTL, a second past the moment it goes
+-- idle), in strings where it can be, which Redis reads and writes with one
+-- command each (GET, SET PX):
+--   g  "tat,e,b": the theoretical arrival time, and the parameters it was
+--      kept under, so that a retune converts it as Gcra::retune does
+--   f  "e,u,w,l": the end of the latest window with bookings, its use, and
+--      the window and limit it was kept under
+--   s  a sorted set of bookings (score: instant; member: a sequence number
+--      and the cost, so each is unique), and a hash: s (their sum), n (the
+--      sequence)
+--   t  "s,u,x": the turn's start, its use, and when it goes stale
+--
+-- Returns {0, wait, slowest} when refused (nothing booked), else
+-- {1, at, now, left, reset, tightest, mark...}: the instant booked, Redis's
+-- now, what remains of the tightest quota (when info), and per quota what
+-- identifies its booking (to give it back).
+
+local now = tonumber(ARGV[8])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local cost = tonumber(ARGV[1])
+local max_wait = tonumber(ARGV[2])
+local horizon = tonumber(ARGV[3])
+local rule = ARGV[6]
+local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+
+-- Read every quota.
+local quotas = {}
+local k = 2
+local i = 10
+while ARGV[i] do
+  local kind = ARGV[i]
+  local q = { kind = kind, a = tonumber(ARGV[i + 1]), b = tonumber(ARGV[i + 2]), key = KEYS[k] }
+  k = k + 1
+  if kind == 'g' then
+    local v = redis.call('GET', q.key)
+    q.fresh = not v
+    local tat, oe, ob
+    if v then tat, oe, ob = string.match(v, '^([^,]+),([^,]+),([^,]+)$') end
+    q.tat = tonumber(tat) or 0
+    q.tol = q.a * q.b
+    oe, ob = tonumber(oe), tonumber(ob)
+    if oe and ob and (oe ~= q.a or ob ~= q.b) and q.tat > now then
+      -- Retuned: waiters keep their instants; with none, what was owed
+      -- under the old rate stays owed, and the new burst never adds.
+      local last = q.tat - min(oe * ob, q.tat)
+      if last > now then
+        q.tat = last + q.tol
+      else
+        local owed = ceil((q.tat - now) / max(oe, 1))
+        local available = min(max(ob - owed, 0), q.b)
+        q.tat = now + q.a * (q.b - available)
+      end
+    end
+  elseif kind == 'f' then
+    local v = redis.call('GET', q.key)
+    q.fresh = not v
+    local e, u, ow, ol
+    if v then e, u, ow, ol = string.match(v, '^([^,]+),([^,]+),([^,]+),([^,]+)$') end
+    q.e = tonumber(e) or 0
+    q.u = tonumber(u) or 0
+    ow, ol = tonumber(ow), tonumber(ol)
+    if ow and ol and ow ~= q.b and q.e > now then
+      -- New boundaries: count the bookings in the new window holding the
+      -- latest instant they can have, plus every earlier old window that
+      -- overlaps it at its full limit.
+      local start = max(q.e - ow, 0)
+      local latest = now
+      if start > now then latest = q.e - 1 end
+      local e = (floor(latest / q.b) + 1) * q.b
+      q.u = q.u + ol * ceil(max(start - max(e - q.b, 0), 0) / ow)
+      q.e = e
+    end
+  elseif kind == 's' then
+    q.aux = KEYS[k]
+    k = k + 1
+    local last = redis.call('ZRANGE', q.key, -1, -1, 'WITHSCORES')
+    q.last = tonumber(last[2])
+    q.fresh = not q.last
+    local v = redis.call('HMGET', q.aux, 's', 'n')
+    q.sum = tonumber(v[1]) or 0
+    q.seq = tonumber(v[2]) or 0
+    if not q.last then q.sum = 0 end
+  else
+    local v = redis.call('GET', q.key)
+    q.fresh = not v
+    local st, u, x
+    if v then st, u, x = string.match(v, '^([^,]+),([^,]+),([^,]+)$') end
+    q.s = tonumber(st) or 0
+    q.u = tonumber(u) or 0
+    q.x = tonumber(x) or 0
+  end
+  quotas[#quotas + 1] = q
+  i = i + 3
+end
+
+-- A key that spent under another rule (as far as its marker remembers, or
+-- under the default before any rule came) starts each quota it has no
+-- state in spent, never with a free burst.
+local was = false
+if rule ~= '' then
+  was = redis.call('GET', KEYS[1])
+  if not was and ARGV[9] == '1' and redis.call('EXISTS', KEYS[#KEYS]) == 1 then
+    was = '(default)'
+  end
+end
+if was and was ~= rule then
+  for _, q in ipairs(quotas) do
+    if q.fresh then
+      local kind = q.kind
+      if kind == 'g' then
+        q.tat = max(q.tat, now + q.tol)
+      elseif kind == 'f' then
+        q.e = (floor(now / q.b) + 1) * q.b
+        q.u = q.a
+      elseif kind == 's' then
+        -- A whole window's worth now.
+        q.seq = q.seq + 1
+        redis.call('ZADD', q.key, now, q.seq .. ':' .. q.a)
+        q.sum = q.sum + q.a
+        q.last = now
+      else
+        q.s = now; q.u = q.a; q.x = now + q.b
+      end
+    end
+  end
+end
+
+-- The earliest instant every quota admits.
+local at = now
+local slowest = 0
+for n, q in ipairs(quotas) do
+  local kind = q.kind
+  local earliest
+  if kind == 'g' then
+    -- So far ahead no clock running forwards leaves it: start afresh.
+    if q.tat > now + q.tol + horizon then q.tat = 0 end
+    earliest = max(max(q.tat, now) + q.a * cost - q.tol, now)
+  elseif kind == 'f' then
+    if q.e > (floor((now + horizon) / q.b) + 1) * q.b then q.e = 0; q.u = 0 end
+    if q.e <= now then
+      q.e = 0; q.u = 0
+      earliest = now
+    elseif q.u + cost <= q.a then
+      earliest = max(q.e - q.b, now)
+    else
+      earliest = q.e
+    end
+  elseif kind == 's' then
+    if q.last and q.last > now + horizon then
+      redis.call('DEL', q.key)
+      q.last = nil
+      q.sum = 0
+    end
+    -- A booking exactly a window old has expired.
+    local gone = redis.call('ZRANGEBYSCORE', q.key, '-inf', now - q.b)
+    if #gone > 0 then
+      for _, member in ipairs(gone) do
+        q.sum = q.sum - tonumber(string.match(member, ':(%d+)$'))
+      end
+      redis.call('ZREMRANGEBYSCORE', q.key, '-inf', now - q.b)
+      q.trimmed = true
+    end
+    earliest = max(q.last or now, now)
+    local alive = q.sum
+    local room = max(q.a - cost, 0)
+    -- Oldest first, bookings leave the window until this one fits;
+    -- usually none or one has to.
+    local from = 0
+    while alive > room do
+      local page = redis.call('ZRANGE', q.key, from, from + 31, 'WITHSCORES')
+      if #page == 0 then break end
+      for j = 1, #page, 2 do
+        if alive <= room then break end
+        earliest = max(earliest, tonumber(page[j + 1]) + q.b)
+        alive = alive - tonumber(string.match(page[j], ':(%d+)$'))
+      end
+      from = from + 32
+    end
+  else
+    if q.u == 0 or q.x <= now or q.s > now + horizon then
+      q.s = 0; q.u = 0; q.x = 0
+      earliest = now
+    elseif q.u + cost <= q.a then
+      earliest = max(now, q.s)
+    else
+      -- Only a new turn, or staleness, frees the budget.
+      earliest = q.x
+    end
+  end
+  if earliest > at then
+    at = earliest
+    slowest = n - 1
+  end
+end
+
+if at - now > max_wait then
+  -- Nothing booked. A sliding window's expired bookings were dropped: its
+  -- sum goes with them. (Other states are only read; a retune's
+  -- conversion is made again, later, the same way.)
+  for _, q in ipairs(quotas) do
+    if q.trimmed then redis.call('HSET', q.aux, 's', q.sum) end
+  end
+  return { 0, at - now, slowest }
+end
+
+-- Book every quota at `at`.
+local reply = { 1, at, now, 0, 0, 0 }
+for _, q in ipairs(quotas) do
+  local kind = q.kind
+  if kind == 'g' then
+    q.tat = max(q.tat, at, now) + q.a * cost
+    reply[#reply + 1] = q.tat
+  elseif kind == 'f' then
+    local e = (floor(at / q.b) + 1) * q.b
+    if e == q.e then q.u = q.u + cost else q.e = e; q.u = cost end
+    reply[#reply + 1] = e
+  elseif kind == 's' then
+    q.seq = q.seq + 1
+    local member = q.seq .. ':' .. cost
+    redis.call('ZADD', q.key, at, member)
+    q.sum = q.sum + cost
+    q.last = max(q.last or at, at)
+    reply[#reply + 1] = member
+  else
+    if q.u == 0 or at >= q.x then
+      q.s = at; q.u = cost; q.x = at + q.b
+    else
+      q.u = q.u + cost
+    end
+    reply[#reply + 1] = q.s
+  end
+end
+
+if ARGV[4] == '1' then
+  -- What remains of the tightest quota, as of the instant the request
+  -- goes: now, unless it waits.
+  local goes = now
+  if ARGV[5] == '1' then goes = at end
+  local left, reset, tightest = -1, 0, 0
+  for n, q in ipairs(quotas) do
+    local kind = q.kind
+    local l, r
+    if kind == 'g' then
+      local owed = max(q.tat - goes, 0)
+      l = min(floor(max(q.tol - owed, 0) / q.a), q.b)
+      r = owed
+    elseif kind == 'f' then
+      if q.e <= goes then
+        l = q.a; r = 0
+      else
+        local used = q.a
+        if q.e == (floor(goes / q.b) + 1) * q.b then used = q.u end
+        l = max(q.a - used, 0); r = q.e - goes
+      end
+    elseif kind == 's' then
+      local live = q.sum
+      if goes > now then
+        live = 0
+        local alive = redis.call('ZRANGEBYSCORE', q.key, string.format('(%d', goes - q.b), '+inf')
+        for _, member in ipairs(alive) do
+          live = live + tonumber(string.match(member, ':(%d+)$'))
+        end
+      end
+      l = max(q.a - live, 0); r = max((q.last or 0) + q.b - goes, 0)
+    else
+      if q.u == 0 or q.x <= goes then
+        l = q.a; r = 0
+      else
+        l = max(q.a - q.u, 0); r = q.x - goes
+      end
+    end
+    if left < 0 or l < left or (l == left and r > reset) then
+      left, reset, tightest = l, r, n - 1
+    end
+  end
+  reply[4], reply[5], reply[6] = left, reset, tightest
+end
+
+-- Write every state back, with a TTL a second past the moment it goes
+-- idle, so that it never expires early.
+for _, q in ipairs(quotas) do
+  local kind = q.kind
+  -- Numbers as integers: tostring would write 1e+15.
+  local fmt = string.format
+  if kind == 'g' then
+    redis.call('SET', q.key, fmt('%d,%d,%d', q.tat, q.a, q.b),
+      'PX', max(ceil((q.tat - now) / 1000), 0) + 1000)
+  elseif kind == 'f' then
+    redis.call('SET', q.key, fmt('%d,%d,%d,%d', q.e, q.u, q.b, q.a),
+      'PX', max(ceil((q.e - now) / 1000), 0) + 1000)
+  elseif kind == 's' then
+    local ttl = max(ceil(((q.last or now) + q.b - now) / 1000), 0) + 1000
+    redis.call('HSET', q.aux, 's', q.sum, 'n', q.seq)
+    redis.call('PEXPIRE', q.key, ttl)
+    redis.call('PEXPIRE', q.aux, ttl)
+  else
+    redis.call('SET', q.key, fmt('%d,%d,%d', q.s, q.u, q.x),
+      'PX', max(ceil((q.x - now) / 1000), 0) + 1000)
+  end
+end
+if rule ~= '' then
+  if was == rule then
+    redis.call('PEXPIRE', KEYS[1], ARGV[7])
+  else
+    redis.call('SET', KEYS[1], rule, 'PX', ARGV[7])
+  end
+end
+return reply

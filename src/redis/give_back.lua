@@ -1,0 +1,69 @@
+-- Give a booking's capacity back, as the algorithms' refund and cancel do
+-- (src/rate_limit/algorithm/*.rs), where that never lets a later booking
+-- overtake an earlier one. A state kept under other parameters (a retune
+-- came between) is left as it is: keeping the capacity spent is the safe
+-- side. States are as admit.lua keeps them; their TTLs are kept.
+--
+-- KEYS         each quota's state, as for the admission
+-- ARGV         mode (r: the outcome did not count; c: a waiter left before
+--              its turn), cost, now (as for the admission), then per
+--              quota: kind, a, b, mark
+
+local now = tonumber(ARGV[3])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local cancel = ARGV[1] == 'c'
+local cost = tonumber(ARGV[2])
+local max, fmt = math.max, string.format
+
+local k = 1
+local i = 4
+while ARGV[i] do
+  local kind, a, b, mark = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), ARGV[i + 3]
+  local key = KEYS[k]
+  k = k + 1
+  if kind == 's' then
+    local aux = KEYS[k]
+    k = k + 1
+    if redis.call('ZREM', key, mark) == 1 then
+      redis.call('HINCRBY', aux, 's', -cost)
+    end
+  else
+    local v = redis.call('GET', key)
+    if kind == 'g' and v then
+      local tat, e, bb = string.match(v, '^([^,]+),([^,]+),([^,]+)$')
+      tat = tonumber(tat)
+      if tat and tonumber(e) == a and tonumber(bb) == b then
+        local new = nil
+        if cancel then
+          -- Only the last booking can be undone exactly.
+          if tat == tonumber(mark) then new = tat - a * cost end
+        elseif tat > now and tat <= now + a * b then
+          -- Beyond now + tolerance a request is booked for the future.
+          new = max(tat - a * cost, now)
+        end
+        if new then
+          redis.call('SET', key, fmt('%d,%d,%d', new, a, b), 'KEEPTTL')
+        end
+      end
+    elseif kind == 'f' and v then
+      -- The window's end marks the booking.
+      local e, u, w, l = string.match(v, '^([^,]+),([^,]+),([^,]+),([^,]+)$')
+      if tonumber(e) == tonumber(mark) and tonumber(w) == b then
+        local used = max((tonumber(u) or 0) - cost, 0)
+        redis.call('SET', key, fmt('%d,%d,%s,%s', tonumber(e), used, w, l), 'KEEPTTL')
+      end
+    elseif kind == 't' and v then
+      -- The turn's start marks the booking.
+      local s, u, x = string.match(v, '^([^,]+),([^,]+),([^,]+)$')
+      if tonumber(s) == tonumber(mark) then
+        local used = max((tonumber(u) or 0) - cost, 0)
+        redis.call('SET', key, fmt('%d,%d,%s', tonumber(s), used, x), 'KEEPTTL')
+      end
+    end
+  end
+  i = i + 4
+end
+return 1

@@ -1,0 +1,90 @@
+//! Shared state in Redis (feature `redis`): one limit across every replica.
+//!
+//! With state in the process, N replicas of a server or gateway admit N
+//! times the limit, and a 429 one replica receives does not slow the others.
+//! A [`RedisStore`] keeps the state in Redis instead:
+//!
+//! - [`RateLimitLayer::with_store`](crate::rate_limit::RateLimitLayer::with_store):
+//!   every quota of a key is judged by one Lua script, atomically, in one
+//!   round trip (`EVALSHA`, loaded again by itself after `NOSCRIPT`), on
+//!   Redis's clock (`TIME`), so replicas with skewed clocks agree. Every
+//!   algorithm works as in process, with the same arithmetic, in
+//!   microseconds: exact `retry_after`, several quotas with nothing taken
+//!   when one refuses, costs above one, rules, dry run, retune, the
+//!   switch. Waiters book their instant in Redis, so admissions across
+//!   replicas never pass the limit; each replica lets its own waiters go in
+//!   the order of their instants.
+//! - [`Backoff429Layer::with_store`](crate::backoff::Backoff429Layer::with_store):
+//!   a 429 (or 503) one replica sees starts the route's cooldown for all.
+//!
+//! # Key names
+//!
+//! `prefix{hash}:…`: a keyed 128-bit hash of the key's parts, never its
+//! text (see [`RedisStore::with_hash_key`]), between braces so that every
+//! state of one key lands in one Redis Cluster slot. Every Redis key gets a
+//! TTL a second past the moment its state says nothing a fresh one would
+//! not, so memory stays bounded with no sweeper.
+//!
+//! # When Redis is away
+//!
+//! Every call has a timeout (default 50 ms). Until Redis answers again, a
+//! layer fails open (the default: each replica applies the same quotas in
+//! process, or admits everything) or closed (refuses with
+//! [`StoreUnavailable`](crate::error::StoreUnavailable), a 503); see
+//! [`OnError`]. One log line says an outage began and one that it ended;
+//! the stats count failed calls and the decisions made without Redis
+//! ([`StoreStats`](crate::stats::StoreStats)). The connection reconnects by
+//! itself, with backoff. A key Redis refused is refused locally until its
+//! `retry_after`, so a flood of refused requests costs no round trips. A
+//! call that timed out may still have booked in Redis: that capacity stays
+//! spent, the safe side.
+//!
+//! # What differs from in process
+//!
+//! - Stats count per replica: each replica's handle sees its own requests.
+//! - A waiter that is dropped, and an admission whose outcome does not
+//!   count ([`count_only`](crate::rate_limit::RateLimitLayer::count_only)),
+//!   give their capacity back by a call of their own, after the fact; if
+//!   that call fails, the capacity stays spent.
+//! - A retune converts a quota's state at the key's next request (on every
+//!   replica, whichever asks first), without minting capacity, as in
+//!   process; a key whose rule changes starts the new rule spent. Waiters
+//!   already booked keep their instants.
+//! - [`RateLimitHandle::reset`](crate::rate_limit::RateLimitHandle::reset)
+//!   and [`new_turn`](crate::rate_limit::RateLimitHandle::new_turn) delete
+//!   the key's state in Redis in a task of their own (they return before
+//!   Redis has it); [`peek_wait`](crate::rate_limit::RateLimitHandle::peek_wait)
+//!   says what this replica's cache of refused keys says (zero otherwise),
+//!   and [`key_count`](crate::rate_limit::RateLimitHandle::key_count) and
+//!   [`evict_idle`](crate::rate_limit::RateLimitHandle::evict_idle) see
+//!   only its in-process fallback's state.
+//!
+//! ```no_run
+//! use tower::ServiceBuilder;
+//! use tower_throttle::key::HeaderKey;
+//! use tower_throttle::rate_limit::{Quota, RateLimitLayer};
+//! use tower_throttle::redis::RedisStore;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::new("redis://127.0.0.1:6379")?
+//!     .with_prefix("myapp:")
+//!     .with_hash_key(std::env::var("RATE_LIMIT_HASH_KEY")?)?;
+//! let layer = RateLimitLayer::new(Quota::per_minute(60)?, HeaderKey::new("x-api-key")?)
+//!     .with_store(store)?;
+//! let svc = ServiceBuilder::new()
+//!     .layer(layer)
+//!     .service_fn(|_req: http::Request<()>| async {
+//!         Ok::<_, std::convert::Infallible>(http::Response::new(()))
+//!     });
+//! # let _ = svc;
+//! # Ok(())
+//! # }
+//! ```
+
+pub(crate) mod cooldown;
+mod names;
+pub(crate) mod rate;
+mod store;
+
+pub(crate) use store::StoreError;
+pub use store::{DEFAULT_PREFIX, DEFAULT_TIMEOUT, OnError, RedisStore};

@@ -1,0 +1,475 @@
+//! The rate limiter's calls to Redis: the admission script's keys and
+//! arguments, its reply, giving a booking back, and the local cache of
+//! refused keys.
+
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use ::redis::{Script, Value};
+use parking_lot::Mutex;
+
+use super::store::{RedisStore, StoreError};
+use crate::clock::{Nanos, saturating_nanos};
+use crate::error::ConfigError;
+use crate::key::KeyHash;
+use crate::rate_limit::{Algorithm, DEFAULT_POLICY, Quota};
+use crate::store::PassThrough;
+
+static ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("admit.lua")));
+static GIVE_BACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("give_back.lua")));
+static DELETE: LazyLock<Script> =
+    LazyLock::new(|| Script::new("return redis.call('DEL', unpack(KEYS))"));
+
+/// How far ahead of Redis's now a state may lie before it is taken for the
+/// mark of a clock that ran backwards, at least: a day. Replicas may wait
+/// for different lengths; a state booked by one with a long wait must not
+/// look absurd to one with a short wait, which would reset the key.
+const MIN_HORIZON_US: u64 = 86_400_000_000;
+
+/// A rate above this many per second per key cannot be kept on Redis's
+/// microsecond clock without changing it by more than 1%.
+const FINEST_EMISSION_NS: u64 = 100_000;
+
+/// One quota as the scripts take it: its kind and two numbers, times in
+/// microseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct QuotaArgs {
+    kind: char,
+    a: u64,
+    b: u64,
+}
+
+fn micros_up(nanos: Nanos) -> u64 {
+    nanos.div_ceil(1_000).max(1)
+}
+
+impl QuotaArgs {
+    pub(crate) fn of(quota: &Quota) -> Self {
+        let period = saturating_nanos(quota.period());
+        let limit = u64::from(quota.limit());
+        match quota.algorithm() {
+            // As `Params::of`: nanoseconds per unit rounded up, then up again
+            // to whole microseconds (the same as rounding period / limit up
+            // to microseconds at once).
+            Algorithm::TokenBucket => Self {
+                kind: 'g',
+                a: micros_up(period.div_ceil(limit.max(1))),
+                b: u64::from(quota.burst()),
+            },
+            Algorithm::SlidingWindow => Self {
+                kind: 's',
+                a: limit,
+                b: micros_up(period),
+            },
+            Algorithm::FixedWindow => Self {
+                kind: 'f',
+                a: limit,
+                b: micros_up(period),
+            },
+            // `TurnBudget` and any algorithm added later.
+            _ => Self {
+                kind: 't',
+                a: limit,
+                b: micros_up(period),
+            },
+        }
+    }
+}
+
+/// Whether `quota` can be kept in Redis as it is in process.
+pub(crate) fn check_quota(quota: &Quota) -> Result<(), ConfigError> {
+    if quota.algorithm() == Algorithm::TokenBucket {
+        let emission = saturating_nanos(quota.period()) / u64::from(quota.limit().max(1));
+        if emission < FINEST_EMISSION_NS {
+            return Err(ConfigError::new(
+                "quota",
+                format!(
+                    "{} per {:?} is more than 10,000 per second per key, finer than a \
+                     Redis store keeps time (microseconds) to 1%",
+                    quota.limit(),
+                    quota.period()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The rule marker of the key with `parts`, then the state keys of each
+/// quota `which` accepts (a sliding window's bookings, then their sum),
+/// under the rule tagged `tag`.
+fn state_keys(
+    store: &RedisStore,
+    parts: &[String],
+    tag: &str,
+    quotas: &[QuotaArgs],
+    which: impl Fn(&QuotaArgs) -> bool,
+) -> Vec<String> {
+    let base = store.names.base(&store.prefix, parts);
+    let mut keys = Vec::with_capacity(quotas.len() + 2);
+    keys.push(format!("{base}:rl:r"));
+    for (i, q) in quotas.iter().enumerate() {
+        if !which(q) {
+            continue;
+        }
+        let key = format!("{base}:rl:{tag}:{i}{}", q.kind);
+        let sum = (q.kind == 's').then(|| format!("{key}:n"));
+        keys.push(key);
+        keys.extend(sum);
+    }
+    keys
+}
+
+/// The Redis keys of the key with `parts` under `rule`: every quota's and
+/// the rule marker (a reset), or the turn budgets' only (a new turn).
+pub(crate) fn forget_keys(
+    store: &RedisStore,
+    parts: &[String],
+    rule: &str,
+    quotas: &[Quota],
+    turns_only: bool,
+) -> Vec<String> {
+    let tag = store.names.tag(rule);
+    let quotas: Vec<QuotaArgs> = quotas.iter().map(QuotaArgs::of).collect();
+    let mut keys = state_keys(store, parts, &tag, &quotas, |q| {
+        !turns_only || q.kind == 't'
+    });
+    if turns_only {
+        // The rule marker stays: the key still spent under its rule.
+        keys.remove(0);
+    }
+    keys
+}
+
+/// Delete `keys`.
+pub(crate) async fn delete(store: &RedisStore, keys: &[String]) -> Result<(), StoreError> {
+    if !keys.is_empty() {
+        let _: i64 = store.run("rate limit", &DELETE, keys, &[]).await?;
+    }
+    Ok(())
+}
+
+/// One admission: the script's keys and arguments.
+pub(crate) struct Admission {
+    keys: Vec<String>,
+    args: Vec<String>,
+    quotas: Vec<QuotaArgs>,
+    cost: u32,
+    /// The last key is the default's state, probed.
+    probed: bool,
+}
+
+/// What one admission asks.
+pub(crate) struct Ask<'a> {
+    pub(crate) parts: &'a [String],
+    /// The rule's name; `None` when the limiter has no rules (no key can
+    /// move between rules, so none is remembered).
+    pub(crate) rule: Option<&'a str>,
+    /// For a key under a rule: the default's first quota, whose state shows
+    /// whether a key never seen under a rule spent under the default before
+    /// the rules came.
+    pub(crate) default_quota: Option<&'a Quota>,
+    pub(crate) quotas: &'a [Quota],
+    pub(crate) cost: u32,
+    pub(crate) max_wait: Nanos,
+    /// Report what remains.
+    pub(crate) info: bool,
+    /// The request waits for its instant (else it goes now, in a dry run).
+    pub(crate) waits: bool,
+    /// The longest period of the policy: how long a key's rule is
+    /// remembered after its last request.
+    pub(crate) longest_period: Nanos,
+}
+
+impl Admission {
+    pub(crate) fn new(store: &RedisStore, ask: Ask<'_>) -> Self {
+        let tag = store.names.tag(ask.rule.unwrap_or(DEFAULT_POLICY));
+        let quotas: Vec<QuotaArgs> = ask.quotas.iter().map(QuotaArgs::of).collect();
+        let mut keys = state_keys(store, ask.parts, &tag, &quotas, |_| true);
+        let probe = ask.rule.and(ask.default_quota).map(|quota| {
+            let default = store.names.tag(DEFAULT_POLICY);
+            let base = store.names.base(&store.prefix, ask.parts);
+            format!("{base}:rl:{default}:0{}", QuotaArgs::of(quota).kind)
+        });
+        let probed = probe.is_some();
+        keys.extend(probe);
+        let max_wait = ask.max_wait / 1_000;
+        let horizon = max_wait.max(MIN_HORIZON_US).saturating_add(1_000_000);
+        // As an in-process limiter remembers a key's rule: its longest
+        // period and the longest wait past its last request.
+        let marker_ttl =
+            (ask.longest_period.saturating_add(ask.max_wait) / 1_000_000).saturating_add(1_000);
+        let mut args = Vec::with_capacity(9 + 3 * quotas.len());
+        args.push(ask.cost.to_string());
+        args.push(max_wait.to_string());
+        args.push(horizon.to_string());
+        args.push(u8::from(ask.info).to_string());
+        args.push(u8::from(ask.waits).to_string());
+        args.push(if ask.rule.is_some() {
+            tag
+        } else {
+            String::new()
+        });
+        args.push(marker_ttl.to_string());
+        args.push(store.now_arg());
+        args.push(u8::from(probed).to_string());
+        for q in &quotas {
+            args.push(q.kind.to_string());
+            args.push(q.a.to_string());
+            args.push(q.b.to_string());
+        }
+        Self {
+            keys,
+            args,
+            quotas,
+            cost: ask.cost,
+            probed,
+        }
+    }
+
+    /// Run the admission.
+    pub(crate) async fn run(self, store: &RedisStore) -> Result<Reply, StoreError> {
+        let reply: Vec<Value> = store
+            .run("rate limit", &ADMIT, &self.keys, &self.args)
+            .await?;
+        Reply::parse(&reply, self).ok_or(StoreError::Reply)
+    }
+}
+
+/// What the admission script said.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// Refused: the time until every quota would admit, and the quota that
+    /// needs the longest.
+    Refused { wait: Duration, slowest: usize },
+    /// Booked `wait` from now (Redis's now) in every quota.
+    Booked {
+        wait: Duration,
+        left: u32,
+        reset: Duration,
+        tightest: usize,
+        grant: Arc<Grant>,
+    },
+}
+
+fn int(value: Option<&Value>) -> Option<u64> {
+    match value? {
+        Value::Int(n) => u64::try_from(*n).ok(),
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+        _ => None,
+    }
+}
+
+fn text(value: Option<&Value>) -> Option<String> {
+    match value? {
+        Value::Int(n) => Some(n.to_string()),
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+impl Reply {
+    fn parse(reply: &[Value], admission: Admission) -> Option<Self> {
+        let index = |n: u64| usize::try_from(n).ok();
+        match int(reply.first())? {
+            0 => Some(Self::Refused {
+                wait: Duration::from_micros(int(reply.get(1))?),
+                slowest: index(int(reply.get(2))?)?,
+            }),
+            1 => {
+                // The rule marker and the probe are not the booking's.
+                let mut keys = admission.keys;
+                if admission.probed {
+                    keys.pop();
+                }
+                if !keys.is_empty() {
+                    keys.remove(0);
+                }
+                let at = int(reply.get(1))?;
+                let now = int(reply.get(2))?;
+                let marks = reply[6..]
+                    .iter()
+                    .map(|v| text(Some(v)))
+                    .collect::<Option<Vec<_>>>()?;
+                if marks.len() != admission.quotas.len() {
+                    return None;
+                }
+                Some(Self::Booked {
+                    wait: Duration::from_micros(at.saturating_sub(now)),
+                    left: u32::try_from(int(reply.get(3))?).unwrap_or(u32::MAX),
+                    reset: Duration::from_micros(int(reply.get(4))?),
+                    tightest: index(int(reply.get(5))?)?,
+                    grant: Arc::new(Grant {
+                        keys,
+                        quotas: admission.quotas,
+                        marks,
+                        cost: admission.cost,
+                    }),
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A booking in Redis: enough to give it back.
+#[derive(Debug)]
+pub(crate) struct Grant {
+    keys: Vec<String>,
+    quotas: Vec<QuotaArgs>,
+    marks: Vec<String>,
+    cost: u32,
+}
+
+impl Grant {
+    /// Give the booking back (`cancel`: a waiter left before its turn;
+    /// else the outcome did not count). When the call fails the capacity
+    /// stays spent: the safe side.
+    pub(crate) async fn give_back(
+        &self,
+        store: &RedisStore,
+        cancel: bool,
+    ) -> Result<(), StoreError> {
+        let mut args = Vec::with_capacity(3 + 4 * self.quotas.len());
+        args.push(if cancel { "c" } else { "r" }.to_owned());
+        args.push(self.cost.to_string());
+        args.push(store.now_arg());
+        for (q, mark) in self.quotas.iter().zip(&self.marks) {
+            args.push(q.kind.to_string());
+            args.push(q.a.to_string());
+            args.push(q.b.to_string());
+            args.push(mark.clone());
+        }
+        let _: i64 = store
+            .run("rate limit", &GIVE_BACK, &self.keys, &args)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Keys Redis refused, until they could be admitted again: a flood of
+/// requests on a refused key costs no round trips.
+pub(crate) struct Refused {
+    keys: Mutex<HashMap<u64, Refusal, BuildHasherDefault<PassThrough>>>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Refusal {
+    /// The earliest a request of `cost` could be admitted, on the store's
+    /// local clock ([`RedisStore::local_micros`]).
+    until: u64,
+    cost: u32,
+    slowest: usize,
+}
+
+/// At most this many refused keys are remembered; more are asked again.
+const MAX_REFUSED: usize = 10_000;
+
+impl Default for Refused {
+    fn default() -> Self {
+        Self {
+            keys: Mutex::new(HashMap::default()),
+        }
+    }
+}
+
+impl Refused {
+    /// The wait and slowest quota of a request of `cost` on `key` at `now`
+    /// that is sure to be refused: one costing no less was refused, and the
+    /// instant it could go is still beyond `max_wait`.
+    pub(crate) fn check(
+        &self,
+        key: KeyHash,
+        cost: u32,
+        max_wait: Nanos,
+        now: u64,
+    ) -> Option<(Duration, usize)> {
+        let mut keys = self.keys.lock();
+        let refusal = *keys.get(&key.0)?;
+        if refusal.until <= now {
+            keys.remove(&key.0);
+            return None;
+        }
+        let wait = Duration::from_micros(refusal.until - now);
+        (cost >= refusal.cost && saturating_nanos(wait) > max_wait)
+            .then_some((wait, refusal.slowest))
+    }
+
+    /// Remember at `now` that a request of `cost` on `key` cannot go for
+    /// `wait`.
+    pub(crate) fn insert(&self, key: KeyHash, cost: u32, now: u64, wait: Duration, slowest: usize) {
+        let until = now.saturating_add(u64::try_from(wait.as_micros()).unwrap_or(u64::MAX));
+        let mut keys = self.keys.lock();
+        if keys.len() >= MAX_REFUSED && !keys.contains_key(&key.0) {
+            keys.retain(|_, r| r.until > now);
+            if keys.len() >= MAX_REFUSED {
+                return;
+            }
+        }
+        let refusal = Refusal {
+            until,
+            cost,
+            slowest,
+        };
+        keys.entry(key.0)
+            .and_modify(|r| {
+                // The cheaper refusal says more; a later one replaces one
+                // that is over.
+                if cost <= r.cost || r.until <= now {
+                    *r = refusal;
+                }
+            })
+            .or_insert(refusal);
+    }
+
+    /// Forget `key` (a reset), or every key (`None`: a retune).
+    pub(crate) fn forget(&self, key: Option<KeyHash>) {
+        let mut keys = self.keys.lock();
+        match key {
+            Some(key) => {
+                keys.remove(&key.0);
+            }
+            None => keys.clear(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_key_is_refused_locally_until_it_could_go() {
+        let refused = Refused::default();
+        let key = KeyHash(1);
+        refused.insert(key, 2, 1_000, Duration::from_micros(500), 0);
+        // As costly or more, beyond max_wait: refused here.
+        assert_eq!(
+            refused.check(key, 2, 0, 1_100),
+            Some((Duration::from_micros(400), 0))
+        );
+        assert!(refused.check(key, 3, 0, 1_100).is_some());
+        // Cheaper: Redis may admit it.
+        assert_eq!(refused.check(key, 1, 0, 1_100), None);
+        // Within the wait allowed: Redis books it.
+        assert_eq!(refused.check(key, 2, 400_000, 1_100), None);
+        // At the instant: asked again, and forgotten.
+        assert_eq!(refused.check(key, 2, 0, 1_500), None);
+        assert!(refused.keys.lock().is_empty());
+    }
+
+    #[test]
+    fn the_cache_of_refused_keys_is_bounded() {
+        let refused = Refused::default();
+        for k in 0..(MAX_REFUSED as u64 + 100) {
+            refused.insert(KeyHash(k), 1, 0, Duration::from_secs(60), 0);
+        }
+        assert_eq!(refused.keys.lock().len(), MAX_REFUSED);
+        // Once those are over, new ones take their place.
+        refused.insert(KeyHash(u64::MAX), 1, 61_000_000, Duration::from_secs(1), 0);
+        assert_eq!(refused.keys.lock().len(), 1);
+    }
+}

@@ -1,0 +1,419 @@
+//! The connection to Redis shared by every layer given one [`RedisStore`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use ::redis::cluster::{ClusterClient, ClusterClientBuilder};
+use ::redis::cluster_async::ClusterConnection;
+use ::redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
+use tokio::sync::OnceCell;
+
+use super::names::Namer;
+use crate::error::ConfigError;
+
+/// The default [timeout](RedisStore::with_timeout) of every Redis call.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// The default [prefix](RedisStore::with_prefix) of every key name.
+pub const DEFAULT_PREFIX: &str = "tt:";
+
+/// What a layer does while Redis cannot be reached (or does not answer
+/// within the timeout).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnError {
+    /// Fail open: let requests through. By default each replica then holds
+    /// them to an in-process limiter with the same quotas, so a limit still
+    /// holds per replica (see [`RedisStore::with_local_fallback`]).
+    #[default]
+    Open,
+    /// Fail closed: refuse requests with
+    /// [`StoreUnavailable`](crate::error::StoreUnavailable), a 503 through
+    /// [`ThrottleResponseLayer`](crate::respond::ThrottleResponseLayer).
+    Closed,
+}
+
+impl OnError {
+    /// The name configuration files use: `open` or `closed`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Open => "open",
+            Self::Closed => "closed",
+        }
+    }
+}
+
+/// Where layers keep shared state: a Redis server (or a Redis Cluster),
+/// reached through one multiplexed connection that reconnects by itself.
+///
+/// Cheap to clone; clones share the connection. Give it to
+/// [`RateLimitLayer::with_store`](crate::rate_limit::RateLimitLayer::with_store)
+/// and [`Backoff429Layer::with_store`](crate::backoff::Backoff429Layer::with_store).
+/// Building it connects to nothing: the connection is made on the first
+/// request, inside the runtime, and made again (with backoff) whenever it
+/// drops.
+///
+/// Two layers of one kind that share a store and a prefix share their
+/// state for equal keys: give each its own prefix
+/// ([`with_prefix`](Self::with_prefix)).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_throttle::redis::{OnError, RedisStore};
+///
+/// let store = RedisStore::new("redis://127.0.0.1:6379")?
+///     .with_prefix("myapp:chat:")
+///     .with_timeout(Duration::from_millis(30))
+///     .on_error(OnError::Closed)
+///     .with_hash_key("a long random secret, the same in every replica")?;
+/// # let _ = store;
+/// # Ok::<(), tower_throttle::error::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    pub(crate) conn: Arc<Connection>,
+    pub(crate) prefix: Arc<str>,
+    pub(crate) timeout: Duration,
+    pub(crate) on_error: OnError,
+    pub(crate) local_fallback: bool,
+    pub(crate) names: Namer,
+    /// A clock a test sets, in microseconds since the Unix epoch, read by
+    /// the scripts instead of Redis's `TIME`.
+    test_clock: Option<Arc<AtomicU64>>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The address only: the URL may hold a password, and the hash key
+        // is a secret.
+        f.debug_struct("RedisStore")
+            .field("addr", &self.conn.addr)
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field("on_error", &self.on_error)
+            .field("local_fallback", &self.local_fallback)
+            .field("hash_key", &self.names.is_keyed().then_some("(set)"))
+            .finish()
+    }
+}
+
+impl RedisStore {
+    /// A store on the Redis server at `url` (`redis://[user:password@]host:port[/db]`,
+    /// `rediss://` for TLS where the `redis` crate was built with it,
+    /// `unix://` or `redis+unix://` for a socket). A URL that cannot be
+    /// parsed is an error; nothing is connected yet.
+    pub fn new(url: &str) -> Result<Self, ConfigError> {
+        let client = Client::open(url)
+            .map_err(|e| ConfigError::new("redis_url", format!("not a Redis URL: {e}")))?;
+        let addr = client.get_connection_info().addr().to_string();
+        Ok(Self {
+            conn: Arc::new(Connection {
+                target: Target::Single(client),
+                conn: OnceCell::new(),
+                addr,
+                down: AtomicBool::new(false),
+            }),
+            prefix: Arc::from(DEFAULT_PREFIX),
+            timeout: DEFAULT_TIMEOUT,
+            on_error: OnError::default(),
+            local_fallback: true,
+            names: Namer::new(None),
+            test_clock: None,
+        })
+    }
+
+    /// A store on a Redis Cluster, found from the nodes at `urls` (one is
+    /// enough; more help when one is down). Every state of one key carries
+    /// the same hash tag, so each script touches one slot, and the client
+    /// routes it to that slot's master, following the cluster as it
+    /// changes. A list with no URL, or one that cannot be parsed, is an
+    /// error; nothing is connected yet.
+    pub fn cluster<S: AsRef<str>>(urls: &[S]) -> Result<Self, ConfigError> {
+        let urls: Vec<&str> = urls.iter().map(AsRef::as_ref).collect();
+        let Some(&first) = urls.first() else {
+            return Err(ConfigError::new(
+                "redis_url",
+                "a cluster needs a node's URL",
+            ));
+        };
+        let addr = Client::open(first)
+            .map(|c| c.get_connection_info().addr().to_string())
+            .map_err(|e| ConfigError::new("redis_url", format!("not a Redis URL: {e}")))?;
+        let client = ClusterClientBuilder::new(urls)
+            .connection_timeout(Duration::from_secs(1))
+            .build()
+            .map_err(|e| ConfigError::new("redis_url", format!("not a cluster's URLs: {e}")))?;
+        let mut store = Self::new(first)?;
+        store.conn = Arc::new(Connection {
+            target: Target::Cluster(client),
+            conn: OnceCell::new(),
+            addr: format!("cluster at {addr}"),
+            down: AtomicBool::new(false),
+        });
+        Ok(store)
+    }
+
+    /// Put `prefix` before every key name (default [`DEFAULT_PREFIX`],
+    /// `tt:`). The returned store shares this one's connection.
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = Arc::from(prefix.into());
+        self
+    }
+
+    /// Give up on a Redis call after `timeout` (default
+    /// [`DEFAULT_TIMEOUT`], 50 ms) and do what [`on_error`](Self::on_error)
+    /// says. At least a millisecond.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// What to do while Redis is unreachable or slow (default
+    /// [`OnError::Open`]).
+    pub fn on_error(mut self, on_error: OnError) -> Self {
+        self.on_error = on_error;
+        self
+    }
+
+    /// When failing open, hold requests to an in-process limiter with the
+    /// same quotas (`true`, the default), or admit them all (`false`).
+    pub fn with_local_fallback(mut self, local_fallback: bool) -> Self {
+        self.local_fallback = local_fallback;
+        self
+    }
+
+    /// Key the hash that names keys in Redis with `secret` (any length;
+    /// use 16 random bytes or more, the same in every replica).
+    ///
+    /// Key names never hold key text, only a 128-bit hash of it. Without a
+    /// secret the hash is keyed with a fixed, public key: names stay
+    /// stable and opaque, but someone who can read Redis can test guesses
+    /// of key text that has few possible values (a client's IPv4 address)
+    /// against them. With a secret, they cannot. An empty secret is an
+    /// error.
+    pub fn with_hash_key(mut self, secret: impl AsRef<[u8]>) -> Result<Self, ConfigError> {
+        let secret = secret.as_ref();
+        if secret.is_empty() {
+            return Err(ConfigError::new("hash_key", "must not be empty"));
+        }
+        self.names = Namer::new(Some(secret));
+        Ok(self)
+    }
+
+    /// For tests: the scripts read the time from `micros` (microseconds
+    /// since the Unix epoch), which the test sets, instead of from Redis's
+    /// clock. Waits still run on tokio's clock.
+    #[doc(hidden)]
+    pub fn with_test_clock(mut self, micros: Arc<AtomicU64>) -> Self {
+        self.test_clock = Some(micros);
+        self
+    }
+
+    /// Microseconds on this replica's clock, for its cache of refused keys:
+    /// the test clock when there is one.
+    pub(crate) fn local_micros(&self) -> u64 {
+        static ORIGIN: std::sync::LazyLock<std::time::Instant> =
+            std::sync::LazyLock::new(std::time::Instant::now);
+        match &self.test_clock {
+            Some(clock) => clock.load(Ordering::SeqCst),
+            None => u64::try_from(ORIGIN.elapsed().as_micros()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// The scripts' `now` argument: empty for Redis's own clock.
+    pub(crate) fn now_arg(&self) -> String {
+        self.test_clock
+            .as_ref()
+            .map(|c| c.load(Ordering::SeqCst).to_string())
+            .unwrap_or_default()
+    }
+
+    /// For benchmarks: one `PING` on the store's own connection, the
+    /// floor under any call it makes.
+    #[doc(hidden)]
+    pub async fn ping(&self) -> bool {
+        match self.conn.get().await {
+            Ok(mut conn) => ::redis::cmd("PING")
+                .query_async::<String>(&mut conn)
+                .await
+                .is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    /// The prefix of every key name.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The timeout of every call.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// What a layer does while Redis is unreachable.
+    pub fn error_mode(&self) -> OnError {
+        self.on_error
+    }
+
+    /// Run `script` on the keys and arguments, under the timeout. Logs the
+    /// first failure of an outage and the first success after one.
+    pub(crate) async fn run<T: ::redis::FromRedisValue>(
+        &self,
+        what: &'static str,
+        script: &Script,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<T, StoreError> {
+        let call = async {
+            let mut conn = self.conn.get().await?;
+            let mut invocation = script.prepare_invoke();
+            for key in keys {
+                invocation.key(key);
+            }
+            for arg in args {
+                invocation.arg(arg);
+            }
+            invocation.invoke_async::<T>(&mut conn).await
+        };
+        let outcome = match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(StoreError::Redis(e)),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        };
+        match &outcome {
+            Ok(_) => self.conn.up(what),
+            Err(e) => self
+                .conn
+                .failed(what, self.on_error, self.local_fallback, e),
+        }
+        outcome
+    }
+}
+
+/// Why a Redis call gave no answer.
+#[derive(Debug)]
+pub(crate) enum StoreError {
+    Redis(RedisError),
+    Timeout(Duration),
+    /// A script answered something it never answers: another program
+    /// wrote the keys, or a script of another version is loaded.
+    Reply,
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Redis(e) => write!(f, "{e}"),
+            Self::Timeout(after) => write!(f, "no answer within {after:?}"),
+            Self::Reply => f.write_str("an unexpected reply"),
+        }
+    }
+}
+
+impl From<RedisError> for StoreError {
+    fn from(e: RedisError) -> Self {
+        Self::Redis(e)
+    }
+}
+
+/// What the store connects to.
+pub(crate) enum Target {
+    Single(Client),
+    Cluster(ClusterClient),
+}
+
+/// A connected target: cheap to clone, multiplexed.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The connection of one store, and whether it is down.
+pub(crate) struct Connection {
+    target: Target,
+    conn: OnceCell<Conn>,
+    /// `host:port` (or the socket's path), for logs: never the URL, which
+    /// may hold a password.
+    pub(crate) addr: String,
+    down: AtomicBool,
+}
+
+impl Connection {
+    /// The connection, made on first use. The manager is made lazily and
+    /// connects (and reconnects, with backoff) by itself; made here because
+    /// it needs the runtime, which building a layer may not have.
+    pub(crate) async fn get(&self) -> Result<Conn, RedisError> {
+        self.conn
+            .get_or_try_init(|| async {
+                match &self.target {
+                    Target::Single(client) => {
+                        let config = ConnectionManagerConfig::new()
+                            // Our own timeout bounds every call; reconnect
+                            // attempts get a little longer, and keep going.
+                            .set_connection_timeout(Some(Duration::from_secs(1)))
+                            .set_max_delay(Duration::from_secs(1));
+                        ConnectionManager::new_lazy_with_config(client.clone(), config)
+                            .map(Conn::Single)
+                    }
+                    // Connects to the nodes and reads the slots now; a
+                    // failure leaves the cell empty, to be tried again on
+                    // the next call.
+                    Target::Cluster(client) => {
+                        client.get_async_connection().await.map(Conn::Cluster)
+                    }
+                }
+            })
+            .await
+            .cloned()
+    }
+
+    fn up(&self, what: &str) {
+        if self.down.swap(false, Ordering::Relaxed) {
+            tracing::info!(store = %self.addr, "{what}: Redis reachable again");
+        }
+    }
+
+    fn failed(&self, what: &str, on_error: OnError, fallback: bool, error: &StoreError) {
+        if !self.down.swap(true, Ordering::Relaxed) {
+            let mode = match (on_error, fallback) {
+                (OnError::Closed, _) => "failing closed: refusing requests",
+                (OnError::Open, true) => "failing open: in-process limits per replica",
+                (OnError::Open, false) => "failing open: admitting requests",
+            };
+            tracing::warn!(store = %self.addr, %error, "{what}: Redis unreachable; {mode}");
+        }
+    }
+}

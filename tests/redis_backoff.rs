@@ -1,0 +1,247 @@
+//! Backoff429Layer with its cooldowns in Redis: two layers standing for
+//! two replicas of a gateway share each route's cooldown and 429 streak.
+
+#[path = "support/redis.rs"]
+mod redis_server;
+mod support;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis_server::RedisServer;
+use tokio::sync::Notify;
+use tower::{Service, ServiceExt};
+use tower_throttle::backoff::Backoff429Layer;
+use tower_throttle::error::{BoxError, CoolingDown, StoreUnavailable};
+use tower_throttle::key::HeaderKey;
+use tower_throttle::redis::{OnError, RedisStore};
+
+/// A request to `route`, which the upstream answers with `status` (and a
+/// `Retry-After` of `retry` seconds, when given).
+fn request(route: &str, status: u16, retry: Option<u64>) -> http::Request<()> {
+    let mut req = http::Request::builder()
+        .header("x-route", route)
+        .header("x-status", status.to_string());
+    if let Some(retry) = retry {
+        req = req.header("x-retry", retry.to_string());
+    }
+    req.body(()).expect("valid request")
+}
+
+/// Answers as each request asks.
+async fn upstream(req: http::Request<()>) -> Result<http::Response<()>, Infallible> {
+    let header = |name| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let status = header("x-status")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200);
+    let mut res = http::Response::builder().status(status);
+    if let Some(retry) = header("x-retry") {
+        res = res.header("retry-after", retry);
+    }
+    Ok(res.body(()).expect("valid response"))
+}
+
+/// The scripts' clock, moved by hand (microseconds since the epoch).
+fn clock() -> Arc<AtomicU64> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_micros() as u64;
+    Arc::new(AtomicU64::new(now))
+}
+
+fn store(server: &RedisServer, clock: &Arc<AtomicU64>, on_error: OnError) -> RedisStore {
+    RedisStore::new(&server.url())
+        .expect("valid URL")
+        .with_prefix("cool:")
+        .with_timeout(Duration::from_secs(2))
+        .on_error(on_error)
+        .with_test_clock(clock.clone())
+}
+
+fn layer(store: RedisStore) -> Backoff429Layer<HeaderKey> {
+    Backoff429Layer::new(HeaderKey::new("x-route").expect("valid header name"))
+        .with_initial_backoff(Duration::from_millis(50))
+        .with_store(store)
+}
+
+async fn send<S>(svc: &mut S, req: http::Request<()>) -> Result<http::Response<()>, BoxError>
+where
+    S: Service<http::Request<()>, Response = http::Response<()>, Error = BoxError>,
+{
+    svc.ready().await?.call(req).await
+}
+
+fn cooling(err: BoxError) -> Duration {
+    err.downcast_ref::<CoolingDown>()
+        .unwrap_or_else(|| panic!("expected CoolingDown, got {err}"))
+        .retry_after
+}
+
+#[tokio::test]
+async fn a_429_on_one_replica_cools_the_route_on_the_other() {
+    let Some(server) = RedisServer::start("a_429_on_one_replica") else {
+        return;
+    };
+    let clock = clock();
+    let make = || {
+        tower::ServiceBuilder::new()
+            .layer(layer(store(&server, &clock, OnError::Closed)))
+            .service_fn(upstream)
+    };
+    let (mut a, mut b) = (make(), make());
+    let res = send(&mut a, request("openai", 429, Some(10)))
+        .await
+        .expect("passed on");
+    assert_eq!(res.status(), 429);
+    // Once a has its 429 back, b knows: the route cools on b too, for what
+    // is left of the 10 s.
+    let left = cooling(
+        send(&mut b, request("openai", 200, None))
+            .await
+            .unwrap_err(),
+    );
+    assert!(
+        left > Duration::from_secs(9) && left <= Duration::from_secs(10),
+        "{left:?}"
+    );
+    // Another route is not touched.
+    send(&mut b, request("anthropic", 200, None))
+        .await
+        .expect("other route");
+}
+
+#[tokio::test]
+async fn the_longer_cooldown_wins_whichever_replica_hears_last() {
+    let Some(server) = RedisServer::start("the_longer_cooldown_wins") else {
+        return;
+    };
+    let clock = clock();
+    // The upstream says when a gated request has reached it, and holds its
+    // answer until the gate opens.
+    let (entered, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let make = || {
+        let (entered, gate) = (entered.clone(), gate.clone());
+        tower::ServiceBuilder::new()
+            .layer(layer(store(&server, &clock, OnError::Closed)))
+            .service_fn(move |req: http::Request<()>| {
+                let (entered, gate) = (entered.clone(), gate.clone());
+                async move {
+                    if req.headers().contains_key("x-gate") {
+                        entered.notify_one();
+                        gate.notified().await;
+                    }
+                    upstream(req).await
+                }
+            })
+    };
+    let (a, mut b) = (make(), make());
+    // a's request is on its way (its answer held back) when b hears a 429
+    // asking for 10 s; a's answer, a 429 asking for 2 s, comes after.
+    let mut slow = request("r", 429, Some(2));
+    slow.headers_mut()
+        .insert("x-gate", http::HeaderValue::from_static("1"));
+    let in_flight = tokio::spawn(a.clone().oneshot(slow));
+    entered.notified().await;
+    send(&mut b, request("r", 429, Some(10)))
+        .await
+        .expect("passed on");
+    gate.notify_one();
+    let res = in_flight.await.expect("ran").expect("passed on");
+    assert_eq!(res.status(), 429);
+    // The 10 s stand, on a and on a third replica.
+    for mut svc in [a, make()] {
+        let left = cooling(send(&mut svc, request("r", 200, None)).await.unwrap_err());
+        assert!(left > Duration::from_secs(9), "{left:?}");
+    }
+}
+
+#[tokio::test]
+async fn the_429_streak_is_shared_and_a_success_ends_it() {
+    let Some(server) = RedisServer::start("the_429_streak_is_shared") else {
+        return;
+    };
+    let clock = clock();
+    let make = || {
+        tower::ServiceBuilder::new()
+            .layer(
+                layer(store(&server, &clock, OnError::Closed))
+                    .with_max_wait(Duration::from_secs(5)),
+            )
+            .service_fn(upstream)
+    };
+    let (mut a, mut b) = (make(), make());
+    // a: a 429 with no advice, streak 1: 50 ms.
+    send(&mut a, request("r", 429, None))
+        .await
+        .expect("passed on");
+    // The cooldown passes on Redis's clock; b's request finds no cooldown
+    // left there, goes, and gets the second 429 in a row: 100 ms.
+    clock.fetch_add(60_000, Ordering::SeqCst);
+    send(&mut b, request("r", 429, None))
+        .await
+        .expect("passed on");
+    let mut conn = server.connection();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("cool:*")
+        .query(&mut conn)
+        .expect("KEYS");
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let streak: u32 = redis::cmd("HGET")
+        .arg(&keys[0])
+        .arg("s")
+        .query(&mut conn)
+        .expect("HGET");
+    assert_eq!(streak, 2, "the streak counts both replicas' 429s");
+    // A success (through a, after the cooldown) ends the streak for all.
+    clock.fetch_add(110_000, Ordering::SeqCst);
+    send(&mut a, request("r", 200, None))
+        .await
+        .expect("success");
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(&keys[0])
+        .query(&mut conn)
+        .expect("EXISTS");
+    assert!(!exists, "an idle route leaves nothing behind");
+}
+
+#[tokio::test]
+async fn a_shared_cooldown_fails_as_its_store_says_when_redis_is_away() {
+    let Some(mut server) = RedisServer::start("a_shared_cooldown_fails") else {
+        return;
+    };
+    let clock = clock();
+    let closed = |server: &RedisServer| {
+        tower::ServiceBuilder::new()
+            .layer(layer(
+                store(server, &clock, OnError::Closed).with_timeout(Duration::from_millis(50)),
+            ))
+            .service_fn(upstream)
+    };
+    let open = |server: &RedisServer| {
+        tower::ServiceBuilder::new()
+            .layer(layer(
+                store(server, &clock, OnError::Open).with_timeout(Duration::from_millis(50)),
+            ))
+            .service_fn(upstream)
+    };
+    let (mut closed, open) = (closed(&server), open(&server));
+    let layer_handle = open.clone();
+    server.kill();
+    let err = send(&mut closed, request("r", 200, None))
+        .await
+        .unwrap_err();
+    assert!(err.is::<StoreUnavailable>(), "{err}");
+    let res = layer_handle
+        .oneshot(request("r", 200, None))
+        .await
+        .expect("open");
+    assert_eq!(res.status(), 200);
+}
