@@ -119,6 +119,43 @@ async fn a_429_on_one_replica_cools_the_route_on_the_other() {
 }
 
 #[tokio::test]
+async fn a_cooldown_read_from_redis_is_never_longer_than_the_replicas_own_cap() {
+    let Some(server) = RedisServer::start("a_cooldown_read_from_redis_is_capped") else {
+        return;
+    };
+    let clock = clock();
+    let make = || {
+        tower::ServiceBuilder::new()
+            .layer(
+                layer(store(&server, &clock, OnError::Closed))
+                    .with_max_cooldown(Duration::from_secs(30)),
+            )
+            .service_fn(upstream)
+    };
+    let (mut a, mut b) = (make(), make());
+    send(&mut a, request("openai", 429, Some(10)))
+        .await
+        .expect("passed on");
+    // Whoever can write to Redis says the route cools for 30 years.
+    let mut conn = server.connection();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("cool:*").query(&mut conn).unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let years = clock.load(Ordering::SeqCst) + 30 * 365 * 86_400 * 1_000_000;
+    let () = redis::cmd("HSET")
+        .arg(&keys[0])
+        .arg("u")
+        .arg(years)
+        .query(&mut conn)
+        .unwrap();
+    let left = cooling(
+        send(&mut b, request("openai", 200, None))
+            .await
+            .unwrap_err(),
+    );
+    assert!(left <= Duration::from_secs(30), "{left:?}");
+}
+
+#[tokio::test]
 async fn the_longer_cooldown_wins_whichever_replica_hears_last() {
     let Some(server) = RedisServer::start("the_longer_cooldown_wins") else {
         return;

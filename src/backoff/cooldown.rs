@@ -610,7 +610,11 @@ impl Cooldowns {
         text: &Arc<str>,
     ) {
         let now = self.timeline.now();
-        let until = now.saturating_add(saturating_nanos(shared.cooling));
+        let lengths = self.lengths();
+        // Redis is outside this process: no cooldown read there lasts
+        // longer than this replica would set one itself.
+        let cooling = shared.cooling.min(lengths.max_cooldown);
+        let until = now.saturating_add(saturating_nanos(cooling));
         let mut locked = self.routes.lock(key, now);
         let ((), route) = locked.get();
         route.refresh(now);
@@ -626,7 +630,6 @@ impl Cooldowns {
         }
         let was_cooling = route.until > now;
         route.until = until;
-        let lengths = self.lengths();
         let forget_after = lengths.backoff.cap().min(lengths.max_cooldown);
         route.forget_at = until.saturating_add(saturating_nanos(forget_after));
         // The queue's head, asleep until the old end, looks again then.

@@ -273,7 +273,9 @@ fn text(value: Option<&Value>) -> Option<String> {
 
 impl Reply {
     fn parse(reply: &[Value], admission: Admission) -> Option<Self> {
-        let index = |n: u64| usize::try_from(n).ok();
+        // Indices name one of the quotas asked about, or the reply is bad.
+        let quotas = admission.quotas.len();
+        let index = |n: u64| usize::try_from(n).ok().filter(|&i| i < quotas);
         match int(reply.first())? {
             0 => Some(Self::Refused {
                 wait: Duration::from_micros(int(reply.get(1))?),
@@ -290,7 +292,9 @@ impl Reply {
                 }
                 let at = int(reply.get(1))?;
                 let now = int(reply.get(2))?;
-                let marks = reply[6..]
+                // A reply is outside input: a short one is an error, not a panic.
+                let marks = reply
+                    .get(6..)?
                     .iter()
                     .map(|v| text(Some(v)))
                     .collect::<Option<Vec<_>>>()?;
@@ -459,6 +463,55 @@ mod tests {
         // At the instant: asked again, and forgotten.
         assert_eq!(refused.check(key, 2, 0, 1_500), None);
         assert!(refused.keys.lock().is_empty());
+    }
+
+    #[test]
+    fn a_short_or_odd_reply_is_an_error_not_a_panic() {
+        let one = QuotaArgs {
+            kind: 't',
+            a: 1,
+            b: 1,
+        };
+        let admission = || Admission {
+            keys: vec!["r".into(), "k".into()],
+            args: Vec::new(),
+            quotas: vec![one],
+            cost: 1,
+            probed: false,
+        };
+        let int = Value::Int;
+        let mark = || Value::BulkString(b"m".to_vec());
+        let good = [
+            vec![int(0), int(5), int(0)],
+            vec![int(1), int(5), int(3), int(0), int(0), int(0), mark()],
+        ];
+        for reply in &good {
+            assert!(Reply::parse(reply, admission()).is_some(), "{reply:?}");
+        }
+        let bad = [
+            vec![],
+            vec![int(1), int(5), int(3)],
+            vec![int(1), int(5), int(3), int(0), int(0), int(0)],
+            vec![
+                int(1),
+                int(5),
+                int(3),
+                int(0),
+                int(0),
+                int(0),
+                mark(),
+                mark(),
+            ],
+            vec![int(1), int(5), int(3), int(0), int(0), int(1), mark()],
+            vec![int(0), int(-1), int(0)],
+            vec![int(0), int(5), int(1)],
+            vec![int(0), int(5), int(-1)],
+            vec![int(7)],
+            vec![Value::Nil, int(1)],
+        ];
+        for reply in &bad {
+            assert!(Reply::parse(reply, admission()).is_none(), "{reply:?}");
+        }
     }
 
     #[test]

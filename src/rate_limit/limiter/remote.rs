@@ -220,6 +220,15 @@ impl Limiter {
         let text = || texts.label();
         let rule = &policy.compiled[index];
         let now = self.timeline.now();
+        // Redis's reply is outside input: a booking further off than the
+        // script was allowed to make is an error (what it booked stays
+        // spent), not a request asleep for years.
+        let reply = reply.and_then(|reply| match reply {
+            Reply::Booked { wait, .. } if saturating_nanos(wait) > max_wait => {
+                Err(StoreError::Reply)
+            }
+            reply => Ok(reply),
+        });
         match reply {
             Ok(Reply::Refused { wait, slowest }) => {
                 remote.refused.insert(key, cost, sent, wait, slowest);
