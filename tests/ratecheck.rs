@@ -15,6 +15,9 @@ mod cli;
 #[path = "../examples/ratecheck/inference.rs"]
 mod inference;
 #[allow(dead_code)]
+#[path = "../examples/ratecheck/models.rs"]
+mod models;
+#[allow(dead_code)]
 #[path = "../examples/ratecheck/probe.rs"]
 mod probe;
 #[allow(dead_code)]
@@ -23,6 +26,9 @@ mod report;
 #[allow(dead_code)]
 #[path = "../examples/ratecheck/schedule.rs"]
 mod schedule;
+#[allow(dead_code)]
+#[path = "../examples/ratecheck/timeline.rs"]
+mod timeline;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -21,6 +21,9 @@ mod cli;
 #[path = "../examples/ratecheck/inference.rs"]
 mod inference;
 #[allow(dead_code)]
+#[path = "../examples/ratecheck/models.rs"]
+mod models;
+#[allow(dead_code)]
 #[path = "../examples/ratecheck/probe.rs"]
 mod probe;
 #[allow(dead_code)]
@@ -29,6 +32,9 @@ mod report;
 #[allow(dead_code)]
 #[path = "../examples/ratecheck/schedule.rs"]
 mod schedule;
+#[allow(dead_code)]
+#[path = "../examples/ratecheck/timeline.rs"]
+mod timeline;
 #[allow(dead_code)]
 #[path = "../examples/proxy/signal.rs"]
 mod signal;

@@ -30,6 +30,7 @@
 mod app;
 mod cli;
 mod inference;
+mod models;
 mod probe;
 mod report;
 mod schedule;
@@ -37,6 +38,7 @@ mod schedule;
 mod signal;
 #[cfg(test)]
 mod tests;
+mod timeline;
 
 use std::process::ExitCode;
 
