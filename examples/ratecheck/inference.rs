@@ -40,8 +40,9 @@ pub(crate) const MIN_INFORMATIVE: f64 = 0.8;
 const NATS_PER_MISMATCH: f64 = 0.7;
 /// Confidence is never higher: a probe sees only what one client sees.
 const MAX_CONFIDENCE: f64 = 0.95;
-/// A design is named only from this confidence up.
-const NAME_FROM: f64 = 0.5;
+/// A design is named only from this confidence up: above one half, so that
+/// two designs that fit equally well are never named.
+const NAME_FROM: f64 = 0.6;
 /// Candidates that remain: at least this likely.
 const CANDIDATE_FROM: f64 = 0.1;
 /// When even the best design gets more than this share of answers wrong,
@@ -135,7 +136,11 @@ pub(crate) struct Inference {
 
 fn round(v: f64, places: i32) -> f64 {
     let k = 10f64.powi(places);
-    if v.is_finite() { (v * k).round() / k } else { 0.0 }
+    if v.is_finite() {
+        (v * k).round() / k
+    } else {
+        0.0
+    }
 }
 
 #[derive(Default)]

@@ -29,7 +29,11 @@
 
 mod app;
 mod cli;
+#[cfg(test)]
+mod fixtures;
 mod inference;
+#[cfg(test)]
+mod inference_tests;
 mod models;
 mod probe;
 mod report;

@@ -72,34 +72,51 @@ impl Limiter {
 /// A request as a simulation sees it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Seen {
-    /// Sent, seconds from the start of the run.
+    /// When it reached the limiter, seconds from the start of the run.
     pub(crate) t: f64,
-    /// Sent, seconds since the Unix epoch.
+    /// The same, in seconds since the Unix epoch.
     pub(crate) unix: f64,
     /// When its answer ended, seconds from the start.
     pub(crate) end: f64,
     pub(crate) admitted: bool,
 }
 
-/// The requests that were admitted or refused, in the order they were
-/// sent. Others (another status, no answer) are left out: whether the
-/// limiter saw them is not known.
+/// The requests that were admitted or refused, in the order they reached
+/// the limiter. Others (another status, no answer) are left out: whether
+/// the limiter saw them is not known.
+///
+/// A request reaches the limiter some time after it was sent: half the
+/// fastest answer of the run is taken as that one-way delay. Replaying at
+/// the sending instants instead would put every request a little early,
+/// and a design whose windows open exactly when a probe is sent would be
+/// found to refuse what it admitted.
 pub(crate) fn seen(timeline: &Timeline) -> Vec<Seen> {
+    let one_way = timeline
+        .requests
+        .iter()
+        .filter(|r| r.admitted().is_some())
+        .map(|r| r.latency_s.max(0.0))
+        .fold(f64::INFINITY, f64::min)
+        / 2.0;
+    let one_way = if one_way.is_finite() { one_way } else { 0.0 };
     let mut seen: Vec<Seen> = timeline
         .requests
         .iter()
         .filter_map(|r| {
             let admitted = r.admitted()?;
-            let t = r.sent_s.max(0.0);
+            let t = r.sent_s.max(0.0) + one_way;
             Some(Seen {
                 t,
                 unix: timeline.start_unix_s + t,
-                end: t + r.latency_s.max(0.0),
+                end: r.sent_s.max(0.0) + r.latency_s.max(0.0),
                 admitted,
             })
         })
         .collect();
-    seen.sort_by(|a, b| a.t.total_cmp(&b.t));
+    // Requests sent together reach the limiter in any order, and which of
+    // them it admitted says nothing; only how many does. Those it admitted
+    // are put first, as if they had come first.
+    seen.sort_by(|a, b| a.t.total_cmp(&b.t).then(b.admitted.cmp(&a.admitted)));
     seen
 }
 
@@ -293,7 +310,13 @@ impl Sim {
 
 /// How many of `seen` the design gets wrong, or `None` once more than
 /// `give_up` are wrong (the fit only wants the best).
-fn mismatches(design: Limiter, limit: u32, window: f64, seen: &[Seen], give_up: usize) -> Option<usize> {
+fn mismatches(
+    design: Limiter,
+    limit: u32,
+    window: f64,
+    seen: &[Seen],
+    give_up: usize,
+) -> Option<usize> {
     let mut sim = Sim::new(design, limit, window);
     let mut wrong = 0;
     for r in seen {
@@ -340,7 +363,12 @@ fn aligned_windows(hint: f64) -> Vec<f64> {
     ];
     let mut all: Vec<f64> = (1..=4u32)
         .flat_map(|k| [hint * f64::from(k), hint / f64::from(k)])
-        .chain(ROUND.iter().copied().filter(|w| (hint / 4.5..=hint * 4.5).contains(w)))
+        .chain(
+            ROUND
+                .iter()
+                .copied()
+                .filter(|w| (hint / 4.5..=hint * 4.5).contains(w)),
+        )
         .collect();
     all.sort_by(f64::total_cmp);
     all.dedup_by(|a, b| (*a - *b).abs() < 1e-9);
@@ -357,7 +385,10 @@ fn limits(design: Limiter, burst_admitted: u32) -> Vec<u32> {
     let spread = (b / 25).max(2);
     let step = (spread / 4).max(1);
     let low = b.saturating_sub(spread).max(1);
-    (low..=b.saturating_add(spread)).step_by(step as usize).chain([b]).collect()
+    (low..=b.saturating_add(spread))
+        .step_by(step as usize)
+        .chain([b])
+        .collect()
 }
 
 /// The best limit and window for `design` on `seen`: the candidates with
@@ -390,7 +421,10 @@ pub(crate) fn fit(design: Limiter, seen: &[Seen], burst_admitted: u32, window_hi
     // nearest the burst's.
     ties.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
     ties.dedup();
-    let (mut limit, window) = ties.get(ties.len() / 2).copied().unwrap_or((burst_admitted, window_hint));
+    let (mut limit, window) = ties
+        .get(ties.len() / 2)
+        .copied()
+        .unwrap_or((burst_admitted, window_hint));
     if let Some(&(l, _)) = ties
         .iter()
         .filter(|t| (t.1 - window).abs() < EPS)
