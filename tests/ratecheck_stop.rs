@@ -33,11 +33,11 @@ mod report;
 #[path = "../examples/ratecheck/schedule.rs"]
 mod schedule;
 #[allow(dead_code)]
-#[path = "../examples/ratecheck/timeline.rs"]
-mod timeline;
-#[allow(dead_code)]
 #[path = "../examples/proxy/signal.rs"]
 mod signal;
+#[allow(dead_code)]
+#[path = "../examples/ratecheck/timeline.rs"]
+mod timeline;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

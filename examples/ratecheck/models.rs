@@ -12,6 +12,7 @@ use std::collections::{BinaryHeap, VecDeque};
 
 use serde::Serialize;
 
+use crate::schedule::Phase;
 use crate::timeline::Timeline;
 
 /// A limiter design.
@@ -78,6 +79,13 @@ pub(crate) struct Seen {
     pub(crate) unix: f64,
     /// When its answer ended, seconds from the start.
     pub(crate) end: f64,
+    /// When it reached the limiter as a concurrency limit sees it: an
+    /// admitted probe's end less the fastest admitted answer, a refused
+    /// one's end less the way back; a batch's requests, like `t`, all at
+    /// once. Slow answers vary by more than the network's delay, and what
+    /// counts for a concurrency limit is how many ended before this one
+    /// arrived.
+    pub(crate) arrived: f64,
     pub(crate) admitted: bool,
 }
 
@@ -99,23 +107,62 @@ pub(crate) fn seen(timeline: &Timeline) -> Vec<Seen> {
         .fold(f64::INFINITY, f64::min)
         / 2.0;
     let one_way = if one_way.is_finite() { one_way } else { 0.0 };
+    let fastest_admitted = timeline
+        .requests
+        .iter()
+        .filter(|r| r.admitted() == Some(true))
+        .map(|r| r.latency_s.max(0.0))
+        .fold(f64::INFINITY, f64::min);
+    // A batch is sent at one instant, but leaves over a few milliseconds
+    // on many connections and reaches the limiter in any order: all its
+    // requests are taken to arrive when the first was sent.
+    let batch_start = |phase: Phase| {
+        timeline
+            .requests
+            .iter()
+            .filter(|r| r.phase == phase)
+            .map(|r| r.sent_s)
+            .fold(f64::INFINITY, f64::min)
+    };
+    let starts: Vec<(Phase, f64)> = [
+        Phase::Burst,
+        Phase::BoundaryBefore,
+        Phase::BoundaryAfter,
+        Phase::LateBatch,
+    ]
+    .into_iter()
+    .map(|p| (p, batch_start(p)))
+    .collect();
     let mut seen: Vec<Seen> = timeline
         .requests
         .iter()
         .filter_map(|r| {
             let admitted = r.admitted()?;
-            let t = r.sent_s.max(0.0) + one_way;
+            let sent = starts
+                .iter()
+                .find(|(p, _)| *p == r.phase)
+                .map_or(r.sent_s, |&(_, s)| s);
+            let t = sent.max(0.0) + one_way;
+            let end = r.sent_s.max(0.0) + r.latency_s.max(0.0);
+            let in_batch = starts.iter().any(|(p, _)| *p == r.phase);
+            let arrived = if in_batch {
+                t
+            } else if admitted {
+                (end - fastest_admitted + one_way).max(t)
+            } else {
+                (end - one_way).max(t)
+            };
             Some(Seen {
                 t,
                 unix: timeline.start_unix_s + t,
-                end: r.sent_s.max(0.0) + r.latency_s.max(0.0),
+                end,
+                arrived,
                 admitted,
             })
         })
         .collect();
-    // Requests sent together reach the limiter in any order, and which of
-    // them it admitted says nothing; only how many does. Those it admitted
-    // are put first, as if they had come first.
+    // Which requests of a batch were admitted says nothing, only how many:
+    // those admitted are put first, as if they had come first.
     seen.sort_by(|a, b| a.t.total_cmp(&b.t).then(b.admitted.cmp(&a.admitted)));
     seen
 }
@@ -294,7 +341,7 @@ impl Sim {
                 ok
             }
             Sim::Concurrency { limit, in_flight } => {
-                let now = (r.t * 1e6) as u64;
+                let now = (r.arrived * 1e6) as u64;
                 while in_flight.peek().is_some_and(|Reverse(end)| *end <= now) {
                     in_flight.pop();
                 }
@@ -394,6 +441,19 @@ fn limits(design: Limiter, burst_admitted: u32) -> Vec<u32> {
 /// The best limit and window for `design` on `seen`: the candidates with
 /// the fewest mismatches; their spread is how sure the fit is.
 pub(crate) fn fit(design: Limiter, seen: &[Seen], burst_admitted: u32, window_hint: f64) -> Fit {
+    // A concurrency limit sees requests in the order they arrived.
+    let mut by_arrival;
+    let seen = if design == Limiter::Concurrency {
+        by_arrival = seen.to_vec();
+        by_arrival.sort_by(|a, b| {
+            a.arrived
+                .total_cmp(&b.arrived)
+                .then(b.admitted.cmp(&a.admitted))
+        });
+        &by_arrival[..]
+    } else {
+        seen
+    };
     let windows = if design == Limiter::Concurrency {
         vec![window_hint]
     } else if design.clock_aligned() {

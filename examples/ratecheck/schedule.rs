@@ -193,11 +193,15 @@ fn diagnose_probe_nanos(rpm: u32, window: Duration) -> u128 {
 }
 
 /// Times of diagnose's probes after a burst at 0: one every
-/// [`diagnose_probe_interval`], from one interval after the burst up to `span`.
+/// [`diagnose_probe_interval`] `q`, at `q/2`, `3q/2`, ... up to `span`.
+/// Half an interval off the multiples of `q`: a limiter timed from the
+/// burst (a token's refill, a window's end) changes its answer at a multiple
+/// of `q` when the hint is right, and a probe sent right then would be
+/// admitted or not by a millisecond of jitter.
 pub(crate) fn diagnose_probes(rpm: u32, window: Duration, span: Duration) -> Vec<Duration> {
     let q = diagnose_probe_nanos(rpm, window);
     let count = diagnose_probe_count(rpm, window, span);
-    (1..=count).map(|i| from_nanos(i * q)).collect()
+    (1..=count).map(|i| from_nanos(i * q - q / 2)).collect()
 }
 
 fn diagnose_probe_count(rpm: u32, window: Duration, span: Duration) -> u128 {
@@ -226,6 +230,12 @@ pub(crate) fn until_mid_window(now_unix: Duration, window: Duration) -> Duration
 
 fn push(events: &mut Vec<Event>, at: Duration, phase: Phase, count: u32) {
     events.extend((0..count).map(|_| Event { at, phase }));
+}
+
+/// When diagnose's last batch goes after its burst: a quarter window
+/// after the probes (at least the window offset).
+pub(crate) fn late_batch_after(probe: Duration, window: Duration, offset: Duration) -> Duration {
+    probe + (window / 4).max(offset)
 }
 
 /// How many requests diagnose sends in its burst: half as many again as
@@ -329,9 +339,12 @@ pub(crate) fn plan(params: &Params, now_unix: Duration) -> Result<Plan, TooManyR
             // window) a whole window later. Probes at twice the expected
             // rate follow for --probe-seconds (two windows by default), so
             // that the window is read to a twentieth; one batch straddles
-            // the clock boundary and one goes at the end, when a sliding
-            // log has freed only the slots of the first probes it admitted
-            // and an anchored window has freed all of them.
+            // the clock boundary and one goes a quarter window after the
+            // probes, when a sliding log has freed only the slots of the
+            // probes it admitted in the quarter window after it reopened
+            // (about half its limit) and an anchored window has freed all
+            // of them: a gap of half the limit that stretching the window
+            // a little cannot hide.
             let big = diagnose_burst(burst);
             let t0 = until_mid_window(now_unix, window);
             let half = window / 2;
@@ -351,7 +364,12 @@ pub(crate) fn plan(params: &Params, now_unix: Duration) -> Result<Plan, TooManyR
                 burst,
             );
             push(&mut events, t0 + half + offset, Phase::BoundaryAfter, burst);
-            push(&mut events, t0 + probe + offset, Phase::LateBatch, burst);
+            push(
+                &mut events,
+                t0 + late_batch_after(probe, window, offset),
+                Phase::LateBatch,
+                burst,
+            );
             burst_at = Some(t0);
             probe_every = Some(diagnose_probe_interval(rpm, window));
             boundary = Some(Boundary {

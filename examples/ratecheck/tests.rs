@@ -211,10 +211,10 @@ mod schedules {
         // twentieth of it.
         let probes = of(Phase::RefillProbe);
         assert_eq!(probes.len(), 30);
-        assert_eq!(probes[0], t0 + ms(100));
-        assert_eq!(probes.last(), Some(&(t0 + secs(3))));
-        // The end batch, after the probes.
-        assert_eq!(of(Phase::LateBatch), vec![t0 + secs(3) + ms(200); 10]);
+        assert_eq!(probes[0], t0 + ms(50));
+        assert_eq!(probes.last(), Some(&(t0 + ms(2950))));
+        // The end batch, a quarter window after the probes.
+        assert_eq!(of(Phase::LateBatch), vec![t0 + secs(3) + ms(500); 10]);
         assert!(plan.events.windows(2).all(|w| w[0].at <= w[1].at));
     }
 
@@ -375,7 +375,7 @@ mod command_line {
         assert!(c.warnings[0].contains("shorter than two windows"));
         let plan = schedule::plan(&Params::of(&c), NOW).unwrap();
         let t0 = plan.burst_at.unwrap();
-        assert_eq!(plan.last_at(), t0 + secs(3) + c.offset);
+        assert_eq!(plan.last_at(), t0 + secs(3) + ms(500));
     }
 
     #[test]
