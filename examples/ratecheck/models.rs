@@ -461,9 +461,20 @@ pub(crate) fn fit(design: Limiter, seen: &[Seen], burst_admitted: u32, window_hi
     } else {
         free_windows(window_hint)
     };
+    // Nearest the burst and the hint first: the best is usually there, and
+    // once it is known every worse candidate is given up early.
+    let mut windows = windows;
+    windows.sort_by(|a, b| {
+        (a / window_hint)
+            .ln()
+            .abs()
+            .total_cmp(&(b / window_hint).ln().abs())
+    });
+    let mut limits = limits(design, burst_admitted);
+    limits.sort_by_key(|l| l.abs_diff(burst_admitted));
     let mut best = usize::MAX;
     let mut ties: Vec<(u32, f64)> = Vec::new();
-    for limit in limits(design, burst_admitted) {
+    for limit in limits {
         for &window in &windows {
             let Some(wrong) = mismatches(design, limit, window, seen, best) else {
                 continue;

@@ -531,8 +531,9 @@ pub(crate) fn summary_text(report: &Report) -> String {
             if let Some(m) = &i.measured {
                 let _ = writeln!(
                     out,
-                    "  enforces: {}",
-                    inference::describe(i.likely_limiter, m)
+                    "  enforces: {} ({})",
+                    inference::describe(i.likely_limiter, m),
+                    inference::certainty(m)
                 );
             }
             for reason in &i.reasons {

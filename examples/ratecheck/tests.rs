@@ -718,6 +718,10 @@ mod reports {
         assert_eq!(d["timeline"]["requests"].as_array().unwrap().len(), 85);
         let text = report::summary_text(&r);
         assert!(text.contains("likely limiter: sliding_window"), "{text}");
+        assert!(
+            text.contains("  enforces: 10 per 2.00 s (limit exact; window "),
+            "{text}"
+        );
         for secret in ["pw-secret", "q-secret", "header-secret"] {
             assert!(!text.contains(secret));
         }
