@@ -50,6 +50,8 @@ pub(crate) struct Noise {
     pub(crate) jitter: Duration,
     /// Every `lost_every`-th request is lost before the limiter (0: none).
     pub(crate) lost_every: usize,
+    /// The network's delay each way (0: half a millisecond).
+    pub(crate) network: Duration,
 }
 
 /// A diagnose run's plan for `limit` per `window` hints, `probe` long,
@@ -109,7 +111,11 @@ pub(crate) fn record(
     hints: (u32, Duration),
     noise: Noise,
 ) -> Timeline {
-    const NET_US: i64 = 500;
+    // Half a millisecond each way unless the noise says otherwise.
+    let net_us = match noise.network.as_micros() as i64 {
+        0 => 500,
+        us => us,
+    };
     let now_us = now.as_micros() as i64;
     let w_us = window.as_micros() as i64;
     let mut rng = Lcg(0x5eed);
@@ -123,7 +129,7 @@ pub(crate) fn record(
             Trip {
                 index,
                 sent_us,
-                arrive_us: sent_us + NET_US + (rng.next() * jitter_us) as i64,
+                arrive_us: sent_us + net_us + (rng.next() * jitter_us) as i64,
                 lost: noise.lost_every > 0 && index % noise.lost_every == noise.lost_every / 2,
             }
         })
@@ -171,7 +177,7 @@ pub(crate) fn record(
         requests[trip.index] = Some(Request {
             phase,
             sent_s: trip.sent_us as f64 / 1e6,
-            latency_s: (at - trip.sent_us + service_us + NET_US) as f64 / 1e6,
+            latency_s: (at - trip.sent_us + service_us + net_us) as f64 / 1e6,
             status: Some(status),
         });
     }

@@ -58,7 +58,7 @@ fn noises(_window: Duration) -> [(&'static str, Noise); 3] {
             "jitter",
             Noise {
                 jitter: JITTER,
-                lost_every: 0,
+                ..Noise::default()
             },
         ),
         (
@@ -66,6 +66,7 @@ fn noises(_window: Duration) -> [(&'static str, Noise); 3] {
             Noise {
                 jitter: JITTER,
                 lost_every: 29,
+                ..Noise::default()
             },
         ),
     ]
@@ -225,6 +226,23 @@ fn the_real_limit_is_measured_when_the_hint_is_off_and_the_difference_is_said() 
                     && r.contains("the hint was 10 per 2 s")),
             "{got:#?}"
         );
+    }
+}
+
+#[test]
+fn requests_are_replayed_when_they_reach_the_limiter_not_when_sent() {
+    // 70 ms each way: a limiter on another continent. Replayed at the
+    // instants they were sent, the probes would meet the windows early.
+    let far = Noise {
+        network: ms(70),
+        ..Noise::default()
+    };
+    for server in NAMED {
+        let got = infer(&run(server, 10, secs(2), NOW, far), false);
+        assert_eq!(got.likely_limiter, truth(server), "{server:?}: {got:#?}");
+        assert!(got.confidence >= 0.6, "{server:?}: {got:#?}");
+        let (le, we) = errors(&got, 10, secs(2));
+        assert!(le <= 0.1 && we <= 0.1, "{server:?}: {got:#?}");
     }
 }
 

@@ -77,7 +77,8 @@ pub(crate) struct Seen {
     pub(crate) t: f64,
     /// The same, in seconds since the Unix epoch.
     pub(crate) unix: f64,
-    /// When its answer ended, seconds from the start.
+    /// When the endpoint finished with it (its answer's end less the way
+    /// back), seconds from the start.
     pub(crate) end: f64,
     /// When it reached the limiter as a concurrency limit sees it: an
     /// admitted probe's end less the fastest admitted answer, a refused
@@ -143,14 +144,16 @@ pub(crate) fn seen(timeline: &Timeline) -> Vec<Seen> {
                 .find(|(p, _)| *p == r.phase)
                 .map_or(r.sent_s, |&(_, s)| s);
             let t = sent.max(0.0) + one_way;
-            let end = r.sent_s.max(0.0) + r.latency_s.max(0.0);
+            // When the endpoint finished with it: its answer then still
+            // had the way back to go.
+            let end = (r.sent_s.max(0.0) + r.latency_s.max(0.0) - one_way).max(t);
             let in_batch = starts.iter().any(|(p, _)| *p == r.phase);
             let arrived = if in_batch {
                 t
             } else if admitted {
-                (end - fastest_admitted + one_way).max(t)
+                (end - fastest_admitted + 2.0 * one_way).max(t)
             } else {
-                (end - one_way).max(t)
+                end
             };
             Some(Seen {
                 t,
