@@ -52,6 +52,9 @@ pub(crate) struct Noise {
     pub(crate) lost_every: usize,
     /// The network's delay each way (0: half a millisecond).
     pub(crate) network: Duration,
+    /// Each request leaves up to this late (a busy client opening many
+    /// connections at once): its recorded sending time is when it left.
+    pub(crate) late_send: Duration,
 }
 
 /// A diagnose run's plan for `limit` per `window` hints, `probe` long,
@@ -120,12 +123,13 @@ pub(crate) fn record(
     let w_us = window.as_micros() as i64;
     let mut rng = Lcg(0x5eed);
     let jitter_us = noise.jitter.as_micros() as f64;
+    let late_us = noise.late_send.as_micros() as f64;
     let mut trips: Vec<Trip> = plan
         .events
         .iter()
         .enumerate()
         .map(|(index, e)| {
-            let sent_us = e.at.as_micros() as i64;
+            let sent_us = e.at.as_micros() as i64 + (rng.next() * late_us) as i64;
             Trip {
                 index,
                 sent_us,

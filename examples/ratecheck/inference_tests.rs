@@ -47,6 +47,7 @@ const NAMED: [Server; 6] = [
 ];
 
 const JITTER: Duration = ms(20);
+const LATE_SEND: Duration = ms(15);
 
 /// The noise a fixture runs under, by name.
 fn noises(_window: Duration) -> [(&'static str, Noise); 3] {
@@ -54,10 +55,12 @@ fn noises(_window: Duration) -> [(&'static str, Noise); 3] {
         ("clean", Noise::default()),
         (
             // A loaded server or a slow network: each request up to 20 ms
-            // late (a fifth of the probes' spacing in the e2e tests).
+            // late (a fifth of the probes' spacing in the e2e tests); and a
+            // busy client, sending each up to 15 ms late.
             "jitter",
             Noise {
                 jitter: JITTER,
+                late_send: LATE_SEND,
                 ..Noise::default()
             },
         ),
@@ -65,6 +68,7 @@ fn noises(_window: Duration) -> [(&'static str, Noise); 3] {
             "jitter+lost",
             Noise {
                 jitter: JITTER,
+                late_send: LATE_SEND,
                 lost_every: 29,
                 ..Noise::default()
             },
