@@ -333,3 +333,86 @@ fn timelines_survive_a_round_trip_through_the_report() {
     let back: Timeline = serde_json::from_str(&json).expect("parses");
     assert_eq!(infer(&back, false), infer(&timeline, false));
 }
+
+/// Runs recorded by `tests/ratecheck_diagnose.rs` (the report's
+/// `mode_detail.timeline`) against real servers: each design as served, on
+/// a loaded 2-core machine, with the hint 10 per 2 s.
+const RECORDED: [(&str, &str, Limiter, u32, Option<f64>); 7] = [
+    (
+        "nginx limit_req",
+        include_str!("recorded/nginx_limit_req.json"),
+        Limiter::TokenBucket,
+        10,
+        Some(2.0),
+    ),
+    (
+        "this crate's token bucket",
+        include_str!("recorded/token_bucket.json"),
+        Limiter::TokenBucket,
+        10,
+        Some(2.0),
+    ),
+    (
+        "this crate's fixed window",
+        include_str!("recorded/fixed_window.json"),
+        Limiter::FixedWindow,
+        10,
+        Some(2.0),
+    ),
+    (
+        "this crate's sliding window",
+        include_str!("recorded/sliding_window.json"),
+        Limiter::SlidingWindow,
+        10,
+        Some(2.0),
+    ),
+    (
+        "INCR + EXPIRE",
+        include_str!("recorded/anchored_fixed_window.json"),
+        Limiter::FixedWindowAnchored,
+        10,
+        Some(2.0),
+    ),
+    (
+        "weighted counter",
+        include_str!("recorded/weighted_counter.json"),
+        Limiter::SlidingWindowCounter,
+        10,
+        Some(2.0),
+    ),
+    (
+        "ConcurrencyLayer on a slow endpoint",
+        include_str!("recorded/slow_endpoint.json"),
+        Limiter::Concurrency,
+        4,
+        None,
+    ),
+];
+
+#[test]
+fn recorded_runs_are_named_and_measured_within_10_percent() {
+    for (what, json, want, limit, window) in RECORDED {
+        let timeline: Timeline = serde_json::from_str(json).expect("a recorded timeline");
+        let got = infer(&timeline, false);
+        println!(
+            "{what}: {} {:.2} {:?}",
+            got.likely_limiter.name(),
+            got.confidence,
+            got.measured
+        );
+        assert_eq!(got.likely_limiter, want, "{what}: {got:#?}");
+        assert!(got.confidence >= 0.6, "{what}: {got:#?}");
+        let m = got.measured.as_ref().expect("measured");
+        let within = |got: f64, want: f64| ((got - want) / want).abs() <= 0.1;
+        assert!(
+            within(f64::from(m.limit), f64::from(limit)),
+            "{what}: {got:#?}"
+        );
+        if let Some(w) = window {
+            assert!(
+                m.window_s.is_some_and(|got| within(got, w)),
+                "{what}: {got:#?}"
+            );
+        }
+    }
+}
