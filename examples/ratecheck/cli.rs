@@ -63,7 +63,8 @@ pub(crate) struct Cli {
     #[arg(long, value_enum, default_value_t = Mode::Sustained)]
     pub(crate) mode: Mode,
 
-    /// The limit to probe: requests per --window.
+    /// The limit to probe: requests per --window (for diagnose, a hint: it
+    /// measures the limit and window actually enforced).
     #[arg(long, value_name = "N", value_parser = parse_rpm)]
     pub(crate) rpm: NonZeroU32,
 
