@@ -337,7 +337,7 @@ fn timelines_survive_a_round_trip_through_the_report() {
 /// Runs recorded by `tests/ratecheck_diagnose.rs` (the report's
 /// `mode_detail.timeline`) against real servers: each design as served, on
 /// a loaded 2-core machine, with the hint 10 per 2 s.
-const RECORDED: [(&str, &str, Limiter, u32, Option<f64>); 7] = [
+const RECORDED: [(&str, &str, Limiter, u32, Option<f64>); 8] = [
     (
         "nginx limit_req",
         include_str!("recorded/nginx_limit_req.json"),
@@ -383,6 +383,15 @@ const RECORDED: [(&str, &str, Limiter, u32, Option<f64>); 7] = [
     (
         "ConcurrencyLayer on a slow endpoint",
         include_str!("recorded/slow_endpoint.json"),
+        Limiter::Concurrency,
+        4,
+        None,
+    ),
+    (
+        // The client was busy: the burst left 70 ms late, over 8 ms, and the
+        // first probe with its last requests (and took a slot).
+        "ConcurrencyLayer on a slow endpoint, the burst late",
+        include_str!("recorded/slow_endpoint_late_burst.json"),
         Limiter::Concurrency,
         4,
         None,

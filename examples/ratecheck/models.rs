@@ -116,38 +116,43 @@ pub(crate) fn seen(timeline: &Timeline) -> Vec<Seen> {
         .fold(f64::INFINITY, f64::min);
     // A batch is sent at one instant, but leaves over a few milliseconds
     // on many connections and reaches the limiter in any order: all its
-    // requests are taken to arrive when the first was sent.
-    let batch_start = |phase: Phase| {
-        timeline
+    // requests, and any probe that left while it was leaving or as long
+    // again after (plus a millisecond), are taken to arrive when the first
+    // was sent.
+    let span = |phase: Phase| {
+        let sent = timeline
             .requests
             .iter()
             .filter(|r| r.phase == phase)
-            .map(|r| r.sent_s)
-            .fold(f64::INFINITY, f64::min)
+            .map(|r| r.sent_s);
+        let first = sent.clone().fold(f64::INFINITY, f64::min);
+        let last = sent.fold(f64::NEG_INFINITY, f64::max);
+        (first, last + (last - first) + 0.001)
     };
-    let starts: Vec<(Phase, f64)> = [
+    let batches: Vec<(f64, f64)> = [
         Phase::Burst,
         Phase::BoundaryBefore,
         Phase::BoundaryAfter,
         Phase::LateBatch,
     ]
     .into_iter()
-    .map(|p| (p, batch_start(p)))
+    .map(span)
+    .filter(|(first, last)| first <= last)
     .collect();
     let mut seen: Vec<Seen> = timeline
         .requests
         .iter()
         .filter_map(|r| {
             let admitted = r.admitted()?;
-            let sent = starts
+            let batch = batches
                 .iter()
-                .find(|(p, _)| *p == r.phase)
-                .map_or(r.sent_s, |&(_, s)| s);
+                .find(|(first, last)| (*first..=*last).contains(&r.sent_s));
+            let sent = batch.map_or(r.sent_s, |&(first, _)| first);
             let t = sent.max(0.0) + one_way;
             // When the endpoint finished with it: its answer then still
             // had the way back to go.
             let end = (r.sent_s.max(0.0) + r.latency_s.max(0.0) - one_way).max(t);
-            let in_batch = starts.iter().any(|(p, _)| *p == r.phase);
+            let in_batch = batch.is_some();
             let arrived = if in_batch {
                 t
             } else if admitted {
