@@ -160,6 +160,11 @@ fn a_wrong_name_is_never_given_with_confidence() {
                         noises(window)[2].1,
                     );
                     let got = infer(&timeline, false);
+                    println!(
+                        "{server:?} {limit}/{window:?} probe {probe:?}: {} {:.2}",
+                        got.likely_limiter.name(),
+                        got.confidence
+                    );
                     let right = got.likely_limiter == truth(server)
                         || (server == Server::WeightedCounterCountingRefusals
                             && got.likely_limiter == Limiter::SlidingWindowCounter);
