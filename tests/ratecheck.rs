@@ -1,11 +1,14 @@
 //! End to end: the `ratecheck` example probing local axum servers guarded by
 //! this crate's `RateLimitLayer`, with 2 s windows so the whole file runs in a
 //! few seconds (its tests run in parallel; the longest waits up to one window
-//! for alignment, then probes for 1.5 windows).
+//! for a boundary). Diagnose's end-to-end tests are in
+//! `tests/ratecheck_diagnose.rs`.
 //!
 //! The example's modules are compiled into this test, and its run function
 //! is called directly, with the command line parsed as the binary does.
 
+#[path = "support/local_server.rs"]
+mod local_server;
 mod support;
 
 #[allow(dead_code)]
@@ -15,6 +18,9 @@ mod cli;
 #[path = "../examples/ratecheck/inference.rs"]
 mod inference;
 #[allow(dead_code)]
+#[path = "../examples/ratecheck/models.rs"]
+mod models;
+#[allow(dead_code)]
 #[path = "../examples/ratecheck/probe.rs"]
 mod probe;
 #[allow(dead_code)]
@@ -23,11 +29,13 @@ mod report;
 #[allow(dead_code)]
 #[path = "../examples/ratecheck/schedule.rs"]
 mod schedule;
+#[allow(dead_code)]
+#[path = "../examples/ratecheck/timeline.rs"]
+mod timeline;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -36,15 +44,13 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use parking_lot::Mutex;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tower::ServiceBuilder;
 use tower_throttle::error::{BoxError, RateLimited};
 use tower_throttle::key::GlobalKey;
 use tower_throttle::rate_limit::{Quota, RateLimitLayer};
 
 use crate::cli::Config;
-use crate::inference::Limiter;
+use crate::local_server::Server;
 use crate::report::Report;
 
 const WINDOW: Duration = Duration::from_secs(2);
@@ -78,47 +84,6 @@ fn limited(quota: Quota) -> Router {
         )
 }
 
-/// A server on 127.0.0.1:0, shut down by [`Server::stop`].
-struct Server {
-    addr: SocketAddr,
-    shutdown: oneshot::Sender<()>,
-    task: JoinHandle<std::io::Result<()>>,
-}
-
-impl Server {
-    async fn start(app: Router) -> Server {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind a local port");
-        let addr = listener.local_addr().expect("local address");
-        let (shutdown, stop) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = stop.await;
-                })
-                .await
-        });
-        Server {
-            addr,
-            shutdown,
-            task,
-        }
-    }
-
-    fn url(&self, path_and_query: &str) -> String {
-        format!("http://{}{path_and_query}", self.addr)
-    }
-
-    async fn stop(self) {
-        let _ = self.shutdown.send(());
-        self.task
-            .await
-            .expect("server task")
-            .expect("server shut down cleanly");
-    }
-}
-
 /// Parse `args` as ratecheck's command line, run it, and build the report.
 async fn ratecheck(args: &[&str]) -> (Config, Report) {
     let mut all = vec!["ratecheck"];
@@ -131,73 +96,8 @@ async fn ratecheck(args: &[&str]) -> (Config, Report) {
     (config, report)
 }
 
-async fn diagnose(quota: Quota) -> Report {
-    let started = Instant::now();
-    let server = Server::start(limited(quota)).await;
-    let url = server.url("/v1/chat");
-    let (_, report) = ratecheck(&[
-        "--url", &url, "--mode", "diagnose", "--rpm", "10", "--window", "2s", "--out", "-",
-    ])
-    .await;
-    server.stop().await;
-    let inference = report
-        .mode_detail
-        .as_ref()
-        .and_then(|d| d.inference.as_ref())
-        .expect("diagnose infers");
-    println!(
-        "{:?}: {} (confidence {}) in {:.1} s\n{}",
-        quota.algorithm(),
-        inference.likely_limiter.name(),
-        inference.confidence,
-        started.elapsed().as_secs_f64(),
-        serde_json::to_string_pretty(&report).expect("report serializes")
-    );
-    report
-}
-
-fn verdict(report: &Report) -> (Limiter, f64) {
-    let i = report
-        .mode_detail
-        .as_ref()
-        .and_then(|d| d.inference.as_ref())
-        .expect("diagnose infers");
-    (i.likely_limiter, i.confidence)
-}
-
 fn quota() -> Quota {
     Quota::new(LIMIT, WINDOW).expect("valid quota")
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn diagnose_names_a_token_bucket() {
-    let report = diagnose(quota().token_bucket()).await;
-    let (limiter, confidence) = verdict(&report);
-    assert_eq!(limiter, Limiter::TokenBucket);
-    assert!(confidence >= 0.5, "{confidence}");
-    assert_eq!(report.summary.other_failure, 0);
-    assert_eq!(
-        report.mode_detail.and_then(|d| d.burst).map(|b| b.success),
-        Some(LIMIT.into())
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn diagnose_names_a_fixed_window() {
-    let report = diagnose(quota().fixed_window()).await;
-    let (limiter, confidence) = verdict(&report);
-    assert_eq!(limiter, Limiter::FixedWindow);
-    assert!(confidence >= 0.5, "{confidence}");
-    assert_eq!(report.summary.other_failure, 0);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn diagnose_names_a_sliding_window() {
-    let report = diagnose(quota().sliding_window()).await;
-    let (limiter, confidence) = verdict(&report);
-    assert_eq!(limiter, Limiter::SlidingWindow);
-    assert!(confidence >= 0.5, "{confidence}");
-    assert_eq!(report.summary.other_failure, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

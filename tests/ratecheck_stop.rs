@@ -21,6 +21,9 @@ mod cli;
 #[path = "../examples/ratecheck/inference.rs"]
 mod inference;
 #[allow(dead_code)]
+#[path = "../examples/ratecheck/models.rs"]
+mod models;
+#[allow(dead_code)]
 #[path = "../examples/ratecheck/probe.rs"]
 mod probe;
 #[allow(dead_code)]
@@ -32,6 +35,9 @@ mod schedule;
 #[allow(dead_code)]
 #[path = "../examples/proxy/signal.rs"]
 mod signal;
+#[allow(dead_code)]
+#[path = "../examples/ratecheck/timeline.rs"]
+mod timeline;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

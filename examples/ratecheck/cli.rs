@@ -21,9 +21,6 @@ use crate::schedule::{MAX_REQUESTS, Params, TooManyRequests, planned_requests};
 /// Longest `--window`, `--duration` or probe span accepted.
 const MAX_SPAN: Duration = Duration::from_secs(86_400);
 
-/// Diagnose needs a few refills in half a window to read a refill rate.
-const DIAGNOSE_MIN_RPM: u32 = 4;
-
 /// Stopping and exit codes, after the options in `--help`.
 const AFTER_HELP: &str = "\
 Ctrl-C or SIGTERM stops a run at once: nothing more is sent, requests in
@@ -66,7 +63,8 @@ pub(crate) struct Cli {
     #[arg(long, value_enum, default_value_t = Mode::Sustained)]
     pub(crate) mode: Mode,
 
-    /// The limit to probe: requests per --window.
+    /// The limit to probe: requests per --window (for diagnose, a hint: it
+    /// measures the limit and window actually enforced).
     #[arg(long, value_name = "N", value_parser = parse_rpm)]
     pub(crate) rpm: NonZeroU32,
 
@@ -79,7 +77,8 @@ pub(crate) struct Cli {
     pub(crate) duration: Option<Duration>,
 
     /// How long to probe after the burst, in seconds [default: 30 for
-    /// token-bucket; 1.5 x --window (90 for a 60 s window) for sliding-window].
+    /// token-bucket; 1.5 x --window (90 for a 60 s window) for
+    /// sliding-window; 2 x --window for diagnose].
     #[arg(long, value_name = "N", value_parser = parse_probe_seconds)]
     pub(crate) probe_seconds: Option<NonZeroU32>,
 
@@ -135,8 +134,9 @@ pub(crate) enum Mode {
     /// as long after it.
     WindowBoundary,
     /// A burst of 1.5 × --burst (at least 2 more, so the limit's edge shows
-    /// as 429s), refill probes and boundary batches, then a best-effort
-    /// guess at the limiter.
+    /// as 429s), probes for --probe-seconds and three batches, then the
+    /// limiter's design and the limit and window it enforces, each with how
+    /// sure the probe is.
     Diagnose,
 }
 
@@ -415,7 +415,10 @@ impl Config {
         };
         let uses_burst = !matches!(mode, Mode::Sustained);
         let uses_offset = matches!(mode, Mode::WindowBoundary | Mode::Diagnose);
-        let uses_probe = matches!(mode, Mode::TokenBucket | Mode::SlidingWindow);
+        let uses_probe = matches!(
+            mode,
+            Mode::TokenBucket | Mode::SlidingWindow | Mode::Diagnose
+        );
         unused(
             cli.burst.is_some() && !uses_burst,
             "--burst",
@@ -429,7 +432,7 @@ impl Config {
         unused(
             cli.probe_seconds.is_some() && !uses_probe,
             "--probe-seconds",
-            "token-bucket and sliding-window; diagnose probes for 1.5 windows",
+            "token-bucket, sliding-window and diagnose",
         );
         unused(
             cli.window_offset_ms.is_some() && !uses_offset,
@@ -442,9 +445,10 @@ impl Config {
             .probe_seconds
             .map(|secs| Duration::from_secs(u64::from(secs.get())));
         let probe = match mode {
-            // Long enough to see a sliding window recover, one window after
-            // the burst, with half a window to spare.
-            Mode::Diagnose => window.mul_f64(1.5),
+            // A sliding log and a window anchored at a request both reopen
+            // one window after the burst; they differ one window after the
+            // first probes they admitted then: two windows in all.
+            Mode::Diagnose => given.unwrap_or_else(|| window.saturating_mul(2)),
             Mode::SlidingWindow => given.unwrap_or_else(|| window.mul_f64(1.5)),
             _ => given.unwrap_or(Duration::from_secs(30)),
         };
@@ -464,10 +468,13 @@ impl Config {
                 "--window is too short for a window offset of at least 1 ms",
             ));
         }
-        if mode == Mode::Diagnose && rpm < DIAGNOSE_MIN_RPM {
+        if mode == Mode::Diagnose && probe < window.saturating_mul(2) {
             warnings.push(format!(
-                "diagnose reads refill over half a window; with --rpm below {DIAGNOSE_MIN_RPM} \
-                 it will most likely answer `unknown`"
+                "--probe-seconds {} is shorter than two windows ({} s): diagnose may not tell a \
+                 sliding window from a fixed window that starts at the first request, and then \
+                 answers `unknown` with both as candidates",
+                probe.as_secs(),
+                window.saturating_mul(2).as_secs_f64()
             ));
         }
 

@@ -1,103 +1,120 @@
-//! Which limiter is it? A best-effort reading of a `diagnose` run.
+//! Which limiter is it, and what does it enforce? The reading of a
+//! `diagnose` run.
 //!
-//! Diagnose sends a burst half a window before a window boundary (at `t0`),
-//! larger than the limit so that it is exhausted, then refill probes for 1.5
-//! windows, and one batch just before and one just after the boundary. Each
-//! limiter leaves its own trace:
+//! Diagnose sends, from an instant `t0` halfway through a clock-aligned
+//! window W (the `--window` hint): a burst larger than the limit; probes at
+//! twice the expected rate for `--probe-seconds` (two windows); a batch just
+//! before and one just after the clock boundary at `t0 + W/2`; and a batch a
+//! quarter window after the probes. Each design leaves its own trace:
 //!
-//! | after the burst        | token bucket   | fixed window        | sliding window |
-//! |------------------------|----------------|---------------------|----------------|
-//! | early (0, W/2)         | refill admitted | all refused        | all refused    |
-//! | batch before boundary  | ~nothing       | all refused         | all refused    |
-//! | batch after boundary   | ~nothing       | all admitted        | all refused    |
-//! | mid [W/2, W)           | refill admitted | admitted           | all refused    |
-//! | late [W, 1.5W]         | refill admitted | (what the window has left) | admitted |
+//! | design                  | after the burst                        | clock boundary  | last batch |
+//! |-------------------------|----------------------------------------|-----------------|------------|
+//! | token bucket / GCRA     | admits at the refill rate at once      | nothing special | refill only |
+//! | fixed window (clock)    | shut until the boundary                | all reopen      | as its window has left |
+//! | fixed window (anchored) | shut one window, then a window's worth | nothing         | all reopen |
+//! | sliding window (log)    | shut one window, then a window's worth | nothing         | about half |
+//! | sliding-window counter  | shut until the boundary, then the rate | a trickle       | refill only |
+//! | concurrency             | admits whenever few are in flight      | as in flight    | as in flight |
 //!
-//! The numbers are in [`Signals`]; [`infer`] turns them into a verdict with
-//! the rules below, and says which numbers led there.
-
-use std::collections::BTreeMap;
-use std::time::Duration;
+//! Rather than thresholds on a few numbers, every design is replayed over
+//! the requests as they reached the limiter ([`crate::models`]), with the
+//! limit and window that predict the answers best. The design that predicts
+//! best is named; its confidence is its share of the evidence (each answer
+//! another design gets wrong counts against that design), lowered by the
+//! answers even the best gets wrong. `unknown` is answered, with the
+//! candidates that remain, when no design is clearly ahead. The thresholds
+//! below were set on the fixtures of `fixtures.rs` (every design, clean,
+//! jittered and with lost requests) and the end-to-end runs of
+//! `tests/ratecheck_diagnose.rs`: no wrong name at or above [`NAME_FROM`].
 
 use serde::Serialize;
 
-use crate::probe::Outcome;
-use crate::schedule::{Phase, Plan};
+pub(crate) use crate::models::Limiter;
+use crate::models::{self, DESIGNS, Fit, Seen};
+use crate::schedule::Phase;
+use crate::timeline::Timeline;
 
-/// At most this share admitted: "mostly refused".
-pub(crate) const MOSTLY_REFUSED: f64 = 0.25;
-/// At least this share of the expected refill admitted: "near rpm/window".
-pub(crate) const NEAR_REFILL: f64 = 0.5;
-/// The batch after the boundary admits at least this much more (as a share
-/// of the batch) than the one before: "far more".
-pub(crate) const FAR_MORE: f64 = 0.5;
 /// Below this share of answers that are 2xx or 429, the run says too little.
 pub(crate) const MIN_INFORMATIVE: f64 = 0.8;
-/// A sliding window's first probe admitted after the burst comes between
-/// these multiples of the window.
-pub(crate) const RECOVERY: (f64, f64) = (0.8, 1.3);
-/// Confidence when a primary rule holds and no supporting one does; all
-/// supporting rules add up to `MAX_CONFIDENCE`.
-const BASE_CONFIDENCE: f64 = 0.5;
+/// How much less likely a design is for each answer it gets wrong that the
+/// best gets right, in nats: e^-0.7 ≈ one half. Mild on purpose: answers
+/// near a refill or a boundary flip together with timing noise, so a margin
+/// of one or two says little; five or more (one batch) says a lot.
+const NATS_PER_MISMATCH: f64 = 0.7;
+/// Confidence is never higher: a probe sees only what one client sees.
 const MAX_CONFIDENCE: f64 = 0.95;
-/// Taken off when another limiter's primary rule holds too.
-const CONFLICT_PENALTY: f64 = 0.3;
+/// A design is named only from this confidence up: above one half, so that
+/// two designs that fit equally well are never named.
+const NAME_FROM: f64 = 0.6;
+/// Candidates that remain: at least this likely.
+const CANDIDATE_FROM: f64 = 0.1;
+/// When even the best design gets more than this share of answers wrong,
+/// none of them is what the endpoint runs.
+const MAX_WRONG_SHARE: f64 = 0.15;
 /// The confidence of an `unknown`.
 const UNKNOWN_CONFIDENCE: f64 = 0.1;
+/// Measured and hinted limits further apart than this are pointed out.
+const HINT_TOLERANCE: f64 = 0.1;
 
-/// The limiter a diagnose run points to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum Limiter {
-    TokenBucket,
-    FixedWindow,
-    SlidingWindow,
-    Unknown,
-}
-
-impl Limiter {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Limiter::TokenBucket => "token_bucket",
-            Limiter::FixedWindow => "fixed_window",
-            Limiter::SlidingWindow => "sliding_window",
-            Limiter::Unknown => "unknown",
-        }
-    }
-}
-
-/// What a diagnose run measured. Ratios of admissions are against the
-/// refill expected at `rpm / window` over the span, less one refill (the
-/// first refill races the first probe), and never more than was sent; a
-/// ratio is absent when less than one admission was expected.
+/// What the run showed, for people; the verdict comes from the fits.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub(crate) struct Signals {
-    /// The window, in seconds.
-    pub(crate) window_s: f64,
-    /// The refill rate `--rpm` implies, per second.
-    pub(crate) expected_per_s: f64,
+    /// The `--window` hint, in seconds.
+    pub(crate) window_hint_s: f64,
+    /// The `--rpm` hint: the limit expected per window.
+    pub(crate) limit_hint: u32,
     pub(crate) burst_sent: u64,
-    /// What the burst got through: an estimate of the limit's capacity.
+    /// What the burst got through: the limit (or burst) when the probe
+    /// starts from idle.
     pub(crate) burst_admitted: u64,
     pub(crate) burst_refused: u64,
     /// Share of all answers that were 2xx or 429 (the rest say nothing
     /// about the limiter).
     pub(crate) informative_share: f64,
-    /// Admissions in (0, W/2) after the burst: probes and the batch before
-    /// the boundary.
-    pub(crate) early_admission_ratio: Option<f64>,
-    /// Admissions in [W/2, W): the batch after the boundary and probes.
-    pub(crate) mid_admission_ratio: Option<f64>,
-    /// Admissions from one window after the burst to the end.
-    pub(crate) late_admission_ratio: Option<f64>,
-    /// When the first refill probe was admitted, seconds after the burst.
-    pub(crate) first_probe_admitted_s: Option<f64>,
-    /// Share of the batch before the boundary admitted (of 2xx + 429).
+    /// Seconds from the burst to the first admission after it.
+    pub(crate) first_admitted_after_burst_s: Option<f64>,
+    /// Probes admitted per second, from the burst to the last probe.
+    pub(crate) probes_admitted_per_s: Option<f64>,
+    /// Share admitted of the batch just before the clock boundary.
     pub(crate) boundary_before_admitted: Option<f64>,
-    /// Share of the batch after the boundary admitted.
+    /// Share admitted of the batch just after it.
     pub(crate) boundary_after_admitted: Option<f64>,
-    /// After minus before.
-    pub(crate) boundary_gap: Option<f64>,
+    /// Share admitted of the batch at the end.
+    pub(crate) late_batch_admitted: Option<f64>,
+    /// The fewest of this probe's admitted requests still in flight when a
+    /// 429 came: 0 rules out a concurrency limit.
+    pub(crate) fewest_in_flight_at_refusal: Option<u32>,
+}
+
+/// The limit the named design enforces, and how sure the probe is of it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub(crate) struct Measured {
+    /// Requests per window; for a token bucket its burst; for a concurrency
+    /// limit, requests in flight.
+    pub(crate) limit: u32,
+    /// Every limit that fits the run as well.
+    pub(crate) limit_range: [u32; 2],
+    /// Seconds; for a token bucket, the time to refill its burst.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) window_s: Option<f64>,
+    /// Every window that fits the run as well (of those tried).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) window_range_s: Option<[f64; 2]>,
+    /// `limit / window`: the refill rate of a token bucket, the average
+    /// rate of a window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) rate_per_s: Option<f64>,
+}
+
+/// How well one design explains the run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub(crate) struct Candidate {
+    pub(crate) limiter: Limiter,
+    /// Its share of the evidence, from 0 to 1.
+    pub(crate) probability: f64,
+    /// Answers its best fit predicts wrongly.
+    pub(crate) mismatches: usize,
+    pub(crate) fit: Measured,
 }
 
 /// The verdict.
@@ -106,11 +123,27 @@ pub(crate) struct Inference {
     pub(crate) likely_limiter: Limiter,
     /// From 0 to 0.95: how far to trust `likely_limiter`.
     pub(crate) confidence: f64,
+    /// What the named design enforces; none for `unknown`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) measured: Option<Measured>,
+    /// For `unknown`: the designs that remain possible.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) remaining: Vec<Limiter>,
     pub(crate) signals: Signals,
-    /// Which rules held or failed, with their numbers.
+    /// What led there, with the numbers.
     pub(crate) reasons: Vec<String>,
-    /// The confidence each limiter would get (0 when its main rule fails).
-    pub(crate) scores: BTreeMap<&'static str, f64>,
+    /// Every design, most likely first (empty when the run said too
+    /// little to fit them).
+    pub(crate) candidates: Vec<Candidate>,
+}
+
+fn round(v: f64, places: i32) -> f64 {
+    let k = 10f64.powi(places);
+    if v.is_finite() {
+        (v * k).round() / k
+    } else {
+        0.0
+    }
 }
 
 #[derive(Default)]
@@ -121,275 +154,157 @@ struct Tally {
 }
 
 impl Tally {
-    fn add(&mut self, o: &Outcome) {
-        self.sent += 1;
-        self.admitted += u64::from(o.is_success());
-        self.refused += u64::from(o.is_refused());
-    }
-
-    fn informative(&self) -> u64 {
-        self.admitted + self.refused
-    }
-
-    /// Admitted against the refill expected over `span` at `per_s`, less one.
-    fn refill_ratio(&self, span_s: f64, per_s: f64) -> Option<f64> {
-        let expected = (span_s * per_s - 1.0).min(self.informative() as f64);
-        (expected >= 1.0).then(|| self.admitted as f64 / expected)
-    }
-
-    fn admitted_share(&self) -> Option<f64> {
-        (self.informative() > 0).then(|| self.admitted as f64 / self.informative() as f64)
+    fn share(&self) -> Option<f64> {
+        let informative = self.admitted + self.refused;
+        (informative > 0).then(|| round(self.admitted as f64 / informative as f64, 3))
     }
 }
 
-/// The signals of a diagnose run: `plan` and its `outcomes`, probing
-/// `rpm` per `window` for `probe` after the burst.
-pub(crate) fn measure(
-    plan: &Plan,
-    outcomes: &[Outcome],
-    rpm: u32,
-    window: Duration,
-    probe: Duration,
-) -> Signals {
-    let w = window.as_secs_f64();
-    let per_s = f64::from(rpm) / w;
-    let mut signals = Signals {
-        window_s: w,
-        expected_per_s: per_s,
-        ..Signals::default()
-    };
-    let Some(t0) = plan.burst_at else {
-        return signals;
-    };
-    let (mut burst, mut before, mut after) = (Tally::default(), Tally::default(), Tally::default());
-    let (mut early, mut mid, mut late) = (Tally::default(), Tally::default(), Tally::default());
+/// The fewest admitted requests in flight at any refusal.
+fn fewest_in_flight(seen: &[Seen]) -> Option<u32> {
+    let mut starts: Vec<f64> = seen.iter().filter(|r| r.admitted).map(|r| r.t).collect();
+    let mut ends: Vec<f64> = seen.iter().filter(|r| r.admitted).map(|r| r.end).collect();
+    starts.sort_by(f64::total_cmp);
+    ends.sort_by(f64::total_cmp);
+    seen.iter()
+        .filter(|r| !r.admitted)
+        .map(|r| {
+            let begun = starts.partition_point(|&s| s <= r.t);
+            let ended = ends.partition_point(|&e| e <= r.t);
+            u32::try_from(begun.saturating_sub(ended)).unwrap_or(u32::MAX)
+        })
+        .min()
+}
+
+/// The signals of `timeline`.
+pub(crate) fn signals(timeline: &Timeline) -> Signals {
+    let t0 = timeline.burst_at_s;
+    let mut burst = Tally::default();
+    let mut before = Tally::default();
+    let mut after = Tally::default();
+    let mut late = Tally::default();
     let mut informative = 0u64;
-    let mut first_admitted: Option<f64> = None;
-    for o in outcomes {
-        let Some(event) = plan.events.get(o.event) else {
+    let mut first_after: Option<f64> = None;
+    let (mut probes_admitted, mut last_probe) = (0u64, None::<f64>);
+    for r in &timeline.requests {
+        let Some(admitted) = r.admitted() else {
             continue;
         };
-        informative += u64::from(!o.is_other_failure());
-        let rel = event.at.saturating_sub(t0).as_secs_f64();
-        let segment: &mut Tally = match event.phase {
-            Phase::Burst => &mut burst,
-            _ if rel < w / 2.0 => &mut early,
-            _ if rel < w => &mut mid,
-            _ => &mut late,
+        informative += 1;
+        let tally = match r.phase {
+            Phase::Burst => Some(&mut burst),
+            Phase::BoundaryBefore => Some(&mut before),
+            Phase::BoundaryAfter => Some(&mut after),
+            Phase::LateBatch => Some(&mut late),
+            _ => None,
         };
-        segment.add(o);
-        match event.phase {
-            Phase::BoundaryBefore => before.add(o),
-            Phase::BoundaryAfter => after.add(o),
-            Phase::RefillProbe | Phase::SlidingProbe if o.is_success() => {
-                first_admitted = Some(first_admitted.map_or(rel, |f| f.min(rel)));
-            }
-            _ => {}
+        if let Some(t) = tally {
+            t.sent += 1;
+            t.admitted += u64::from(admitted);
+            t.refused += u64::from(!admitted);
+        }
+        let rel = r.sent_s - t0;
+        if r.phase != Phase::Burst && admitted {
+            first_after = Some(first_after.map_or(rel, |f| f.min(rel)));
+        }
+        if r.phase == Phase::RefillProbe {
+            probes_admitted += u64::from(admitted);
+            last_probe = Some(last_probe.map_or(rel, |l| l.max(rel)));
         }
     }
-    signals.burst_sent = burst.sent;
-    signals.burst_admitted = burst.admitted;
-    signals.burst_refused = burst.refused;
-    signals.informative_share = if outcomes.is_empty() {
-        0.0
+    let burst_sent = timeline
+        .requests
+        .iter()
+        .filter(|r| r.phase == Phase::Burst)
+        .count() as u64;
+    let seen = models::seen(timeline);
+    Signals {
+        window_hint_s: timeline.window_hint_s,
+        limit_hint: timeline.limit_hint,
+        burst_sent,
+        burst_admitted: burst.admitted,
+        burst_refused: burst.refused,
+        informative_share: if timeline.requests.is_empty() {
+            0.0
+        } else {
+            round(informative as f64 / timeline.requests.len() as f64, 3)
+        },
+        first_admitted_after_burst_s: first_after.map(|f| round(f, 3)),
+        probes_admitted_per_s: last_probe
+            .filter(|&l| l > 0.0)
+            .map(|l| round(probes_admitted as f64 / l, 3)),
+        boundary_before_admitted: before.share(),
+        boundary_after_admitted: after.share(),
+        late_batch_admitted: late.share(),
+        fewest_in_flight_at_refusal: fewest_in_flight(&seen),
+    }
+}
+
+fn measured(fit: &Fit) -> Measured {
+    Measured {
+        limit: fit.limit,
+        limit_range: [fit.limit_range.0, fit.limit_range.1],
+        window_s: fit.window_s.map(|w| round(w, 3)),
+        window_range_s: fit.window_range_s.map(|(a, b)| [round(a, 3), round(b, 3)]),
+        rate_per_s: fit
+            .window_s
+            .filter(|&w| w > 0.0)
+            .map(|w| round(f64::from(fit.limit) / w, 3)),
+    }
+}
+
+/// "10 per 2.00 s" and the like.
+pub(crate) fn describe(limiter: Limiter, m: &Measured) -> String {
+    let window = m.window_s.unwrap_or_default();
+    match limiter {
+        Limiter::Concurrency => format!("{} in flight", m.limit),
+        Limiter::TokenBucket => format!(
+            "burst {}, refill {:.3}/s ({} per {window:.2} s)",
+            m.limit,
+            m.rate_per_s.unwrap_or_default(),
+            m.limit
+        ),
+        _ => format!("{} per {window:.2} s", m.limit),
+    }
+}
+
+/// How sure the probe is of a measurement, in words.
+pub(crate) fn certainty(m: &Measured) -> String {
+    let limit = if m.limit_range[0] == m.limit_range[1] {
+        "limit exact".to_string()
     } else {
-        informative as f64 / outcomes.len() as f64
+        format!("limit {}..{}", m.limit_range[0], m.limit_range[1])
     };
-    signals.early_admission_ratio = early.refill_ratio(w / 2.0, per_s);
-    signals.mid_admission_ratio = mid.refill_ratio(w / 2.0, per_s);
-    let late_span = (probe.as_secs_f64() - w).max(0.0);
-    signals.late_admission_ratio = late.refill_ratio(late_span, per_s);
-    signals.first_probe_admitted_s = first_admitted;
-    signals.boundary_before_admitted = before.admitted_share();
-    signals.boundary_after_admitted = after.admitted_share();
-    signals.boundary_gap = signals
-        .boundary_after_admitted
-        .zip(signals.boundary_before_admitted)
-        .map(|(a, b)| a - b);
-    signals
-}
-
-/// One rule: whether it held, and what it read.
-struct Rule {
-    held: bool,
-    text: String,
-}
-
-fn show(v: Option<f64>) -> String {
-    v.map_or_else(|| "n/a".to_string(), |v| format!("{v:.2}"))
-}
-
-fn at_most(name: &str, v: Option<f64>, limit: f64, meaning: &str) -> Rule {
-    Rule {
-        held: v.is_some_and(|v| v <= limit),
-        text: format!("{name} {} <= {limit} ({meaning})", show(v)),
-    }
-}
-
-fn at_least(name: &str, v: Option<f64>, limit: f64, meaning: &str) -> Rule {
-    Rule {
-        held: v.is_some_and(|v| v >= limit),
-        text: format!("{name} {} >= {limit} ({meaning})", show(v)),
-    }
-}
-
-fn all(rules: Vec<Rule>) -> Rule {
-    Rule {
-        held: rules.iter().all(|r| r.held),
-        text: rules
-            .into_iter()
-            .map(|r| r.text)
-            .collect::<Vec<_>>()
-            .join(" and "),
-    }
-}
-
-/// A limiter's main rule and the rules that support it.
-struct Case {
-    limiter: Limiter,
-    primary: Rule,
-    support: Vec<Rule>,
-}
-
-impl Case {
-    fn score(&self) -> f64 {
-        if !self.primary.held {
-            return 0.0;
+    match m.window_range_s {
+        Some([a, b]) => {
+            let w = m.window_s.unwrap_or(1.0).max(f64::MIN_POSITIVE);
+            let spread = ((b - a) / 2.0 / w * 100.0).max(0.0);
+            format!("{limit}; window {a:.3}..{b:.3} s (±{spread:.1}%)")
         }
-        let held = self.support.iter().filter(|r| r.held).count() as f64;
-        let total = self.support.len().max(1) as f64;
-        BASE_CONFIDENCE + (MAX_CONFIDENCE - BASE_CONFIDENCE) * held / total
+        None => limit,
     }
 }
 
-fn cases(s: &Signals) -> Vec<Case> {
-    let recovery = s.first_probe_admitted_s.map(|t| t / s.window_s);
-    vec![
-        Case {
-            limiter: Limiter::TokenBucket,
-            primary: at_least(
-                "early_admission_ratio",
-                s.early_admission_ratio,
-                NEAR_REFILL,
-                "probes admitted near rpm/window right after the burst",
-            ),
-            support: vec![
-                Rule {
-                    held: s.boundary_gap.is_some_and(|g| g < FAR_MORE),
-                    text: format!(
-                        "boundary_gap {} < {FAR_MORE} (no reset at the window boundary)",
-                        show(s.boundary_gap)
-                    ),
-                },
-                at_least(
-                    "mid_admission_ratio",
-                    s.mid_admission_ratio,
-                    NEAR_REFILL,
-                    "refill keeps coming",
-                ),
-                at_least(
-                    "late_admission_ratio",
-                    s.late_admission_ratio,
-                    NEAR_REFILL,
-                    "refill keeps coming",
-                ),
-            ],
-        },
-        Case {
-            limiter: Limiter::FixedWindow,
-            primary: Rule {
-                held: s.boundary_gap.is_some_and(|g| g >= FAR_MORE),
-                text: format!(
-                    "boundary_gap {} >= {FAR_MORE} (the batch after the boundary got far more \
-                     through than the one before)",
-                    show(s.boundary_gap)
-                ),
-            },
-            support: vec![
-                at_most(
-                    "early_admission_ratio",
-                    s.early_admission_ratio,
-                    MOSTLY_REFUSED,
-                    "nothing refills before the boundary",
-                ),
-                at_most(
-                    "boundary_before_admitted",
-                    s.boundary_before_admitted,
-                    MOSTLY_REFUSED,
-                    "the window was spent",
-                ),
-                at_least(
-                    "mid_admission_ratio",
-                    s.mid_admission_ratio,
-                    NEAR_REFILL,
-                    "capacity back well before one window had passed",
-                ),
-            ],
-        },
-        Case {
-            limiter: Limiter::SlidingWindow,
-            primary: all(vec![
-                at_most(
-                    "early_admission_ratio",
-                    s.early_admission_ratio,
-                    MOSTLY_REFUSED,
-                    "probes refused",
-                ),
-                at_most(
-                    "mid_admission_ratio",
-                    s.mid_admission_ratio,
-                    MOSTLY_REFUSED,
-                    "still refused across the boundary",
-                ),
-                at_least(
-                    "late_admission_ratio",
-                    s.late_admission_ratio,
-                    NEAR_REFILL,
-                    "admitted again one window after the burst",
-                ),
-            ]),
-            support: vec![
-                at_most(
-                    "boundary_after_admitted",
-                    s.boundary_after_admitted,
-                    MOSTLY_REFUSED,
-                    "no reset at the boundary",
-                ),
-                Rule {
-                    held: recovery.is_some_and(|r| (RECOVERY.0..=RECOVERY.1).contains(&r)),
-                    text: format!(
-                        "first probe admitted at {} windows after the burst, within {}..{}",
-                        show(recovery),
-                        RECOVERY.0,
-                        RECOVERY.1
-                    ),
-                },
-            ],
-        },
-    ]
-}
-
-fn round2(v: f64) -> f64 {
-    (v * 100.0).round() / 100.0
-}
-
-fn unknown(
-    signals: Signals,
-    reasons: Vec<String>,
-    scores: BTreeMap<&'static str, f64>,
-) -> Inference {
+fn unknown(signals: Signals, reasons: Vec<String>) -> Inference {
     Inference {
         likely_limiter: Limiter::Unknown,
         confidence: UNKNOWN_CONFIDENCE,
+        measured: None,
+        remaining: Vec::new(),
         signals,
         reasons,
-        scores,
+        candidates: Vec::new(),
     }
 }
 
-/// The verdict on `signals`. `interrupted` runs are judged on what they
+fn share(v: Option<f64>) -> String {
+    v.map_or_else(|| "n/a".to_string(), |v| format!("{:.0}%", v * 100.0))
+}
+
+/// The verdict on `timeline`. `interrupted` runs are judged on what they
 /// have, and say so.
-pub(crate) fn infer(signals: Signals, interrupted: bool) -> Inference {
+pub(crate) fn infer(timeline: &Timeline, interrupted: bool) -> Inference {
+    let signals = signals(timeline);
     let mut reasons = Vec::new();
     if interrupted {
         reasons.push("the run was interrupted; judged on the requests that were sent".to_string());
@@ -400,7 +315,7 @@ pub(crate) fn infer(signals: Signals, interrupted: bool) -> Inference {
              429 (see errors) to read the limiter",
             signals.informative_share
         ));
-        return unknown(signals, reasons, BTreeMap::new());
+        return unknown(signals, reasons);
     }
     if signals.burst_refused == 0 {
         reasons.push(format!(
@@ -408,48 +323,150 @@ pub(crate) fn infer(signals: Signals, interrupted: bool) -> Inference {
              on this route; try a larger --rpm or --burst",
             signals.burst_sent, signals.burst_admitted
         ));
-        return unknown(signals, reasons, BTreeMap::new());
+        return unknown(signals, reasons);
+    }
+    let w = timeline.window_hint_s;
+    reasons.push(format!(
+        "burst: {} of {} admitted",
+        signals.burst_admitted, signals.burst_sent
+    ));
+    match signals.first_admitted_after_burst_s {
+        Some(f) => reasons.push(format!(
+            "first admission after the burst: {f:.3} s later ({:.2} of the {w} s hint window)",
+            f / w
+        )),
+        None => {
+            reasons.push(format!(
+                "nothing was admitted after the burst: the window is longer than this run, or \
+                 the limit does not refill; try a longer --window and --probe-seconds \
+                 (the probe ran {:.1} s after the burst)",
+                timeline
+                    .requests
+                    .iter()
+                    .map(|r| r.sent_s - timeline.burst_at_s)
+                    .fold(0.0, f64::max)
+            ));
+            return unknown(signals, reasons);
+        }
+    }
+    reasons.push(format!(
+        "batches admitted: {} just before the clock boundary, {} just after it, {} at the end",
+        share(signals.boundary_before_admitted),
+        share(signals.boundary_after_admitted),
+        share(signals.late_batch_admitted)
+    ));
+    if let Some(k) = signals.fewest_in_flight_at_refusal {
+        reasons.push(format!(
+            "fewest admitted requests in flight at a 429: {k}{}",
+            if k == 0 {
+                " (not a concurrency limit)"
+            } else {
+                ""
+            }
+        ));
     }
 
-    let cases = cases(&signals);
-    let scores: BTreeMap<&'static str, f64> = cases
+    let seen = models::seen(timeline);
+    let burst = u32::try_from(signals.burst_admitted).unwrap_or(u32::MAX);
+    let fits: Vec<Fit> = DESIGNS
         .iter()
-        .map(|c| (c.limiter.name(), round2(c.score())))
+        .map(|&d| models::fit(d, &seen, burst, w))
         .collect();
-    let mut ranked: Vec<(&Case, f64)> = cases.iter().map(|c| (c, c.score())).collect();
-    ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
-    let (best, best_score) = ranked[0];
-    let (second, second_score) = ranked[1];
-    if best_score == 0.0 || best_score == second_score {
-        reasons.push("no limiter's main rule held (or two held equally):".to_string());
-        for case in &cases {
-            reasons.push(format!("{}: {}", case.limiter.name(), case.primary.text));
-        }
-        return unknown(signals, reasons, scores);
-    }
-    let mut confidence = best_score;
-    reasons.push(format!("{}: {}", best.limiter.name(), best.primary.text));
-    for rule in &best.support {
-        let mark = if rule.held {
-            "supports"
-        } else {
-            "does not support"
-        };
-        reasons.push(format!("{mark}: {}", rule.text));
-    }
-    if second_score > 0.0 {
-        confidence = (confidence - CONFLICT_PENALTY).max(UNKNOWN_CONFIDENCE);
+    let best_wrong = fits.iter().map(|f| f.mismatches).min().unwrap_or(0);
+    let weights: Vec<f64> = fits
+        .iter()
+        .map(|f| (-NATS_PER_MISMATCH * (f.mismatches - best_wrong) as f64).exp())
+        .collect();
+    let total: f64 = weights.iter().sum();
+    let mut candidates: Vec<Candidate> = fits
+        .iter()
+        .zip(&weights)
+        .map(|(f, weight)| Candidate {
+            limiter: f.limiter,
+            probability: round(weight / total, 3),
+            mismatches: f.mismatches,
+            fit: measured(f),
+        })
+        .collect();
+    candidates.sort_by(|a, b| b.probability.total_cmp(&a.probability));
+    let n = seen.len().max(1);
+    for c in &candidates {
         reasons.push(format!(
-            "also consistent with {}: {}",
-            second.limiter.name(),
-            second.primary.text
+            "{}: {} predicts {} of {n} answers (probability {:.2})",
+            c.limiter.name(),
+            describe(c.limiter, &c.fit),
+            n - c.mismatches.min(n),
+            c.probability
         ));
+    }
+    let best = &candidates[0];
+    let wrong_share = best.mismatches as f64 / n as f64;
+    let quality = (1.0 - 2.0 * wrong_share).max(0.0);
+    let confidence = round((best.probability * quality).min(MAX_CONFIDENCE), 2);
+    if wrong_share > MAX_WRONG_SHARE || confidence < NAME_FROM {
+        let remaining: Vec<Limiter> = candidates
+            .iter()
+            .filter(|c| c.probability >= CANDIDATE_FROM)
+            .map(|c| c.limiter)
+            .collect();
+        if wrong_share > MAX_WRONG_SHARE {
+            reasons.push(format!(
+                "even the best design gets {:.0}% of the answers wrong: none of these is what \
+                 the endpoint runs (or other clients share its limit)",
+                wrong_share * 100.0
+            ));
+        }
+        reasons.push(format!(
+            "no design is clearly ahead; candidates that remain: {}",
+            remaining
+                .iter()
+                .map(|l| l.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        return Inference {
+            remaining,
+            candidates,
+            ..unknown(signals, reasons)
+        };
+    }
+    let m = best.fit.clone();
+    reasons.push(format!(
+        "measured: {} ({})",
+        describe(best.limiter, &m),
+        certainty(&m)
+    ));
+    if let Some(note) = hint_note(best.limiter, &m, timeline) {
+        reasons.push(note);
     }
     Inference {
         likely_limiter: best.limiter,
-        confidence: round2(confidence),
+        confidence,
+        measured: Some(m),
+        remaining: Vec::new(),
         signals,
         reasons,
-        scores,
+        candidates,
+    }
+}
+
+/// Says so when the endpoint enforces something else than the hint.
+fn hint_note(limiter: Limiter, m: &Measured, timeline: &Timeline) -> Option<String> {
+    let hint_limit = f64::from(timeline.limit_hint);
+    let hint_window = timeline.window_hint_s;
+    let off = |got: f64, hint: f64| hint > 0.0 && ((got - hint) / hint).abs() > HINT_TOLERANCE;
+    let hinted = format!("the hint was {} per {hint_window} s", timeline.limit_hint);
+    match (limiter, m.window_s) {
+        (Limiter::Concurrency, _) => Some(format!(
+            "the endpoint limits requests in flight, not a rate: {hinted}, which it does not \
+             enforce as such"
+        )),
+        (_, Some(window)) if off(f64::from(m.limit), hint_limit) || off(window, hint_window) => {
+            Some(format!(
+                "the endpoint enforces {} ({hinted})",
+                describe(limiter, m)
+            ))
+        }
+        _ => None,
     }
 }

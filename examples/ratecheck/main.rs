@@ -29,7 +29,12 @@
 
 mod app;
 mod cli;
+#[cfg(test)]
+mod fixtures;
 mod inference;
+#[cfg(test)]
+mod inference_tests;
+mod models;
 mod probe;
 mod report;
 mod schedule;
@@ -37,6 +42,7 @@ mod schedule;
 mod signal;
 #[cfg(test)]
 mod tests;
+mod timeline;
 
 use std::process::ExitCode;
 

@@ -193,6 +193,7 @@ fn phase_message(phase: Phase) -> &'static str {
         Phase::SlidingProbe => "once-a-second probes",
         Phase::BoundaryBefore => "batch before the boundary",
         Phase::BoundaryAfter => "batch after the boundary",
+        Phase::LateBatch => "batch at the end",
     }
 }
 

@@ -16,6 +16,7 @@ use crate::cli::{Config, Mode, header_names};
 use crate::inference::{self, Inference};
 use crate::probe::{Class, Outcome, Run};
 use crate::schedule::{Phase, Plan};
+use crate::timeline::Timeline;
 
 /// The whole report.
 #[derive(Clone, Debug, Serialize)]
@@ -159,8 +160,15 @@ pub(crate) struct ModeDetail {
     pub(crate) sliding_probe: Option<ProbeDetail>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) window_boundary: Option<BoundaryDetail>,
+    /// Diagnose's batch at the end of the probes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) late_batch: Option<Counts>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) inference: Option<Inference>,
+    /// Every request of a diagnose run (phase, times, status), so that the
+    /// verdict can be checked, or the run judged again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) timeline: Option<Timeline>,
 }
 
 /// Failures by kind: status codes other than 2xx (429 included), and
@@ -306,33 +314,30 @@ fn mode_detail(config: &Config, run: &Run) -> Option<ModeDetail> {
             ..ModeDetail::default()
         },
         Mode::Diagnose => {
-            let signals =
-                inference::measure(plan, outcomes, config.rpm, config.window, config.probe);
+            let start_unix = run
+                .started_at
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs_f64();
+            let timeline = Timeline::of(
+                plan,
+                outcomes,
+                start_unix,
+                config.rpm,
+                config.window.as_secs_f64(),
+            );
             ModeDetail {
                 burst: burst(),
                 refill_probe: probe_detail(plan, outcomes, Phase::RefillProbe, per_s),
                 window_boundary: boundary_detail(plan, outcomes),
-                inference: Some(inference::infer(round_signals(signals), run.interrupted)),
+                late_batch: Some(counts_of(plan, outcomes, &[Phase::LateBatch])),
+                inference: Some(inference::infer(&timeline, run.interrupted)),
+                timeline: Some(timeline),
                 ..ModeDetail::default()
             }
         }
     };
     Some(detail)
-}
-
-fn round_signals(mut s: inference::Signals) -> inference::Signals {
-    let r = |v: Option<f64>| v.map(round3);
-    s.window_s = round3(s.window_s);
-    s.expected_per_s = round3(s.expected_per_s);
-    s.informative_share = round3(s.informative_share);
-    s.early_admission_ratio = r(s.early_admission_ratio);
-    s.mid_admission_ratio = r(s.mid_admission_ratio);
-    s.late_admission_ratio = r(s.late_admission_ratio);
-    s.first_probe_admitted_s = r(s.first_probe_admitted_s);
-    s.boundary_before_admitted = r(s.boundary_before_admitted);
-    s.boundary_after_admitted = r(s.boundary_after_admitted);
-    s.boundary_gap = r(s.boundary_gap);
-    s
 }
 
 fn errors(outcomes: &[Outcome]) -> Errors {
@@ -513,6 +518,9 @@ pub(crate) fn summary_text(report: &Report) -> String {
                 share(&b.after)
             );
         }
+        if let Some(b) = &d.late_batch {
+            let _ = writeln!(out, "  batch at the end: {}", share(b));
+        }
         if let Some(i) = &d.inference {
             let _ = writeln!(
                 out,
@@ -520,6 +528,14 @@ pub(crate) fn summary_text(report: &Report) -> String {
                 i.likely_limiter.name(),
                 i.confidence
             );
+            if let Some(m) = &i.measured {
+                let _ = writeln!(
+                    out,
+                    "  enforces: {} ({})",
+                    inference::describe(i.likely_limiter, m),
+                    inference::certainty(m)
+                );
+            }
             for reason in &i.reasons {
                 let _ = writeln!(out, "    - {reason}");
             }

@@ -7,7 +7,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::cli::{Config, Mode};
 
@@ -17,7 +17,7 @@ pub(crate) const MAX_REQUESTS: u64 = 1_000_000;
 const NANOS_PER_SEC: u128 = 1_000_000_000;
 
 /// What a request is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum Phase {
     /// One of a steady stream.
@@ -32,6 +32,9 @@ pub(crate) enum Phase {
     BoundaryBefore,
     /// The batch just after it.
     BoundaryAfter,
+    /// Diagnose's last batch, after the probes: it tells a sliding log
+    /// (a few slots free) from a window anchored at a request (all free).
+    LateBatch,
 }
 
 /// One planned request.
@@ -176,6 +179,35 @@ fn refill_count(rpm: u32, window: Duration, span: Duration) -> u128 {
     }
 }
 
+/// The spacing of diagnose's probes: twice the expected rate
+/// (`window / (2 × rpm)`), and at least twenty a window, so that a window's
+/// reopening is timed to a twentieth of it whatever the limit.
+pub(crate) fn diagnose_probe_interval(rpm: u32, window: Duration) -> Duration {
+    from_nanos(diagnose_probe_nanos(rpm, window))
+}
+
+fn diagnose_probe_nanos(rpm: u32, window: Duration) -> u128 {
+    let w = nanos(window);
+    // At least 1 ns, so that counting probes never divides by zero.
+    (w / (2 * u128::from(rpm).max(1))).min(w / 20).max(1)
+}
+
+/// Times of diagnose's probes after a burst at 0: one every
+/// [`diagnose_probe_interval`] `q`, at `q/2`, `3q/2`, ... up to `span`.
+/// Half an interval off the multiples of `q`: a limiter timed from the
+/// burst (a token's refill, a window's end) changes its answer at a multiple
+/// of `q` when the hint is right, and a probe sent right then would be
+/// admitted or not by a millisecond of jitter.
+pub(crate) fn diagnose_probes(rpm: u32, window: Duration, span: Duration) -> Vec<Duration> {
+    let q = diagnose_probe_nanos(rpm, window);
+    let count = diagnose_probe_count(rpm, window, span);
+    (1..=count).map(|i| from_nanos(i * q - q / 2)).collect()
+}
+
+fn diagnose_probe_count(rpm: u32, window: Duration, span: Duration) -> u128 {
+    nanos(span) / diagnose_probe_nanos(rpm, window)
+}
+
 /// Times of once-a-second probes after a burst at 0, up to `span`.
 pub(crate) fn sliding_probes(span: Duration) -> Vec<Duration> {
     (1..=span.as_secs()).map(Duration::from_secs).collect()
@@ -200,6 +232,12 @@ fn push(events: &mut Vec<Event>, at: Duration, phase: Phase, count: u32) {
     events.extend((0..count).map(|_| Event { at, phase }));
 }
 
+/// When diagnose's last batch goes after its burst: a quarter window
+/// after the probes (at least the window offset).
+pub(crate) fn late_batch_after(probe: Duration, window: Duration, offset: Duration) -> Duration {
+    probe + (window / 4).max(offset)
+}
+
 /// How many requests diagnose sends in its burst: half as many again as
 /// `--burst`, so that the limit's edge shows as 429s.
 pub(crate) fn diagnose_burst(burst: u32) -> u32 {
@@ -218,8 +256,8 @@ pub(crate) fn planned_requests(params: &Params) -> u128 {
         Mode::WindowBoundary => 2 * burst,
         Mode::Diagnose => {
             u128::from(diagnose_burst(params.burst))
-                + 2 * burst
-                + refill_count(params.rpm, params.window, params.probe)
+                + 3 * burst
+                + diagnose_probe_count(params.rpm, params.window, params.probe)
         }
     }
 }
@@ -295,15 +333,24 @@ pub(crate) fn plan(params: &Params, now_unix: Duration) -> Result<Plan, TooManyR
             });
         }
         Mode::Diagnose => {
-            // The burst goes halfway through a window, so that a fixed
-            // window resets half a window later and a sliding window only a
-            // whole window later; the probes run for 1.5 windows.
+            // The burst goes halfway through a window, so that a window
+            // aligned to the clock resets half a window later, and one
+            // counted from the burst (a sliding log, an anchored fixed
+            // window) a whole window later. Probes at twice the expected
+            // rate follow for --probe-seconds (two windows by default), so
+            // that the window is read to a twentieth; one batch straddles
+            // the clock boundary and one goes a quarter window after the
+            // probes, when a sliding log has freed only the slots of the
+            // probes it admitted in the quarter window after it reopened
+            // (about half its limit) and an anchored window has freed all
+            // of them: a gap of half the limit that stretching the window
+            // a little cannot hide.
             let big = diagnose_burst(burst);
             let t0 = until_mid_window(now_unix, window);
             let half = window / 2;
             push(&mut events, t0, Phase::Burst, big);
             events.extend(
-                refill_probes(rpm, window, probe)
+                diagnose_probes(rpm, window, probe)
                     .into_iter()
                     .map(|at| Event {
                         at: t0 + at,
@@ -317,8 +364,14 @@ pub(crate) fn plan(params: &Params, now_unix: Duration) -> Result<Plan, TooManyR
                 burst,
             );
             push(&mut events, t0 + half + offset, Phase::BoundaryAfter, burst);
+            push(
+                &mut events,
+                t0 + late_batch_after(probe, window, offset),
+                Phase::LateBatch,
+                burst,
+            );
             burst_at = Some(t0);
-            probe_every = Some(probe_interval(rpm, window));
+            probe_every = Some(diagnose_probe_interval(rpm, window));
             boundary = Some(Boundary {
                 at: t0 + half,
                 unix: now_unix + t0 + half,
