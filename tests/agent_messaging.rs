@@ -295,6 +295,28 @@ async fn refusals_not_about_rate_come_first_take_nothing_and_fan_out_precedes_pa
     assert_eq!(s.send("a", "f").await.limited(), ("fan_out", 10_000));
 }
 
+// The scope is the projects file's, read once: no traffic widens it. A
+// node in two projects relays nothing (writing to it, or from it, lets
+// neither side reach the other project), and a node that is not listed
+// stays unreachable whatever it asks for.
+#[tokio::test(start_paused = true)]
+async fn the_scope_is_the_files_and_no_traffic_widens_it() {
+    let s = service();
+    for (from, to) in [("a", "both"), ("both", "a"), ("x", "both"), ("both", "x")] {
+        s.send(from, to).await.delivered();
+    }
+    assert_eq!(s.call("GET", "/nodes/nobody/inbox", "").await.status, 404);
+    assert_eq!(s.call("POST", "/nodes/nobody/turn", "").await.status, 404);
+    assert_eq!(s.call("POST", "/reset", "").await.status, 204);
+    for (from, to) in [("a", "x"), ("x", "a"), ("a", "nobody"), ("nobody", "a")] {
+        assert_eq!(
+            s.send(from, to).await.not_permitted(),
+            "cross-project",
+            "{from} → {to}"
+        );
+    }
+}
+
 // A check never starts a window: only a delivered message uses budget. A
 // refused message uses none, and neither does one whose target is busy.
 #[tokio::test(start_paused = true)]
@@ -370,7 +392,12 @@ async fn reset_clears_all_flow_state() {
     assert_eq!(s.send("b", "a").await.limited().0, "pair");
     let reset = s.call("POST", "/reset", "").await;
     assert_eq!(reset.status, 204);
-    assert_eq!(s.stats().await["live"], json!({"pairs": 0, "turns": 0}));
+    let stats = s.stats().await;
+    assert_eq!(stats["live"], json!({"pairs": 0, "turns": 0}));
+    // Flow state only: the counters stay.
+    assert_eq!(stats["delivered"], 5);
+    assert_eq!(stats["refused"]["fan_out"], 1);
+    assert_eq!(stats["refused"]["pair"], 1);
     s.send("a", "b").await.delivered();
     s.send("b", "a").await.delivered();
     for to in ["c", "d", "e"] {
