@@ -195,6 +195,26 @@ async fn four_messages_per_turn_until_the_senders_own_new_turn() {
     assert_eq!(s.send("a", "busy").await.limited().0, "fan_out");
 }
 
+// A new turn refills the sender's fan-out and nothing else: the pair
+// interval belongs to the conversation, so `POST /nodes/{id}/turn` between
+// two messages to one receiver cannot flood it.
+#[tokio::test(start_paused = true)]
+async fn a_new_turn_refills_the_fan_out_never_the_pair_interval() {
+    let s = service();
+    s.send("a", "b").await.delivered();
+    time::advance(SECOND).await;
+    s.new_turn("a").await;
+    assert_eq!(s.send("a", "b").await.limited(), ("pair", 9_000));
+    // The receiver's new turn frees no pair either.
+    s.new_turn("b").await;
+    assert_eq!(s.send("a", "b").await.limited(), ("pair", 9_000));
+    // The new turn itself is whole: 4 more to other receivers.
+    for to in ["c", "d", "e", "f"] {
+        s.send("a", to).await.delivered();
+    }
+    assert_eq!(s.send("a", "ab").await.limited().0, "fan_out");
+}
+
 // A turn whose reset never comes ends by itself `--turn-stale` after it
 // started, and it starts with the first message delivered, not the first
 // one refused.
@@ -275,6 +295,28 @@ async fn refusals_not_about_rate_come_first_take_nothing_and_fan_out_precedes_pa
     assert_eq!(s.send("a", "f").await.limited(), ("fan_out", 10_000));
 }
 
+// The scope is the projects file's, read once: no traffic widens it. A
+// node in two projects relays nothing (writing to it, or from it, lets
+// neither side reach the other project), and a node that is not listed
+// stays unreachable whatever it asks for.
+#[tokio::test(start_paused = true)]
+async fn the_scope_is_the_files_and_no_traffic_widens_it() {
+    let s = service();
+    for (from, to) in [("a", "both"), ("both", "a"), ("x", "both"), ("both", "x")] {
+        s.send(from, to).await.delivered();
+    }
+    assert_eq!(s.call("GET", "/nodes/nobody/inbox", "").await.status, 404);
+    assert_eq!(s.call("POST", "/nodes/nobody/turn", "").await.status, 404);
+    assert_eq!(s.call("POST", "/reset", "").await.status, 204);
+    for (from, to) in [("a", "x"), ("x", "a"), ("a", "nobody"), ("nobody", "a")] {
+        assert_eq!(
+            s.send(from, to).await.not_permitted(),
+            "cross-project",
+            "{from} → {to}"
+        );
+    }
+}
+
 // A check never starts a window: only a delivered message uses budget. A
 // refused message uses none, and neither does one whose target is busy.
 #[tokio::test(start_paused = true)]
@@ -350,7 +392,12 @@ async fn reset_clears_all_flow_state() {
     assert_eq!(s.send("b", "a").await.limited().0, "pair");
     let reset = s.call("POST", "/reset", "").await;
     assert_eq!(reset.status, 204);
-    assert_eq!(s.stats().await["live"], json!({"pairs": 0, "turns": 0}));
+    let stats = s.stats().await;
+    assert_eq!(stats["live"], json!({"pairs": 0, "turns": 0}));
+    // Flow state only: the counters stay.
+    assert_eq!(stats["delivered"], 5);
+    assert_eq!(stats["refused"]["fan_out"], 1);
+    assert_eq!(stats["refused"]["pair"], 1);
     s.send("a", "b").await.delivered();
     s.send("b", "a").await.delivered();
     for to in ["c", "d", "e"] {
@@ -492,6 +539,34 @@ fn durations_on_the_command_line_are_never_zero_nor_absurd() {
         let parsed = cli::Cli::try_parse_from(["agent_messaging", args[0], args[1]]);
         assert!(parsed.is_err(), "{args:?}");
     }
+}
+
+// The flags set the limits the service runs: `--pair-interval` is the pair
+// limit and the fan-out's retry floor, `--fan-out` the turn budget,
+// `--turn-stale` the turn's end.
+#[tokio::test(start_paused = true)]
+async fn the_flags_set_the_pair_interval_the_fan_out_and_the_stale_period() {
+    use clap::Parser;
+    let cli = cli::Cli::try_parse_from([
+        "agent_messaging",
+        "--pair-interval",
+        "3s",
+        "--fan-out",
+        "2",
+        "--turn-stale",
+        "1m",
+    ])
+    .unwrap();
+    let s = service_with(cli.settings(), None);
+    s.send("a", "b").await.delivered();
+    assert_eq!(s.send("a", "b").await.limited(), ("pair", 3_000));
+    s.send("a", "c").await.delivered();
+    assert_eq!(s.send("a", "d").await.limited(), ("fan_out", 60_000));
+    time::advance(Duration::from_secs(58)).await;
+    // 2 s to the turn's end: raised to the 3 s pair interval.
+    assert_eq!(s.send("a", "d").await.limited(), ("fan_out", 3_000));
+    time::advance(Duration::from_secs(2)).await;
+    s.send("a", "d").await.delivered();
 }
 
 // ---------------------------------------------------------------- socket

@@ -306,6 +306,50 @@ async fn a_token_bucket_refund_with_waiters_booked_behind_it_stays_spent() {
     assert_eq!(instants, [s(0), s(10), s(20)]);
 }
 
+// Waiters that gave up leave no one to overtake: the bucket's arrival
+// time may still lie ahead (a waiter that was not the last one booked keeps
+// its slot when it leaves), and a refund then gives back what has not
+// refilled since the grant, as it does with nothing booked ahead.
+#[tokio::test(start_paused = true)]
+async fn a_token_bucket_refund_behind_waiters_that_gave_up_is_given_back() {
+    let log = Log::default();
+    let layer = RateLimitLayer::new(Quota::new(1, Duration::from_secs(10)).unwrap(), key())
+        .with_max_wait(Duration::from_secs(60))
+        .count_only(CountUnlessRefused);
+    let mut svc = layer.layer(inner(log.clone()));
+    let start = Instant::now();
+    let refused = tokio::spawn(svc.ready().await.unwrap().call(request(429, 1_000)));
+    tokio::task::yield_now().await;
+    // Booked at 10 and 20; both give up, the one at 10 first (its slot
+    // stays: only the last booking can be undone).
+    let first = tokio::spawn(svc.ready().await.unwrap().call(request(200, 0)));
+    tokio::task::yield_now().await;
+    let second = tokio::spawn(svc.ready().await.unwrap().call(request(200, 0)));
+    tokio::task::yield_now().await;
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    second.abort();
+    assert!(second.await.unwrap_err().is_cancelled());
+    time::advance(Duration::from_secs(1)).await;
+    assert_eq!(refused.await.unwrap().unwrap().status(), 429);
+    // The 9 s of the unit taken at 0 that had not come back are given
+    // back: the next one goes at 11, not at 20.
+    let newcomer = tokio::spawn(svc.ready().await.unwrap().call(request(200, 0)));
+    time::sleep(Duration::from_secs(30)).await;
+    newcomer.await.unwrap().unwrap();
+    let instants: Vec<Duration> = log
+        .0
+        .lock()
+        .iter()
+        .filter_map(|m| match m {
+            Mark::Call { at, .. } => Some(*at - start),
+            Mark::Reset => None,
+        })
+        .collect();
+    let s = Duration::from_secs;
+    assert_eq!(instants, [s(0), s(11)]);
+}
+
 /// How the random histories are made.
 #[derive(Clone, Copy, Debug)]
 struct Shape {
