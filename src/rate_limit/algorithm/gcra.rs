@@ -75,8 +75,9 @@ impl Algorithm for Gcra {
         // instead, a grant whose units came back long ago would be given
         // back again, on top of the requests admitted since (a burst of 3
         // refilled, 3 admitted, then a slow answer refunded: a 4th at once).
-        // Every booking since lies at or before now, so none of them can
-        // have used those units up: they are the key's to give back.
+        // No live booking since lies ahead of now (a waiter that gave up
+        // left its slot, which nobody waits for), so none of them can have
+        // used those units up: they are the key's to give back.
         let owed = grant
             .at
             .saturating_add(self.units(grant.cost))
