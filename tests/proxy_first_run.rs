@@ -25,7 +25,6 @@ use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::Parser as _;
 use nix::sys::signal::Signal;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_throttle::error::RateLimited;
@@ -49,22 +48,7 @@ fn proxy_main_child() {
     if child::role().as_deref() != Some("proxy-main") {
         return;
     }
-    let args = std::env::var("PROXY_ARGS").unwrap_or_default();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let code = runtime.block_on(async {
-        app::init_logs(Some("info")).unwrap();
-        let signals = signal::StopSignals::listen().unwrap();
-        let cli = cli::Cli::try_parse_from(
-            std::iter::once("proxy").chain(args.split(' ').filter(|a| !a.is_empty())),
-        )
-        .unwrap();
-        app::run(cli, signals.stopped("shutting down"), None).await
-    });
-    std::process::exit(i32::from(code));
+    run_proxy_main_from_env();
 }
 
 /// A fresh empty directory for a child to run in, removed when dropped

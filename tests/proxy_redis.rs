@@ -22,7 +22,6 @@ proxy_modules!();
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser as _;
 use nix::sys::signal::Signal;
 use redis_server::{RedisServer, free_port};
 
@@ -37,22 +36,7 @@ fn proxy_redis_child() {
     if child::role().as_deref() != Some("proxy-redis") {
         return;
     }
-    let args = std::env::var("PROXY_ARGS").unwrap_or_default();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let code = runtime.block_on(async {
-        app::init_logs(Some("info")).unwrap();
-        let signals = signal::StopSignals::listen().unwrap();
-        let cli = cli::Cli::try_parse_from(
-            std::iter::once("proxy").chain(args.split(' ').filter(|a| !a.is_empty())),
-        )
-        .unwrap();
-        app::run(cli, signals.stopped("shutting down"), None).await
-    });
-    std::process::exit(i32::from(code));
+    run_proxy_main_from_env();
 }
 
 /// A file removed when dropped (a failing test too).

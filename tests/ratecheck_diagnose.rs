@@ -14,27 +14,10 @@
 mod local_server;
 mod support;
 
-#[allow(dead_code)]
-#[path = "../examples/ratecheck/cli.rs"]
-mod cli;
-#[allow(dead_code)]
-#[path = "../examples/ratecheck/inference.rs"]
-mod inference;
-#[allow(dead_code)]
-#[path = "../examples/ratecheck/models.rs"]
-mod models;
-#[allow(dead_code)]
-#[path = "../examples/ratecheck/probe.rs"]
-mod probe;
-#[allow(dead_code)]
-#[path = "../examples/ratecheck/report.rs"]
-mod report;
-#[allow(dead_code)]
-#[path = "../examples/ratecheck/schedule.rs"]
-mod schedule;
-#[allow(dead_code)]
-#[path = "../examples/ratecheck/timeline.rs"]
-mod timeline;
+#[macro_use]
+#[path = "support/ratecheck_modules.rs"]
+mod ratecheck_modules;
+ratecheck_modules!();
 
 use std::path::PathBuf;
 use std::process::Stdio;

@@ -14,30 +14,13 @@ mod child;
 #[allow(dead_code)]
 #[path = "../examples/ratecheck/app.rs"]
 mod app;
-#[allow(dead_code)]
-#[path = "../examples/ratecheck/cli.rs"]
-mod cli;
-#[allow(dead_code)]
-#[path = "../examples/ratecheck/inference.rs"]
-mod inference;
-#[allow(dead_code)]
-#[path = "../examples/ratecheck/models.rs"]
-mod models;
-#[allow(dead_code)]
-#[path = "../examples/ratecheck/probe.rs"]
-mod probe;
-#[allow(dead_code)]
-#[path = "../examples/ratecheck/report.rs"]
-mod report;
-#[allow(dead_code)]
-#[path = "../examples/ratecheck/schedule.rs"]
-mod schedule;
+#[macro_use]
+#[path = "support/ratecheck_modules.rs"]
+mod ratecheck_modules;
+ratecheck_modules!();
 #[allow(dead_code)]
 #[path = "../examples/proxy/signal.rs"]
 mod signal;
-#[allow(dead_code)]
-#[path = "../examples/ratecheck/timeline.rs"]
-mod timeline;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -46,5 +46,29 @@ macro_rules! proxy_modules {
         #[allow(dead_code)]
         #[path = "../examples/proxy/stats.rs"]
         mod stats;
+
+        /// The proxy as `main` runs it, with the arguments in `PROXY_ARGS`
+        /// (split on spaces): what a test's child process runs. Exits with
+        /// the proxy's exit code.
+        #[allow(dead_code)]
+        fn run_proxy_main_from_env() -> ! {
+            use clap::Parser as _;
+            let args = std::env::var("PROXY_ARGS").unwrap_or_default();
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            let code = runtime.block_on(async {
+                app::init_logs(Some("info")).unwrap();
+                let signals = signal::StopSignals::listen().unwrap();
+                let cli = cli::Cli::try_parse_from(
+                    std::iter::once("proxy").chain(args.split(' ').filter(|a| !a.is_empty())),
+                )
+                .unwrap();
+                app::run(cli, signals.stopped("shutting down"), None).await
+            });
+            std::process::exit(i32::from(code));
+        }
     };
 }
