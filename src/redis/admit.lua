@@ -146,6 +146,7 @@ if was and was ~= rule then
         redis.call('ZADD', q.key, now, q.seq .. ':' .. q.a)
         q.sum = q.sum + q.a
         q.last = now
+        q.spent = true
       else
         q.s = now; q.u = q.a; q.x = now + q.b
       end
@@ -223,10 +224,20 @@ end
 
 if at - now > max_wait then
   -- Nothing booked. A sliding window's expired bookings were dropped: its
-  -- sum goes with them. (Other states are only read; a retune's
-  -- conversion is made again, later, the same way.)
+  -- sum goes with them. A window a key moving between rules starts spent
+  -- holds that spending now: its sum and sequence go with it, and a TTL,
+  -- or the next request would see the booking and not its sum. (Other
+  -- states are only read; a retune's or a move's conversion is made
+  -- again, later, the same way.)
   for _, q in ipairs(quotas) do
-    if q.trimmed then redis.call('HSET', q.aux, 's', q.sum) end
+    if q.spent then
+      local ttl = max(ceil((q.last + q.b - now) / 1000), 0) + 1000
+      redis.call('HSET', q.aux, 's', q.sum, 'n', q.seq)
+      redis.call('PEXPIRE', q.key, ttl)
+      redis.call('PEXPIRE', q.aux, ttl)
+    elseif q.trimmed then
+      redis.call('HSET', q.aux, 's', q.sum)
+    end
   end
   return { 0, at - now, slowest }
 end

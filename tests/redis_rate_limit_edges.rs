@@ -1,0 +1,111 @@
+//! Edges of a rate limiter on Redis: state a refusal leaves behind, builder
+//! methods after `with_store`, and replies no script of ours gives. Each
+//! test starts a `redis-server` of its own (see `support/redis.rs`).
+
+#[path = "support/redis.rs"]
+mod redis_server;
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis_server::RedisServer;
+use support::{Inner, request};
+use tower::{Layer, Service, ServiceExt};
+use tower_throttle::error::{BoxError, RateLimited};
+use tower_throttle::key::HeaderKey;
+use tower_throttle::rate_limit::{KeyPattern, Quota, RateLimitLayer, Rule};
+use tower_throttle::redis::{OnError, RedisStore};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// The scripts' clock, moved by hand: microseconds since the epoch, on a
+/// whole minute.
+fn clock() -> Arc<AtomicU64> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_micros() as u64;
+    let minute = 60_000_000;
+    Arc::new(AtomicU64::new((now / minute + 1) * minute))
+}
+
+/// A store on `server` under `prefix`, failing closed, on `clock`.
+fn store(server: &RedisServer, prefix: &str, clock: &Arc<AtomicU64>) -> RedisStore {
+    RedisStore::new(&server.url())
+        .expect("valid URL")
+        .with_prefix(prefix)
+        .with_timeout(Duration::from_secs(2))
+        .on_error(OnError::Closed)
+        .with_test_clock(clock.clone())
+}
+
+fn header_key() -> HeaderKey {
+    HeaderKey::new("x-key").expect("valid header name")
+}
+
+async fn send<S>(svc: &mut S, key: &str, seq: usize) -> Result<http::Response<()>, BoxError>
+where
+    S: Service<http::Request<()>, Response = http::Response<()>, Error = BoxError>,
+{
+    svc.ready().await?.call(request(key, seq)).await
+}
+
+fn is_refused(outcome: &Result<http::Response<()>, BoxError>) -> bool {
+    outcome.as_ref().is_err_and(|e| e.is::<RateLimited>())
+}
+
+#[tokio::test]
+async fn a_key_moved_to_a_sliding_window_rule_stays_spent_after_its_first_refusal() {
+    let Some(server) = RedisServer::start("a_key_moved_to_a_sliding_window_rule") else {
+        return;
+    };
+    let clock = clock();
+    let default = || Quota::per_minute(2).expect("valid");
+    let vip = Rule::new("vip", KeyPattern::parts(["vip-*"]).expect("valid"))
+        .with_quota(Quota::per_minute(3).expect("valid").sliding_window());
+    // One replica from before the rule; two that have it (each remembers
+    // its own refusals, so each is asked once).
+    let replica = |rules: Vec<Rule>| {
+        let mut layer = RateLimitLayer::new(default(), header_key());
+        for rule in rules {
+            layer = layer.with_rule(rule).expect("one rule");
+        }
+        layer
+            .with_store(store(&server, "moved:", &clock))
+            .expect("quotas Redis keeps")
+            .layer(Inner::new())
+    };
+    let (mut old, mut b, mut c) = (
+        replica(vec![]),
+        replica(vec![vip.clone()]),
+        replica(vec![vip]),
+    );
+    send(&mut old, "vip-1", 0).await.expect("spent under the default");
+    // Under its new rule the key starts spent: a whole window's worth, on
+    // every replica.
+    clock.fetch_add(1_000_000, Ordering::SeqCst);
+    let outcome = send(&mut b, "vip-1", 1).await;
+    assert!(is_refused(&outcome), "{outcome:?}");
+    clock.fetch_add(1_000_000, Ordering::SeqCst);
+    let outcome = send(&mut c, "vip-1", 2).await;
+    assert!(is_refused(&outcome), "{outcome:?}");
+    // What the refusal left in Redis goes away by itself.
+    let mut conn = server.connection();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("moved:*")
+        .query(&mut conn)
+        .expect("KEYS");
+    for key in &keys {
+        let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).expect("PTTL");
+        assert!(ttl > 0, "{key} has no TTL ({ttl})");
+    }
+    // A window after the move, the key has its three, and no more.
+    clock.fetch_add(MINUTE.as_micros() as u64, Ordering::SeqCst);
+    for seq in 3..6 {
+        send(&mut b, "vip-1", seq).await.expect("a new window");
+    }
+    let outcome = send(&mut c, "vip-1", 6).await;
+    assert!(is_refused(&outcome), "{outcome:?}");
+}
