@@ -82,7 +82,9 @@ async fn a_key_moved_to_a_sliding_window_rule_stays_spent_after_its_first_refusa
         replica(vec![vip.clone()]),
         replica(vec![vip]),
     );
-    send(&mut old, "vip-1", 0).await.expect("spent under the default");
+    send(&mut old, "vip-1", 0)
+        .await
+        .expect("spent under the default");
     // Under its new rule the key starts spent: a whole window's worth, on
     // every replica.
     clock.fetch_add(1_000_000, Ordering::SeqCst);
