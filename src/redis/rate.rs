@@ -159,6 +159,10 @@ pub(crate) struct Admission {
     cost: u32,
     /// The last key is the default's state, probed.
     probed: bool,
+    /// The longest wait the script can answer, in microseconds: a state
+    /// further ahead than the horizon is started afresh, so no quota
+    /// waits (or resets) much longer than the horizon and one period.
+    longest_wait: u64,
 }
 
 /// What one admission asks.
@@ -197,6 +201,18 @@ impl Admission {
         keys.extend(probe);
         let max_wait = ask.max_wait / 1_000;
         let horizon = max_wait.max(MIN_HORIZON_US).saturating_add(1_000_000);
+        let period = quotas
+            .iter()
+            .map(|q| match q.kind {
+                'g' => q.a.saturating_mul(q.b),
+                _ => q.b,
+            })
+            .max()
+            .unwrap_or(0);
+        // Twice the period, and a second, to spare.
+        let longest_wait = horizon
+            .saturating_add(period.saturating_mul(2))
+            .saturating_add(1_000_000);
         // As an in-process limiter remembers a key's rule: its longest
         // period and the longest wait past its last request.
         let marker_ttl =
@@ -226,6 +242,7 @@ impl Admission {
             quotas,
             cost: ask.cost,
             probed,
+            longest_wait,
         }
     }
 
@@ -276,9 +293,12 @@ impl Reply {
         // Indices name one of the quotas asked about, or the reply is bad.
         let quotas = admission.quotas.len();
         let index = |n: u64| usize::try_from(n).ok().filter(|&i| i < quotas);
+        // A wait no script of ours answers is a bad reply, not a key
+        // refused (and remembered as refused) for years.
+        let wait = |n: u64| (n <= admission.longest_wait).then(|| Duration::from_micros(n));
         match int(reply.first())? {
             0 => Some(Self::Refused {
-                wait: Duration::from_micros(int(reply.get(1))?),
+                wait: wait(int(reply.get(1))?)?,
                 slowest: index(int(reply.get(2))?)?,
             }),
             1 => {
@@ -304,7 +324,7 @@ impl Reply {
                 Some(Self::Booked {
                     wait: Duration::from_micros(at.saturating_sub(now)),
                     left: u32::try_from(int(reply.get(3))?).unwrap_or(u32::MAX),
-                    reset: Duration::from_micros(int(reply.get(4))?),
+                    reset: wait(int(reply.get(4))?)?,
                     tightest: index(int(reply.get(5))?)?,
                     grant: Arc::new(Grant {
                         keys,
@@ -478,6 +498,7 @@ mod tests {
             quotas: vec![one],
             cost: 1,
             probed: false,
+            longest_wait: 1_000,
         };
         let int = Value::Int;
         let mark = || Value::BulkString(b"m".to_vec());
@@ -506,6 +527,9 @@ mod tests {
             vec![int(0), int(-1), int(0)],
             vec![int(0), int(5), int(1)],
             vec![int(0), int(5), int(-1)],
+            vec![int(0), int(1_001), int(0)],
+            vec![int(0), int(i64::MAX), int(0)],
+            vec![int(1), int(5), int(3), int(0), int(1_001), int(0), mark()],
             vec![int(7)],
             vec![Value::Nil, int(1)],
         ];
