@@ -111,3 +111,16 @@ async fn a_key_moved_to_a_sliding_window_rule_stays_spent_after_its_first_refusa
     let outcome = send(&mut c, "vip-1", 6).await;
     assert!(is_refused(&outcome), "{outcome:?}");
 }
+
+#[test]
+fn a_rule_added_after_with_store_is_checked_against_redis() {
+    let store = RedisStore::new("redis://127.0.0.1:1").expect("valid URL");
+    let fine = Rule::new("fast", KeyPattern::parts(["fast-*"]).expect("valid"))
+        .with_quota(Quota::per_second(20_000).expect("valid"));
+    let err = RateLimitLayer::new(Quota::per_minute(2).expect("valid"), header_key())
+        .with_store(store)
+        .expect("a quota Redis keeps")
+        .with_rule(fine)
+        .expect_err("finer than Redis keeps time");
+    assert!(err.to_string().contains("rules[0].quotas[0]"), "{err}");
+}

@@ -202,11 +202,16 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
     }
 
     /// Give the keys `rule` matches its quotas instead of the default ones.
-    /// A second rule with the same name is an error.
+    /// A second rule with the same name is an error, and so is a quota
+    /// Redis cannot keep after [`with_store`](Self::with_store).
     pub fn with_rule(mut self, rule: Rule) -> Result<Self, ConfigError> {
         self.sync_setup();
         self.setup.rules.push(rule);
         check_names(&self.setup.rules)?;
+        #[cfg(feature = "redis")]
+        if self.setup.store.is_some() {
+            super::limiter::check_quotas(&self.setup.default, &self.setup.rules)?;
+        }
         Ok(self.rebuild())
     }
 
