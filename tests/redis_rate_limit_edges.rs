@@ -124,3 +124,140 @@ fn a_rule_added_after_with_store_is_checked_against_redis() {
         .expect_err("finer than Redis keeps time");
     assert!(err.to_string().contains("rules[0].quotas[0]"), "{err}");
 }
+
+/// Every request fails but those numbered below 100, and request 0 only
+/// once `release` is notified; each call is counted.
+fn slow_inner(
+    release: Arc<tokio::sync::Notify>,
+    calls: Arc<AtomicU64>,
+) -> impl Service<
+    http::Request<()>,
+    Response = http::Response<()>,
+    Error = support::InnerFailed,
+    Future = impl Send,
+> + Clone {
+    tower::service_fn(move |req: http::Request<()>| {
+        let (release, calls) = (release.clone(), calls.clone());
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            let seq: usize = req
+                .headers()
+                .get("x-seq")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(usize::MAX);
+            if seq == 0 {
+                release.notified().await;
+                return Err(support::InnerFailed);
+            }
+            Ok(http::Response::new(()))
+        }
+    })
+}
+
+#[tokio::test]
+async fn a_slow_outcome_that_does_not_count_gives_back_no_unit_the_bucket_refilled() {
+    let Some(server) = RedisServer::start("a_slow_outcome_gives_back") else {
+        return;
+    };
+    let clock = clock();
+    let (release, calls) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let layer = RateLimitLayer::new(Quota::per_minute(3).expect("valid"), header_key())
+        .with_store(store(&server, "slow:", &clock))
+        .expect("a quota Redis keeps")
+        .count_only(|outcome: &Result<http::Response<()>, support::InnerFailed>| outcome.is_ok());
+    let handle = layer.handle();
+    let svc = layer.layer(slow_inner(release.clone(), calls.clone()));
+    // Request 0 goes, and takes its time.
+    let slow = tokio::spawn({
+        let svc = svc.clone();
+        async move { svc.oneshot(request("k", 0)).await }
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while calls.load(Ordering::SeqCst) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never called");
+        tokio::task::yield_now().await;
+    }
+    // A minute on the bucket is full again: three go, the fourth is refused
+    // (and remembered as refused here).
+    clock.fetch_add(MINUTE.as_micros() as u64, Ordering::SeqCst);
+    for seq in 1..4 {
+        svc.clone()
+            .oneshot(request("k", seq))
+            .await
+            .expect("a full bucket");
+    }
+    let outcome = svc.clone().oneshot(request("k", 4)).await;
+    assert!(is_refused(&outcome), "{outcome:?}");
+    assert!(handle.peek_wait(&["k"]) > Duration::ZERO);
+    // Request 0 fails, which does not count: its unit came back by itself
+    // long ago, so nothing is given back. Redis has heard it once the
+    // refusal remembered here is forgotten.
+    release.notify_one();
+    slow.await.expect("ran").expect_err("inner fails");
+    while handle.peek_wait(&["k"]) > Duration::ZERO {
+        assert!(tokio::time::Instant::now() < deadline, "never given back");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let outcome = svc.clone().oneshot(request("k", 5)).await;
+    assert!(is_refused(&outcome), "a fourth at once: {outcome:?}");
+}
+
+#[tokio::test]
+async fn an_outcome_from_before_a_reset_gives_back_no_booking_made_after_it() {
+    let Some(server) = RedisServer::start("an_outcome_from_before_a_reset") else {
+        return;
+    };
+    let clock = clock();
+    let one = || Quota::per_minute(1).expect("valid").sliding_window();
+    let (release, calls) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let layer = RateLimitLayer::new(one(), header_key())
+        .with_store(store(&server, "reset:", &clock))
+        .expect("a quota Redis keeps")
+        .count_only(|outcome: &Result<http::Response<()>, support::InnerFailed>| outcome.is_ok());
+    let handle = layer.handle();
+    let svc = layer.layer(slow_inner(release.clone(), calls.clone()));
+    // Another replica, with no refusals remembered: a fresh one per probe.
+    let probe = || async {
+        RateLimitLayer::new(one(), header_key())
+            .with_store(store(&server, "reset:", &clock))
+            .expect("a quota Redis keeps")
+            .layer(Inner::new())
+            .oneshot(request("k", 9))
+            .await
+    };
+    let slow = tokio::spawn({
+        let svc = svc.clone();
+        async move { svc.oneshot(request("k", 0)).await }
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while calls.load(Ordering::SeqCst) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never called");
+        tokio::task::yield_now().await;
+    }
+    // A second on, the key is reset, and the other replica books its one.
+    clock.fetch_add(1_000_000, Ordering::SeqCst);
+    handle.reset(&["k"]);
+    while probe().await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "never reset");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let outcome = svc.clone().oneshot(request("k", 2)).await;
+    assert!(is_refused(&outcome), "{outcome:?}");
+    // Request 0 fails, which does not count; what it booked went with the
+    // reset, and the booking made since stays.
+    release.notify_one();
+    slow.await.expect("ran").expect_err("inner fails");
+    while handle.peek_wait(&["k"]) > Duration::ZERO {
+        assert!(tokio::time::Instant::now() < deadline, "never given back");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let outcome = probe().await;
+    assert!(is_refused(&outcome), "two in a window: {outcome:?}");
+}

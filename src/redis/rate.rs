@@ -328,6 +328,7 @@ impl Reply {
                     tightest: index(int(reply.get(5))?)?,
                     grant: Arc::new(Grant {
                         keys,
+                        at,
                         quotas: admission.quotas,
                         marks,
                         cost: admission.cost,
@@ -343,6 +344,8 @@ impl Reply {
 #[derive(Debug)]
 pub(crate) struct Grant {
     keys: Vec<String>,
+    /// The instant booked, on Redis's clock.
+    at: u64,
     quotas: Vec<QuotaArgs>,
     marks: Vec<String>,
     cost: u32,
@@ -357,10 +360,11 @@ impl Grant {
         store: &RedisStore,
         cancel: bool,
     ) -> Result<(), StoreError> {
-        let mut args = Vec::with_capacity(3 + 4 * self.quotas.len());
+        let mut args = Vec::with_capacity(4 + 4 * self.quotas.len());
         args.push(if cancel { "c" } else { "r" }.to_owned());
         args.push(self.cost.to_string());
         args.push(store.now_arg());
+        args.push(self.at.to_string());
         for (q, mark) in self.quotas.iter().zip(&self.marks) {
             args.push(q.kind.to_string());
             args.push(q.a.to_string());
