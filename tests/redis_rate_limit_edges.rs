@@ -261,3 +261,34 @@ async fn an_outcome_from_before_a_reset_gives_back_no_booking_made_after_it() {
     let outcome = probe().await;
     assert!(is_refused(&outcome), "two in a window: {outcome:?}");
 }
+
+#[tokio::test]
+async fn a_refusal_heard_after_a_retune_is_not_remembered_under_the_new_quotas() {
+    let Some(server) = RedisServer::start("a_refusal_heard_after_a_retune") else {
+        return;
+    };
+    let clock = clock();
+    let quotas = vec![
+        Quota::per_hour(100).expect("valid"),
+        Quota::per_minute(1).expect("valid"),
+    ];
+    let layer = RateLimitLayer::with_quotas(quotas, header_key())
+        .with_store(store(&server, "retuned:", &clock))
+        .expect("quotas Redis keeps");
+    let handle = layer.handle();
+    let mut svc = layer.layer(Inner::new());
+    send(&mut svc, "k", 0).await.expect("first");
+    // Asked under two quotas; the answer (the second refuses) is heard
+    // after a retune to one.
+    let asked = svc.ready().await.expect("ready").call(request("k", 1));
+    handle
+        .retune(vec![Quota::per_hour(100).expect("valid")], vec![])
+        .expect("valid retune");
+    let outcome = asked.await;
+    assert!(is_refused(&outcome), "{outcome:?}");
+    // Under the new quota the key has room: it goes, no panic, no refusal
+    // remembered from the old quotas.
+    send(&mut svc, "k", 2)
+        .await
+        .expect("room under the new quota");
+}

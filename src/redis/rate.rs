@@ -390,7 +390,11 @@ struct Refusal {
     /// local clock ([`RedisStore::local_micros`]).
     until: u64,
     cost: u32,
+    /// An index into the quotas of the policy generation below.
     slowest: usize,
+    /// The limiter's policy generation the refusal was made under: a
+    /// retune or a reset since (which may have heard it late) voids it.
+    generation: u32,
 }
 
 /// At most this many refused keys are remembered; more are asked again.
@@ -406,18 +410,20 @@ impl Default for Refused {
 
 impl Refused {
     /// The wait and slowest quota of a request of `cost` on `key` at `now`
-    /// that is sure to be refused: one costing no less was refused, and the
-    /// instant it could go is still beyond `max_wait`.
+    /// under policy `generation` that is sure to be refused: one costing no
+    /// less was refused under it, and the instant it could go is still
+    /// beyond `max_wait`.
     pub(crate) fn check(
         &self,
         key: KeyHash,
         cost: u32,
         max_wait: Nanos,
         now: u64,
+        generation: u32,
     ) -> Option<(Duration, usize)> {
         let mut keys = self.keys.lock();
         let refusal = *keys.get(&key.0)?;
-        if refusal.until <= now {
+        if refusal.until <= now || refusal.generation != generation {
             keys.remove(&key.0);
             return None;
         }
@@ -427,8 +433,16 @@ impl Refused {
     }
 
     /// Remember at `now` that a request of `cost` on `key` cannot go for
-    /// `wait`.
-    pub(crate) fn insert(&self, key: KeyHash, cost: u32, now: u64, wait: Duration, slowest: usize) {
+    /// `wait` under policy `generation`.
+    pub(crate) fn insert(
+        &self,
+        key: KeyHash,
+        cost: u32,
+        now: u64,
+        wait: Duration,
+        slowest: usize,
+        generation: u32,
+    ) {
         let until = now.saturating_add(u64::try_from(wait.as_micros()).unwrap_or(u64::MAX));
         let mut keys = self.keys.lock();
         if keys.len() >= MAX_REFUSED && !keys.contains_key(&key.0) {
@@ -441,12 +455,13 @@ impl Refused {
             until,
             cost,
             slowest,
+            generation,
         };
         keys.entry(key.0)
             .and_modify(|r| {
                 // The cheaper refusal says more; a later one replaces one
                 // that is over.
-                if cost <= r.cost || r.until <= now {
+                if cost <= r.cost || r.until <= now || r.generation != generation {
                     *r = refusal;
                 }
             })
@@ -473,19 +488,22 @@ mod tests {
     fn a_refused_key_is_refused_locally_until_it_could_go() {
         let refused = Refused::default();
         let key = KeyHash(1);
-        refused.insert(key, 2, 1_000, Duration::from_micros(500), 0);
+        refused.insert(key, 2, 1_000, Duration::from_micros(500), 0, 1);
         // As costly or more, beyond max_wait: refused here.
         assert_eq!(
-            refused.check(key, 2, 0, 1_100),
+            refused.check(key, 2, 0, 1_100, 1),
             Some((Duration::from_micros(400), 0))
         );
-        assert!(refused.check(key, 3, 0, 1_100).is_some());
+        assert!(refused.check(key, 3, 0, 1_100, 1).is_some());
+        // Under another policy generation (a retune, a reset): void.
+        assert_eq!(refused.check(key, 3, 0, 1_100, 2), None);
+        refused.insert(key, 2, 1_000, Duration::from_micros(500), 0, 1);
         // Cheaper: Redis may admit it.
-        assert_eq!(refused.check(key, 1, 0, 1_100), None);
+        assert_eq!(refused.check(key, 1, 0, 1_100, 1), None);
         // Within the wait allowed: Redis books it.
-        assert_eq!(refused.check(key, 2, 400_000, 1_100), None);
+        assert_eq!(refused.check(key, 2, 400_000, 1_100, 1), None);
         // At the instant: asked again, and forgotten.
-        assert_eq!(refused.check(key, 2, 0, 1_500), None);
+        assert_eq!(refused.check(key, 2, 0, 1_500, 1), None);
         assert!(refused.keys.lock().is_empty());
     }
 
@@ -546,11 +564,18 @@ mod tests {
     fn the_cache_of_refused_keys_is_bounded() {
         let refused = Refused::default();
         for k in 0..(MAX_REFUSED as u64 + 100) {
-            refused.insert(KeyHash(k), 1, 0, Duration::from_secs(60), 0);
+            refused.insert(KeyHash(k), 1, 0, Duration::from_secs(60), 0, 1);
         }
         assert_eq!(refused.keys.lock().len(), MAX_REFUSED);
         // Once those are over, new ones take their place.
-        refused.insert(KeyHash(u64::MAX), 1, 61_000_000, Duration::from_secs(1), 0);
+        refused.insert(
+            KeyHash(u64::MAX),
+            1,
+            61_000_000,
+            Duration::from_secs(1),
+            0,
+            1,
+        );
         assert_eq!(refused.keys.lock().len(), 1);
     }
 }
