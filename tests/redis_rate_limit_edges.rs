@@ -2,6 +2,8 @@
 //! methods after `with_store`, and replies no script of ours gives. Each
 //! test starts a `redis-server` of its own (see `support/redis.rs`).
 
+#[path = "support/capture.rs"]
+mod capture;
 #[path = "support/redis.rs"]
 mod redis_server;
 mod support;
@@ -291,4 +293,24 @@ async fn a_refusal_heard_after_a_retune_is_not_remembered_under_the_new_quotas()
     send(&mut svc, "k", 2)
         .await
         .expect("room under the new quota");
+}
+
+#[test]
+fn default_quotas_redis_cannot_keep_are_not_set_silently() {
+    capture::capture_logs();
+    let store = RedisStore::new("redis://127.0.0.1:1").expect("valid URL");
+    let layer = RateLimitLayer::new(Quota::per_minute(2).expect("valid"), header_key())
+        .with_store(store)
+        .expect("a quota Redis keeps");
+    let handle = layer.handle();
+    handle.set_default(vec![Quota::per_second(20_000).expect("valid")]);
+    assert_eq!(
+        handle.config().0,
+        vec![Quota::per_minute(2).expect("valid")]
+    );
+    let logs = capture::log_text();
+    assert!(
+        logs.contains("default quotas not changed") && logs.contains("quotas[0]"),
+        "{logs}"
+    );
 }
