@@ -198,9 +198,9 @@ impl<X> Backoff429Layer<X> {
     /// before its next request to that route. The read and that report
     /// share one [timeout](crate::redis::RedisStore::with_timeout): past
     /// it the response goes on, and the report follows when Redis answers
-    /// (a request spends at most one timeout on Redis). When Redis cannot be reached,
-    /// the store's [`OnError`](crate::redis::OnError) decides: open goes on
-    /// with this replica's own cooldowns, closed refuses with
+    /// (a request spends at most one timeout on Redis). When Redis cannot
+    /// be reached, the store's [`OnError`](crate::redis::OnError) decides:
+    /// open goes on with this replica's own cooldowns, closed refuses with
     /// [`StoreUnavailable`](crate::error::StoreUnavailable).
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
