@@ -314,3 +314,18 @@ fn default_quotas_redis_cannot_keep_are_not_set_silently() {
         "{logs}"
     );
 }
+
+#[test]
+fn a_prefix_is_escaped_where_it_is_logged() {
+    capture::capture_logs();
+    let store = RedisStore::new("redis://127.0.0.1:1")
+        .expect("valid URL")
+        .with_prefix("app:\u{1b}[2J\nforged line:");
+    let _layer = RateLimitLayer::new(Quota::per_minute(2).expect("valid"), header_key())
+        .with_store(store)
+        .expect("a quota Redis keeps");
+    let logs = capture::log_text();
+    assert!(logs.contains("app:"), "{logs}");
+    assert!(!logs.contains('\u{1b}'), "{logs:?}");
+    assert!(!logs.contains("\nforged line"), "{logs:?}");
+}

@@ -183,7 +183,7 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
     pub(crate) fn stored(mut self, store: crate::redis::RedisStore) -> Self {
         if !store.names.is_keyed() {
             tracing::info!(
-                prefix = %store.prefix(),
+                prefix = %crate::redact::Escaped(store.prefix()),
                 "rate limit on Redis without a hash key: key names can be tested against \
                  guesses of low-entropy keys (client addresses); set one"
             );
