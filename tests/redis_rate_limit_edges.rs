@@ -329,3 +329,12 @@ fn a_prefix_is_escaped_where_it_is_logged() {
     assert!(!logs.contains('\u{1b}'), "{logs:?}");
     assert!(!logs.contains("\nforged line"), "{logs:?}");
 }
+
+#[test]
+fn a_bad_redis_url_is_refused_with_its_text_escaped() {
+    let err = RedisStore::new("redis://127.0.0.1:1/?protocol=%1B%5B2J%0Aforged")
+        .expect_err("no such protocol");
+    let text = err.to_string();
+    assert!(text.contains("redis_url"), "{text}");
+    assert!(!text.contains('\u{1b}') && !text.contains('\n'), "{text:?}");
+}

@@ -106,8 +106,7 @@ impl RedisStore {
     /// `unix://` or `redis+unix://` for a socket). A URL that cannot be
     /// parsed is an error; nothing is connected yet.
     pub fn new(url: &str) -> Result<Self, ConfigError> {
-        let client = Client::open(url)
-            .map_err(|e| ConfigError::new("redis_url", format!("not a Redis URL: {e}")))?;
+        let client = Client::open(url).map_err(not_a_url)?;
         let addr = client.get_connection_info().addr().to_string();
         Ok(Self {
             conn: Arc::new(Connection {
@@ -141,11 +140,11 @@ impl RedisStore {
         };
         let addr = Client::open(first)
             .map(|c| c.get_connection_info().addr().to_string())
-            .map_err(|e| ConfigError::new("redis_url", format!("not a Redis URL: {e}")))?;
+            .map_err(not_a_url)?;
         let client = ClusterClientBuilder::new(urls)
             .connection_timeout(Duration::from_secs(1))
             .build()
-            .map_err(|e| ConfigError::new("redis_url", format!("not a cluster's URLs: {e}")))?;
+            .map_err(not_a_url)?;
         let mut store = Self::new(first)?;
         store.conn = Arc::new(Connection {
             target: Target::Cluster(client),
@@ -292,6 +291,18 @@ impl RedisStore {
         }
         outcome
     }
+}
+
+/// A URL the `redis` crate refused. Its message can quote part of the URL
+/// (a query's value), which is escaped; it never quotes a password.
+fn not_a_url(e: RedisError) -> ConfigError {
+    ConfigError::new(
+        "redis_url",
+        format!(
+            "not a Redis URL: {}",
+            crate::redact::Escaped(&e.to_string())
+        ),
+    )
 }
 
 /// Why a Redis call gave no answer.
