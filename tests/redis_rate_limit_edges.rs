@@ -338,3 +338,83 @@ fn a_bad_redis_url_is_refused_with_its_text_escaped() {
     assert!(text.contains("redis_url"), "{text}");
     assert!(!text.contains('\u{1b}') && !text.contains('\n'), "{text:?}");
 }
+
+/// A server that speaks RESP and answers every command with an error whose
+/// text carries an escape sequence and a line break; its address.
+async fn hostile_server() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let addr = listener.local_addr().expect("an address");
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while let Ok(n) = socket.read(&mut chunk).await {
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    // One reply per whole command (`*N` then N bulk strings).
+                    while let Some(used) = command_len(&buf) {
+                        buf.drain(..used);
+                        let reply = b"-ERR evil\x1b[2J\nforged line\r\n";
+                        if socket.write_all(reply).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// The length of the whole RESP command at the start of `buf`, if it is all
+/// there.
+fn command_len(buf: &[u8]) -> Option<usize> {
+    let line = |from: usize| -> Option<(usize, usize)> {
+        let end = buf[from..].windows(2).position(|w| w == b"\r\n")? + from;
+        let n = std::str::from_utf8(&buf[from + 1..end])
+            .ok()?
+            .parse()
+            .ok()?;
+        Some((n, end + 2))
+    };
+    let (count, mut at) = line(0)?;
+    for _ in 0..count {
+        let (len, start) = line(at)?;
+        at = start + len + 2;
+        if at > buf.len() {
+            return None;
+        }
+    }
+    Some(at)
+}
+
+#[tokio::test]
+async fn an_error_a_hostile_redis_sends_is_escaped_in_the_log() {
+    capture::capture_logs();
+    let addr = hostile_server().await;
+    let store = RedisStore::new(&format!("redis://{addr}"))
+        .expect("valid URL")
+        .with_prefix("hostile:")
+        .with_timeout(Duration::from_secs(2))
+        .on_error(OnError::Closed);
+    let mut svc = RateLimitLayer::new(Quota::per_minute(2).expect("valid"), header_key())
+        .with_store(store)
+        .expect("a quota Redis keeps")
+        .layer(Inner::new());
+    let err = send(&mut svc, "k", 0).await.expect_err("no store");
+    assert!(err.is::<tower_throttle::error::StoreUnavailable>(), "{err}");
+    let logs = capture::log_text();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("Redis unreachable"))
+        .unwrap_or_else(|| panic!("no outage logged: {logs}"));
+    assert!(line.contains("evil"), "{line}");
+    assert!(!logs.contains('\u{1b}'), "{logs:?}");
+    assert!(!logs.contains("\nforged line"), "{logs:?}");
+}

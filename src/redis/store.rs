@@ -13,6 +13,7 @@ use tokio::sync::OnceCell;
 
 use super::names::Namer;
 use crate::error::ConfigError;
+use crate::redact::Escaped;
 
 /// The default [timeout](RedisStore::with_timeout) of every Redis call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
@@ -298,10 +299,7 @@ impl RedisStore {
 fn not_a_url(e: RedisError) -> ConfigError {
     ConfigError::new(
         "redis_url",
-        format!(
-            "not a Redis URL: {}",
-            crate::redact::Escaped(&e.to_string())
-        ),
+        format!("not a Redis URL: {}", Escaped(&e.to_string())),
     )
 }
 
@@ -413,7 +411,7 @@ impl Connection {
 
     fn up(&self, what: &str) {
         if self.down.swap(false, Ordering::Relaxed) {
-            tracing::info!(store = %self.addr, "{what}: Redis reachable again");
+            tracing::info!(store = %Escaped(&self.addr), "{what}: Redis reachable again");
         }
     }
 
@@ -424,7 +422,12 @@ impl Connection {
                 (OnError::Open, true) => "failing open: in-process limits per replica",
                 (OnError::Open, false) => "failing open: admitting requests",
             };
-            tracing::warn!(store = %self.addr, %error, "{what}: Redis unreachable; {mode}");
+            // The error can quote the server: outside input.
+            tracing::warn!(
+                store = %Escaped(&self.addr),
+                error = %Escaped(&error.to_string()),
+                "{what}: Redis unreachable; {mode}"
+            );
         }
     }
 }
