@@ -418,3 +418,73 @@ async fn an_error_a_hostile_redis_sends_is_escaped_in_the_log() {
     assert!(!logs.contains('\u{1b}'), "{logs:?}");
     assert!(!logs.contains("\nforged line"), "{logs:?}");
 }
+
+#[tokio::test]
+async fn a_key_moved_to_a_new_rule_goes_again_at_its_retry_after() {
+    let Some(server) = RedisServer::start("a_key_moved_goes_again") else {
+        return;
+    };
+    let clock = clock();
+    let layer = RateLimitLayer::new(Quota::per_minute(2).expect("valid"), header_key())
+        .with_store(store(&server, "again:", &clock))
+        .expect("a quota Redis keeps");
+    let handle = layer.handle();
+    let mut svc = layer.layer(Inner::new());
+    send(&mut svc, "vip-1", 0)
+        .await
+        .expect("spent under the default");
+    let vip = Rule::new("vip", KeyPattern::parts(["vip-*"]).expect("valid"))
+        .with_quota(Quota::per_minute(3).expect("valid"));
+    handle
+        .retune(vec![Quota::per_minute(2).expect("valid")], vec![vip])
+        .expect("valid retune");
+    // Spent under its new rule: a unit, 20 s, away; then it goes, as in
+    // process.
+    let err = send(&mut svc, "vip-1", 1).await.expect_err("starts spent");
+    let wait = err
+        .downcast_ref::<RateLimited>()
+        .expect("refused")
+        .retry_after;
+    assert_eq!(wait, Duration::from_secs(20));
+    clock.fetch_add(wait.as_micros() as u64, Ordering::SeqCst);
+    send(&mut svc, "vip-1", 2)
+        .await
+        .expect("at its retry_after");
+}
+
+#[tokio::test]
+async fn a_key_refused_after_a_retune_goes_again_at_its_retry_after() {
+    let Some(server) = RedisServer::start("a_key_refused_after_a_retune") else {
+        return;
+    };
+    for quota in [
+        Quota::per_hour(1).expect("valid"),
+        Quota::per_hour(1).expect("valid").fixed_window(),
+    ] {
+        let clock = clock();
+        let prefix = format!("retune:{:?}:", quota.algorithm());
+        let layer = RateLimitLayer::new(quota, header_key())
+            .with_store(store(&server, &prefix, &clock))
+            .expect("a quota Redis keeps");
+        let handle = layer.handle();
+        let mut svc = layer.layer(Inner::new());
+        send(&mut svc, "k", 0).await.expect("the hour's one");
+        // Loosened to one a second (of the same algorithm): the unit spent
+        // stays spent, a second at the new rate; then the key goes.
+        handle.set_default(vec![
+            Quota::per_second(1)
+                .expect("valid")
+                .with_algorithm(quota.algorithm()),
+        ]);
+        let err = send(&mut svc, "k", 1).await.expect_err("still spent");
+        let wait = err
+            .downcast_ref::<RateLimited>()
+            .expect("refused")
+            .retry_after;
+        assert!(wait <= Duration::from_secs(1), "{quota:?}: {wait:?}");
+        clock.fetch_add(wait.as_micros() as u64, Ordering::SeqCst);
+        send(&mut svc, "k", 2)
+            .await
+            .unwrap_or_else(|e| panic!("{quota:?}: at its retry_after: {e}"));
+    }
+}
