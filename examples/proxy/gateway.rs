@@ -491,7 +491,10 @@ impl Gateway {
         #[cfg(feature = "redis")]
         let (rate, backoff) = match settings.stack.redis_store() {
             Some(store) => {
-                tracing::info!(prefix = %store.prefix(), "rate limits and cooldowns in Redis");
+                tracing::info!(
+                    prefix = %Escaped(store.prefix()),
+                    "rate limits and cooldowns in Redis"
+                );
                 let rate = rate
                     .with_store(store.clone())
                     .map_err(|e| e.within("rate_limit"))?;

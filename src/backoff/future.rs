@@ -17,9 +17,12 @@ use crate::error::BoxError;
 use crate::key::KeyHash;
 use crate::parts::ResponseParts;
 
-/// A route whose cooldown is shared: the store and the route's Redis key.
+/// A route whose cooldown is shared: the store, the route's Redis key, and
+/// how long the response may be held for its report (what is left of the
+/// store's timeout after the read: a request spends at most one timeout on
+/// Redis).
 #[cfg(feature = "redis")]
-pub(crate) type Route = Box<(crate::redis::RedisStore, String)>;
+pub(crate) type Route = Box<(crate::redis::RedisStore, String, Duration)>;
 /// Without a store there is no shared route.
 #[cfg(not(feature = "redis"))]
 pub(crate) type Route = std::convert::Infallible;
@@ -35,6 +38,8 @@ type Read = std::convert::Infallible;
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) struct Reading<S, R> {
     pub(crate) read: Pin<Box<dyn Future<Output = Read> + Send>>,
+    /// When the read was sent.
+    pub(crate) started: tokio::time::Instant,
     pub(crate) inner: Option<S>,
     pub(crate) req: Option<R>,
     pub(crate) key: KeyHash,
@@ -288,8 +293,9 @@ fn report(
     let engine = watch.engine().clone();
     let (key, generation, text) = (watch.key(), watch.shared_generation, watch.text());
     let lengths = engine.lengths();
+    let hold = route.2;
     let report = async move {
-        let (store, name) = *route;
+        let (store, name, _) = *route;
         let reported = crate::redis::cooldown::report(
             &store,
             &name,
@@ -305,12 +311,14 @@ fn report(
         }
     };
     // In a task of its own, so that a caller who drops the response future
-    // meanwhile does not keep the other replicas from hearing of it.
+    // meanwhile does not keep the other replicas from hearing of it. The
+    // response waits for it only as long as the read left of the timeout:
+    // with Redis stalled, a read and a report would take two.
     Some(match tokio::runtime::Handle::try_current() {
         Ok(runtime) => {
             let task = runtime.spawn(report);
             Box::pin(async move {
-                let _ = task.await;
+                let _ = tokio::time::timeout(hold, task).await;
             })
         }
         Err(_) => Box::pin(report),
@@ -361,7 +369,11 @@ where
         };
     };
     let text = reading.text.clone();
-    let route = reading.route.take();
+    let spent = reading.started.elapsed();
+    let route = reading.route.take().map(|mut route| {
+        route.2 = route.0.timeout().saturating_sub(spent);
+        route
+    });
     match engine.admit(reading.key, reading.max_wait, &|| text.clone()) {
         Admit::Go(watch) => State::Called {
             future: inner.call(req),

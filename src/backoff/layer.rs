@@ -195,9 +195,12 @@ impl<X> Backoff429Layer<X> {
     /// Each request reads its route's state in Redis first (one round
     /// trip), and a response that starts a cooldown or ends a streak is
     /// passed back to the caller once Redis has it: every replica sees it
-    /// before its next request to that route. When Redis cannot be reached,
-    /// the store's [`OnError`](crate::redis::OnError) decides: open goes on
-    /// with this replica's own cooldowns, closed refuses with
+    /// before its next request to that route. The read and that report
+    /// share one [timeout](crate::redis::RedisStore::with_timeout): past
+    /// it the response goes on, and the report follows when Redis answers
+    /// (a request spends at most one timeout on Redis). When Redis cannot
+    /// be reached, the store's [`OnError`](crate::redis::OnError) decides:
+    /// open goes on with this replica's own cooldowns, closed refuses with
     /// [`StoreUnavailable`](crate::error::StoreUnavailable).
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

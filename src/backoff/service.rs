@@ -200,13 +200,14 @@ impl<S, X> Backoff429<S, X> {
         let inner = std::mem::replace(&mut self.inner, clone);
         ResponseFuture::reading(Box::new(super::future::Reading {
             read,
+            started: tokio::time::Instant::now(),
             inner: Some(inner),
             req: Some(req),
             key,
             text,
             max_wait: shared.max_wait,
             engine: shared.engine.clone(),
-            route: Some(Box::new((store, name))),
+            route: Some(Box::new((store, name, Duration::ZERO))),
         }))
     }
 }

@@ -98,11 +98,19 @@ impl RateLimitHandle {
     }
 
     /// Replace the default quotas, keeping the rules.
+    ///
+    /// On a limiter that keeps its state in Redis, quotas Redis cannot keep
+    /// (see [`with_store`](super::RateLimitLayer::with_store)) are not
+    /// applied, and a warning says so; [`retune`](Self::retune) returns the
+    /// error instead.
     pub fn set_default(&self, default: Vec<Quota>) {
         let limiter = self.cell.load();
         let (_, rules) = limiter.config();
-        // The rules were accepted before, so their names are unique.
-        let _ = limiter.retune(default, rules);
+        // The rules were accepted before, so their names are unique: only a
+        // store refuses, and that must not go unsaid.
+        if let Err(e) = limiter.retune(default, rules) {
+            tracing::warn!(error = %e, "rate limit: default quotas not changed");
+        }
     }
 
     /// Replace the rules, keeping the default quotas.

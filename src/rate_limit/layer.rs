@@ -183,7 +183,7 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
     pub(crate) fn stored(mut self, store: crate::redis::RedisStore) -> Self {
         if !store.names.is_keyed() {
             tracing::info!(
-                prefix = %store.prefix(),
+                prefix = %crate::redact::Escaped(store.prefix()),
                 "rate limit on Redis without a hash key: key names can be tested against \
                  guesses of low-entropy keys (client addresses); set one"
             );
@@ -202,11 +202,16 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
     }
 
     /// Give the keys `rule` matches its quotas instead of the default ones.
-    /// A second rule with the same name is an error.
+    /// A second rule with the same name is an error, and so is a quota
+    /// Redis cannot keep after [`with_store`](Self::with_store).
     pub fn with_rule(mut self, rule: Rule) -> Result<Self, ConfigError> {
         self.sync_setup();
         self.setup.rules.push(rule);
         check_names(&self.setup.rules)?;
+        #[cfg(feature = "redis")]
+        if self.setup.store.is_some() {
+            super::limiter::check_quotas(&self.setup.default, &self.setup.rules)?;
+        }
         Ok(self.rebuild())
     }
 

@@ -78,6 +78,7 @@ while ARGV[i] do
         local available = min(max(ob - owed, 0), q.b)
         q.tat = now + q.a * (q.b - available)
       end
+      q.converted = true
     end
   elseif kind == 'f' then
     local v = redis.call('GET', q.key)
@@ -97,6 +98,7 @@ while ARGV[i] do
       local e = (floor(latest / q.b) + 1) * q.b
       q.u = q.u + ol * ceil(max(start - max(e - q.b, 0), 0) / ow)
       q.e = e
+      q.converted = true
     end
   elseif kind == 's' then
     q.aux = KEYS[k]
@@ -135,6 +137,7 @@ if was and was ~= rule then
   for _, q in ipairs(quotas) do
     if q.fresh then
       local kind = q.kind
+      q.spent = true
       if kind == 'g' then
         q.tat = max(q.tat, now + q.tol)
       elseif kind == 'f' then
@@ -221,45 +224,46 @@ for n, q in ipairs(quotas) do
   end
 end
 
-if at - now > max_wait then
-  -- Nothing booked. A sliding window's expired bookings were dropped: its
-  -- sum goes with them. (Other states are only read; a retune's
-  -- conversion is made again, later, the same way.)
+-- Refused: nothing booked. Only what changed regardless of this request
+-- is written (below): a sliding window's expired bookings, which its sum
+-- loses; a state a retune converted, or one a key moving between rules
+-- starts spent, and the key's new rule. Both conversions count from now:
+-- made again at each later request instead, from the old state, they
+-- would keep the key refused at the old rate, past its retry_after.
+local refused = at - now > max_wait
+local reply = { 0, at - now, slowest }
+
+-- Else book every quota at `at`.
+if not refused then
+  reply = { 1, at, now, 0, 0, 0 }
   for _, q in ipairs(quotas) do
-    if q.trimmed then redis.call('HSET', q.aux, 's', q.sum) end
-  end
-  return { 0, at - now, slowest }
-end
-
--- Book every quota at `at`.
-local reply = { 1, at, now, 0, 0, 0 }
-for _, q in ipairs(quotas) do
-  local kind = q.kind
-  if kind == 'g' then
-    q.tat = max(q.tat, at, now) + q.a * cost
-    reply[#reply + 1] = q.tat
-  elseif kind == 'f' then
-    local e = (floor(at / q.b) + 1) * q.b
-    if e == q.e then q.u = q.u + cost else q.e = e; q.u = cost end
-    reply[#reply + 1] = e
-  elseif kind == 's' then
-    q.seq = q.seq + 1
-    local member = q.seq .. ':' .. cost
-    redis.call('ZADD', q.key, at, member)
-    q.sum = q.sum + cost
-    q.last = max(q.last or at, at)
-    reply[#reply + 1] = member
-  else
-    if q.u == 0 or at >= q.x then
-      q.s = at; q.u = cost; q.x = at + q.b
+    local kind = q.kind
+    if kind == 'g' then
+      q.tat = max(q.tat, at, now) + q.a * cost
+      reply[#reply + 1] = q.tat
+    elseif kind == 'f' then
+      local e = (floor(at / q.b) + 1) * q.b
+      if e == q.e then q.u = q.u + cost else q.e = e; q.u = cost end
+      reply[#reply + 1] = e
+    elseif kind == 's' then
+      q.seq = q.seq + 1
+      local member = q.seq .. ':' .. cost
+      redis.call('ZADD', q.key, at, member)
+      q.sum = q.sum + cost
+      q.last = max(q.last or at, at)
+      reply[#reply + 1] = member
     else
-      q.u = q.u + cost
+      if q.u == 0 or at >= q.x then
+        q.s = at; q.u = cost; q.x = at + q.b
+      else
+        q.u = q.u + cost
+      end
+      reply[#reply + 1] = q.s
     end
-    reply[#reply + 1] = q.s
   end
 end
 
-if ARGV[4] == '1' then
+if not refused and ARGV[4] == '1' then
   -- What remains of the tightest quota, as of the instant the request
   -- goes: now, unless it waits.
   local goes = now
@@ -310,7 +314,9 @@ for _, q in ipairs(quotas) do
   local kind = q.kind
   -- Numbers as integers: tostring would write 1e+15.
   local fmt = string.format
-  if kind == 'g' then
+  if refused and not (q.spent or q.converted) then
+    if q.trimmed then redis.call('HSET', q.aux, 's', q.sum) end
+  elseif kind == 'g' then
     redis.call('SET', q.key, fmt('%d,%d,%d', q.tat, q.a, q.b),
       'PX', max(ceil((q.tat - now) / 1000), 0) + 1000)
   elseif kind == 'f' then
@@ -328,8 +334,8 @@ for _, q in ipairs(quotas) do
 end
 if rule ~= '' then
   if was == rule then
-    redis.call('PEXPIRE', KEYS[1], ARGV[7])
-  else
+    if not refused then redis.call('PEXPIRE', KEYS[1], ARGV[7]) end
+  elseif not refused or was then
     redis.call('SET', KEYS[1], rule, 'PX', ARGV[7])
   end
 end

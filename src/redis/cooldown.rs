@@ -35,10 +35,16 @@ pub(crate) fn route_key(store: &RedisStore, parts: &[String]) -> String {
     name
 }
 
+/// The longest wait sent to the script, in microseconds: 2^53 (285
+/// years), which Lua's doubles hold exactly and which, added to now, still
+/// fits the 64-bit integers Redis replies with (past them a cooldown came
+/// back as none at all).
+const MAX_MICROS: u64 = 1 << 53;
+
 fn micros(d: Duration) -> String {
     u64::try_from(d.as_micros())
         .unwrap_or(u64::MAX)
-        .max(1)
+        .clamp(1, MAX_MICROS)
         .to_string()
 }
 

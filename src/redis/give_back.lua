@@ -6,8 +6,8 @@
 --
 -- KEYS         each quota's state, as for the admission
 -- ARGV         mode (r: the outcome did not count; c: a waiter left before
---              its turn), cost, now (as for the admission), then per
---              quota: kind, a, b, mark
+--              its turn), cost, now (as for the admission), the instant
+--              booked, then per quota: kind, a, b, mark
 
 local now = tonumber(ARGV[3])
 if not now then
@@ -16,10 +16,11 @@ if not now then
 end
 local cancel = ARGV[1] == 'c'
 local cost = tonumber(ARGV[2])
-local max, fmt = math.max, string.format
+local at = tonumber(ARGV[4])
+local max, min, fmt = math.max, math.min, string.format
 
 local k = 1
-local i = 4
+local i = 5
 while ARGV[i] do
   local kind, a, b, mark = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), ARGV[i + 3]
   local key = KEYS[k]
@@ -27,7 +28,9 @@ while ARGV[i] do
   if kind == 's' then
     local aux = KEYS[k]
     k = k + 1
-    if redis.call('ZREM', key, mark) == 1 then
+    -- The booking itself, not one a state made afresh (after a reset,
+    -- or once idle) numbered the same.
+    if tonumber(redis.call('ZSCORE', key, mark)) == at and redis.call('ZREM', key, mark) == 1 then
       redis.call('HINCRBY', aux, 's', -cost)
     end
   else
@@ -42,7 +45,11 @@ while ARGV[i] do
           if tat == tonumber(mark) then new = tat - a * cost end
         elseif tat > now and tat <= now + a * b then
           -- Beyond now + tolerance a request is booked for the future.
-          new = max(tat - a * cost, now)
+          -- What of the booking has not come back by itself since its
+          -- instant: a unit the bucket refilled long ago is not given back
+          -- again, on top of the requests admitted since.
+          local owed = min(at + a * cost - now, a * cost)
+          if owed > 0 then new = max(tat - owed, now) end
         end
         if new then
           redis.call('SET', key, fmt('%d,%d,%d', new, a, b), 'KEEPTTL')

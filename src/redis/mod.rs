@@ -57,7 +57,10 @@
 //!   says what this replica's cache of refused keys says (zero otherwise),
 //!   and [`key_count`](crate::rate_limit::RateLimitHandle::key_count) and
 //!   [`evict_idle`](crate::rate_limit::RateLimitHandle::evict_idle) see
-//!   only its in-process fallback's state.
+//!   only its in-process fallback's state. A request admitted before a
+//!   reset whose outcome then does not count can give a token bucket or a
+//!   fixed window back what it had not yet refilled (at most its own
+//!   cost), which the state after the reset may have handed out since.
 //!
 //! ```no_run
 //! use tower::ServiceBuilder;

@@ -159,6 +159,10 @@ pub(crate) struct Admission {
     cost: u32,
     /// The last key is the default's state, probed.
     probed: bool,
+    /// The longest wait the script can answer, in microseconds: a state
+    /// further ahead than the horizon is started afresh, so no quota
+    /// waits (or resets) much longer than the horizon and one period.
+    longest_wait: u64,
 }
 
 /// What one admission asks.
@@ -197,6 +201,18 @@ impl Admission {
         keys.extend(probe);
         let max_wait = ask.max_wait / 1_000;
         let horizon = max_wait.max(MIN_HORIZON_US).saturating_add(1_000_000);
+        let period = quotas
+            .iter()
+            .map(|q| match q.kind {
+                'g' => q.a.saturating_mul(q.b),
+                _ => q.b,
+            })
+            .max()
+            .unwrap_or(0);
+        // Twice the period, and a second, to spare.
+        let longest_wait = horizon
+            .saturating_add(period.saturating_mul(2))
+            .saturating_add(1_000_000);
         // As an in-process limiter remembers a key's rule: its longest
         // period and the longest wait past its last request.
         let marker_ttl =
@@ -226,6 +242,7 @@ impl Admission {
             quotas,
             cost: ask.cost,
             probed,
+            longest_wait,
         }
     }
 
@@ -276,9 +293,12 @@ impl Reply {
         // Indices name one of the quotas asked about, or the reply is bad.
         let quotas = admission.quotas.len();
         let index = |n: u64| usize::try_from(n).ok().filter(|&i| i < quotas);
+        // A wait no script of ours answers is a bad reply, not a key
+        // refused (and remembered as refused) for years.
+        let wait = |n: u64| (n <= admission.longest_wait).then(|| Duration::from_micros(n));
         match int(reply.first())? {
             0 => Some(Self::Refused {
-                wait: Duration::from_micros(int(reply.get(1))?),
+                wait: wait(int(reply.get(1))?)?,
                 slowest: index(int(reply.get(2))?)?,
             }),
             1 => {
@@ -304,10 +324,11 @@ impl Reply {
                 Some(Self::Booked {
                     wait: Duration::from_micros(at.saturating_sub(now)),
                     left: u32::try_from(int(reply.get(3))?).unwrap_or(u32::MAX),
-                    reset: Duration::from_micros(int(reply.get(4))?),
+                    reset: wait(int(reply.get(4))?)?,
                     tightest: index(int(reply.get(5))?)?,
                     grant: Arc::new(Grant {
                         keys,
+                        at,
                         quotas: admission.quotas,
                         marks,
                         cost: admission.cost,
@@ -323,6 +344,8 @@ impl Reply {
 #[derive(Debug)]
 pub(crate) struct Grant {
     keys: Vec<String>,
+    /// The instant booked, on Redis's clock.
+    at: u64,
     quotas: Vec<QuotaArgs>,
     marks: Vec<String>,
     cost: u32,
@@ -337,10 +360,11 @@ impl Grant {
         store: &RedisStore,
         cancel: bool,
     ) -> Result<(), StoreError> {
-        let mut args = Vec::with_capacity(3 + 4 * self.quotas.len());
+        let mut args = Vec::with_capacity(4 + 4 * self.quotas.len());
         args.push(if cancel { "c" } else { "r" }.to_owned());
         args.push(self.cost.to_string());
         args.push(store.now_arg());
+        args.push(self.at.to_string());
         for (q, mark) in self.quotas.iter().zip(&self.marks) {
             args.push(q.kind.to_string());
             args.push(q.a.to_string());
@@ -366,7 +390,11 @@ struct Refusal {
     /// local clock ([`RedisStore::local_micros`]).
     until: u64,
     cost: u32,
+    /// An index into the quotas of the policy generation below.
     slowest: usize,
+    /// The limiter's policy generation the refusal was made under: a
+    /// retune or a reset since (which may have heard it late) voids it.
+    generation: u32,
 }
 
 /// At most this many refused keys are remembered; more are asked again.
@@ -382,18 +410,20 @@ impl Default for Refused {
 
 impl Refused {
     /// The wait and slowest quota of a request of `cost` on `key` at `now`
-    /// that is sure to be refused: one costing no less was refused, and the
-    /// instant it could go is still beyond `max_wait`.
+    /// under policy `generation` that is sure to be refused: one costing no
+    /// less was refused under it, and the instant it could go is still
+    /// beyond `max_wait`.
     pub(crate) fn check(
         &self,
         key: KeyHash,
         cost: u32,
         max_wait: Nanos,
         now: u64,
+        generation: u32,
     ) -> Option<(Duration, usize)> {
         let mut keys = self.keys.lock();
         let refusal = *keys.get(&key.0)?;
-        if refusal.until <= now {
+        if refusal.until <= now || refusal.generation != generation {
             keys.remove(&key.0);
             return None;
         }
@@ -403,8 +433,16 @@ impl Refused {
     }
 
     /// Remember at `now` that a request of `cost` on `key` cannot go for
-    /// `wait`.
-    pub(crate) fn insert(&self, key: KeyHash, cost: u32, now: u64, wait: Duration, slowest: usize) {
+    /// `wait` under policy `generation`.
+    pub(crate) fn insert(
+        &self,
+        key: KeyHash,
+        cost: u32,
+        now: u64,
+        wait: Duration,
+        slowest: usize,
+        generation: u32,
+    ) {
         let until = now.saturating_add(u64::try_from(wait.as_micros()).unwrap_or(u64::MAX));
         let mut keys = self.keys.lock();
         if keys.len() >= MAX_REFUSED && !keys.contains_key(&key.0) {
@@ -417,12 +455,13 @@ impl Refused {
             until,
             cost,
             slowest,
+            generation,
         };
         keys.entry(key.0)
             .and_modify(|r| {
                 // The cheaper refusal says more; a later one replaces one
                 // that is over.
-                if cost <= r.cost || r.until <= now {
+                if cost <= r.cost || r.until <= now || r.generation != generation {
                     *r = refusal;
                 }
             })
@@ -449,19 +488,22 @@ mod tests {
     fn a_refused_key_is_refused_locally_until_it_could_go() {
         let refused = Refused::default();
         let key = KeyHash(1);
-        refused.insert(key, 2, 1_000, Duration::from_micros(500), 0);
+        refused.insert(key, 2, 1_000, Duration::from_micros(500), 0, 1);
         // As costly or more, beyond max_wait: refused here.
         assert_eq!(
-            refused.check(key, 2, 0, 1_100),
+            refused.check(key, 2, 0, 1_100, 1),
             Some((Duration::from_micros(400), 0))
         );
-        assert!(refused.check(key, 3, 0, 1_100).is_some());
+        assert!(refused.check(key, 3, 0, 1_100, 1).is_some());
+        // Under another policy generation (a retune, a reset): void.
+        assert_eq!(refused.check(key, 3, 0, 1_100, 2), None);
+        refused.insert(key, 2, 1_000, Duration::from_micros(500), 0, 1);
         // Cheaper: Redis may admit it.
-        assert_eq!(refused.check(key, 1, 0, 1_100), None);
+        assert_eq!(refused.check(key, 1, 0, 1_100, 1), None);
         // Within the wait allowed: Redis books it.
-        assert_eq!(refused.check(key, 2, 400_000, 1_100), None);
+        assert_eq!(refused.check(key, 2, 400_000, 1_100, 1), None);
         // At the instant: asked again, and forgotten.
-        assert_eq!(refused.check(key, 2, 0, 1_500), None);
+        assert_eq!(refused.check(key, 2, 0, 1_500, 1), None);
         assert!(refused.keys.lock().is_empty());
     }
 
@@ -478,6 +520,7 @@ mod tests {
             quotas: vec![one],
             cost: 1,
             probed: false,
+            longest_wait: 1_000,
         };
         let int = Value::Int;
         let mark = || Value::BulkString(b"m".to_vec());
@@ -506,6 +549,9 @@ mod tests {
             vec![int(0), int(-1), int(0)],
             vec![int(0), int(5), int(1)],
             vec![int(0), int(5), int(-1)],
+            vec![int(0), int(1_001), int(0)],
+            vec![int(0), int(i64::MAX), int(0)],
+            vec![int(1), int(5), int(3), int(0), int(1_001), int(0), mark()],
             vec![int(7)],
             vec![Value::Nil, int(1)],
         ];
@@ -518,11 +564,18 @@ mod tests {
     fn the_cache_of_refused_keys_is_bounded() {
         let refused = Refused::default();
         for k in 0..(MAX_REFUSED as u64 + 100) {
-            refused.insert(KeyHash(k), 1, 0, Duration::from_secs(60), 0);
+            refused.insert(KeyHash(k), 1, 0, Duration::from_secs(60), 0, 1);
         }
         assert_eq!(refused.keys.lock().len(), MAX_REFUSED);
         // Once those are over, new ones take their place.
-        refused.insert(KeyHash(u64::MAX), 1, 61_000_000, Duration::from_secs(1), 0);
+        refused.insert(
+            KeyHash(u64::MAX),
+            1,
+            61_000_000,
+            Duration::from_secs(1),
+            0,
+            1,
+        );
         assert_eq!(refused.keys.lock().len(), 1);
     }
 }

@@ -13,6 +13,7 @@ use tokio::sync::OnceCell;
 
 use super::names::Namer;
 use crate::error::ConfigError;
+use crate::redact::Escaped;
 
 /// The default [timeout](RedisStore::with_timeout) of every Redis call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
@@ -106,8 +107,7 @@ impl RedisStore {
     /// `unix://` or `redis+unix://` for a socket). A URL that cannot be
     /// parsed is an error; nothing is connected yet.
     pub fn new(url: &str) -> Result<Self, ConfigError> {
-        let client = Client::open(url)
-            .map_err(|e| ConfigError::new("redis_url", format!("not a Redis URL: {e}")))?;
+        let client = Client::open(url).map_err(not_a_url)?;
         let addr = client.get_connection_info().addr().to_string();
         Ok(Self {
             conn: Arc::new(Connection {
@@ -141,11 +141,11 @@ impl RedisStore {
         };
         let addr = Client::open(first)
             .map(|c| c.get_connection_info().addr().to_string())
-            .map_err(|e| ConfigError::new("redis_url", format!("not a Redis URL: {e}")))?;
+            .map_err(not_a_url)?;
         let client = ClusterClientBuilder::new(urls)
             .connection_timeout(Duration::from_secs(1))
             .build()
-            .map_err(|e| ConfigError::new("redis_url", format!("not a cluster's URLs: {e}")))?;
+            .map_err(not_a_url)?;
         let mut store = Self::new(first)?;
         store.conn = Arc::new(Connection {
             target: Target::Cluster(client),
@@ -294,6 +294,15 @@ impl RedisStore {
     }
 }
 
+/// A URL the `redis` crate refused. Its message can quote part of the URL
+/// (a query's value), which is escaped; it never quotes a password.
+fn not_a_url(e: RedisError) -> ConfigError {
+    ConfigError::new(
+        "redis_url",
+        format!("not a Redis URL: {}", Escaped(&e.to_string())),
+    )
+}
+
 /// Why a Redis call gave no answer.
 #[derive(Debug)]
 pub(crate) enum StoreError {
@@ -402,7 +411,7 @@ impl Connection {
 
     fn up(&self, what: &str) {
         if self.down.swap(false, Ordering::Relaxed) {
-            tracing::info!(store = %self.addr, "{what}: Redis reachable again");
+            tracing::info!(store = %Escaped(&self.addr), "{what}: Redis reachable again");
         }
     }
 
@@ -413,7 +422,12 @@ impl Connection {
                 (OnError::Open, true) => "failing open: in-process limits per replica",
                 (OnError::Open, false) => "failing open: admitting requests",
             };
-            tracing::warn!(store = %self.addr, %error, "{what}: Redis unreachable; {mode}");
+            // The error can quote the server: outside input.
+            tracing::warn!(
+                store = %Escaped(&self.addr),
+                error = %Escaped(&error.to_string()),
+                "{what}: Redis unreachable; {mode}"
+            );
         }
     }
 }

@@ -22,7 +22,7 @@ impl Limiter {
         if let Some(remote) = &self.remote {
             // What this replica knows without asking Redis: a refusal it
             // remembers.
-            return remote.peek_refused(key);
+            return remote.peek_refused(key, self.policy.load().generation);
         }
         let policy = self.policy.load();
         let now = self.timeline.now();

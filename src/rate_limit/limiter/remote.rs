@@ -39,10 +39,10 @@ impl Remote {
 
     /// How long a request of cost 1 on `key` would wait, as far as the
     /// refusals remembered here say (zero: nothing remembered).
-    pub(crate) fn peek_refused(&self, key: KeyHash) -> std::time::Duration {
+    pub(crate) fn peek_refused(&self, key: KeyHash, generation: u32) -> std::time::Duration {
         let now = self.store.local_micros();
         self.refused
-            .check(key, 1, 0, now)
+            .check(key, 1, 0, now, generation)
             .map_or(std::time::Duration::ZERO, |(wait, _)| wait)
     }
 
@@ -150,7 +150,11 @@ impl Limiter {
             });
         }
         let local = remote.store.local_micros();
-        if let Some((wait, slowest)) = remote.refused.check(key, cost, max_wait, local) {
+        if let Some((wait, slowest)) =
+            remote
+                .refused
+                .check(key, cost, max_wait, local, policy.generation)
+        {
             StoreCounters::add(&remote.counters.cached_refusals);
             let now = self.timeline.now();
             return Asked::Decided(self.refused(
@@ -231,7 +235,10 @@ impl Limiter {
         });
         match reply {
             Ok(Reply::Refused { wait, slowest }) => {
-                remote.refused.insert(key, cost, sent, wait, slowest);
+                // Under the policy asked about: a retune since voids it.
+                remote
+                    .refused
+                    .insert(key, cost, sent, wait, slowest, policy.generation);
                 self.refused(rule, key, now, saturating_nanos(wait), slowest, &text)
             }
             Ok(Reply::Booked {

@@ -1,0 +1,490 @@
+//! Edges of a rate limiter on Redis: state a refusal leaves behind, builder
+//! methods after `with_store`, and replies no script of ours gives. Each
+//! test starts a `redis-server` of its own (see `support/redis.rs`).
+
+#[path = "support/capture.rs"]
+mod capture;
+#[path = "support/redis.rs"]
+mod redis_server;
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis_server::RedisServer;
+use support::{Inner, request};
+use tower::{Layer, Service, ServiceExt};
+use tower_throttle::error::{BoxError, RateLimited};
+use tower_throttle::key::HeaderKey;
+use tower_throttle::rate_limit::{KeyPattern, Quota, RateLimitLayer, Rule};
+use tower_throttle::redis::{OnError, RedisStore};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// The scripts' clock, moved by hand: microseconds since the epoch, on a
+/// whole minute.
+fn clock() -> Arc<AtomicU64> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_micros() as u64;
+    let minute = 60_000_000;
+    Arc::new(AtomicU64::new((now / minute + 1) * minute))
+}
+
+/// A store on `server` under `prefix`, failing closed, on `clock`.
+fn store(server: &RedisServer, prefix: &str, clock: &Arc<AtomicU64>) -> RedisStore {
+    RedisStore::new(&server.url())
+        .expect("valid URL")
+        .with_prefix(prefix)
+        .with_timeout(Duration::from_secs(2))
+        .on_error(OnError::Closed)
+        .with_test_clock(clock.clone())
+}
+
+fn header_key() -> HeaderKey {
+    HeaderKey::new("x-key").expect("valid header name")
+}
+
+async fn send<S>(svc: &mut S, key: &str, seq: usize) -> Result<http::Response<()>, BoxError>
+where
+    S: Service<http::Request<()>, Response = http::Response<()>, Error = BoxError>,
+{
+    svc.ready().await?.call(request(key, seq)).await
+}
+
+fn is_refused(outcome: &Result<http::Response<()>, BoxError>) -> bool {
+    outcome.as_ref().is_err_and(|e| e.is::<RateLimited>())
+}
+
+#[tokio::test]
+async fn a_key_moved_to_a_sliding_window_rule_stays_spent_after_its_first_refusal() {
+    let Some(server) = RedisServer::start("a_key_moved_to_a_sliding_window_rule") else {
+        return;
+    };
+    let clock = clock();
+    let default = || Quota::per_minute(2).expect("valid");
+    let vip = Rule::new("vip", KeyPattern::parts(["vip-*"]).expect("valid"))
+        .with_quota(Quota::per_minute(3).expect("valid").sliding_window());
+    // One replica from before the rule; two that have it (each remembers
+    // its own refusals, so each is asked once).
+    let replica = |rules: Vec<Rule>| {
+        let mut layer = RateLimitLayer::new(default(), header_key());
+        for rule in rules {
+            layer = layer.with_rule(rule).expect("one rule");
+        }
+        layer
+            .with_store(store(&server, "moved:", &clock))
+            .expect("quotas Redis keeps")
+            .layer(Inner::new())
+    };
+    let (mut old, mut b, mut c) = (
+        replica(vec![]),
+        replica(vec![vip.clone()]),
+        replica(vec![vip]),
+    );
+    send(&mut old, "vip-1", 0)
+        .await
+        .expect("spent under the default");
+    // Under its new rule the key starts spent: a whole window's worth, on
+    // every replica.
+    clock.fetch_add(1_000_000, Ordering::SeqCst);
+    let outcome = send(&mut b, "vip-1", 1).await;
+    assert!(is_refused(&outcome), "{outcome:?}");
+    clock.fetch_add(1_000_000, Ordering::SeqCst);
+    let outcome = send(&mut c, "vip-1", 2).await;
+    assert!(is_refused(&outcome), "{outcome:?}");
+    // What the refusal left in Redis goes away by itself.
+    let mut conn = server.connection();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("moved:*")
+        .query(&mut conn)
+        .expect("KEYS");
+    for key in &keys {
+        let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).expect("PTTL");
+        assert!(ttl > 0, "{key} has no TTL ({ttl})");
+    }
+    // A window after the move, the key has its three, and no more.
+    clock.fetch_add(MINUTE.as_micros() as u64, Ordering::SeqCst);
+    for seq in 3..6 {
+        send(&mut b, "vip-1", seq).await.expect("a new window");
+    }
+    let outcome = send(&mut c, "vip-1", 6).await;
+    assert!(is_refused(&outcome), "{outcome:?}");
+}
+
+#[test]
+fn a_rule_added_after_with_store_is_checked_against_redis() {
+    let store = RedisStore::new("redis://127.0.0.1:1").expect("valid URL");
+    let fine = Rule::new("fast", KeyPattern::parts(["fast-*"]).expect("valid"))
+        .with_quota(Quota::per_second(20_000).expect("valid"));
+    let err = RateLimitLayer::new(Quota::per_minute(2).expect("valid"), header_key())
+        .with_store(store)
+        .expect("a quota Redis keeps")
+        .with_rule(fine)
+        .expect_err("finer than Redis keeps time");
+    assert!(err.to_string().contains("rules[0].quotas[0]"), "{err}");
+}
+
+/// Every request fails but those numbered below 100, and request 0 only
+/// once `release` is notified; each call is counted.
+fn slow_inner(
+    release: Arc<tokio::sync::Notify>,
+    calls: Arc<AtomicU64>,
+) -> impl Service<
+    http::Request<()>,
+    Response = http::Response<()>,
+    Error = support::InnerFailed,
+    Future = impl Send,
+> + Clone {
+    tower::service_fn(move |req: http::Request<()>| {
+        let (release, calls) = (release.clone(), calls.clone());
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            let seq: usize = req
+                .headers()
+                .get("x-seq")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(usize::MAX);
+            if seq == 0 {
+                release.notified().await;
+                return Err(support::InnerFailed);
+            }
+            Ok(http::Response::new(()))
+        }
+    })
+}
+
+#[tokio::test]
+async fn a_slow_outcome_that_does_not_count_gives_back_no_unit_the_bucket_refilled() {
+    let Some(server) = RedisServer::start("a_slow_outcome_gives_back") else {
+        return;
+    };
+    let clock = clock();
+    let (release, calls) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let layer = RateLimitLayer::new(Quota::per_minute(3).expect("valid"), header_key())
+        .with_store(store(&server, "slow:", &clock))
+        .expect("a quota Redis keeps")
+        .count_only(|outcome: &Result<http::Response<()>, support::InnerFailed>| outcome.is_ok());
+    let handle = layer.handle();
+    let svc = layer.layer(slow_inner(release.clone(), calls.clone()));
+    // Request 0 goes, and takes its time.
+    let slow = tokio::spawn({
+        let svc = svc.clone();
+        async move { svc.oneshot(request("k", 0)).await }
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while calls.load(Ordering::SeqCst) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never called");
+        tokio::task::yield_now().await;
+    }
+    // A minute on the bucket is full again: three go, the fourth is refused
+    // (and remembered as refused here).
+    clock.fetch_add(MINUTE.as_micros() as u64, Ordering::SeqCst);
+    for seq in 1..4 {
+        svc.clone()
+            .oneshot(request("k", seq))
+            .await
+            .expect("a full bucket");
+    }
+    let outcome = svc.clone().oneshot(request("k", 4)).await;
+    assert!(is_refused(&outcome), "{outcome:?}");
+    assert!(handle.peek_wait(&["k"]) > Duration::ZERO);
+    // Request 0 fails, which does not count: its unit came back by itself
+    // long ago, so nothing is given back. Redis has heard it once the
+    // refusal remembered here is forgotten.
+    release.notify_one();
+    slow.await.expect("ran").expect_err("inner fails");
+    while handle.peek_wait(&["k"]) > Duration::ZERO {
+        assert!(tokio::time::Instant::now() < deadline, "never given back");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let outcome = svc.clone().oneshot(request("k", 5)).await;
+    assert!(is_refused(&outcome), "a fourth at once: {outcome:?}");
+}
+
+#[tokio::test]
+async fn an_outcome_from_before_a_reset_gives_back_no_booking_made_after_it() {
+    let Some(server) = RedisServer::start("an_outcome_from_before_a_reset") else {
+        return;
+    };
+    let clock = clock();
+    let one = || Quota::per_minute(1).expect("valid").sliding_window();
+    let (release, calls) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let layer = RateLimitLayer::new(one(), header_key())
+        .with_store(store(&server, "reset:", &clock))
+        .expect("a quota Redis keeps")
+        .count_only(|outcome: &Result<http::Response<()>, support::InnerFailed>| outcome.is_ok());
+    let handle = layer.handle();
+    let svc = layer.layer(slow_inner(release.clone(), calls.clone()));
+    // Another replica, with no refusals remembered: a fresh one per probe.
+    let probe = || async {
+        RateLimitLayer::new(one(), header_key())
+            .with_store(store(&server, "reset:", &clock))
+            .expect("a quota Redis keeps")
+            .layer(Inner::new())
+            .oneshot(request("k", 9))
+            .await
+    };
+    let slow = tokio::spawn({
+        let svc = svc.clone();
+        async move { svc.oneshot(request("k", 0)).await }
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while calls.load(Ordering::SeqCst) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never called");
+        tokio::task::yield_now().await;
+    }
+    // A second on, the key is reset, and the other replica books its one.
+    clock.fetch_add(1_000_000, Ordering::SeqCst);
+    handle.reset(&["k"]);
+    while probe().await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "never reset");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let outcome = svc.clone().oneshot(request("k", 2)).await;
+    assert!(is_refused(&outcome), "{outcome:?}");
+    // Request 0 fails, which does not count; what it booked went with the
+    // reset, and the booking made since stays.
+    release.notify_one();
+    slow.await.expect("ran").expect_err("inner fails");
+    while handle.peek_wait(&["k"]) > Duration::ZERO {
+        assert!(tokio::time::Instant::now() < deadline, "never given back");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let outcome = probe().await;
+    assert!(is_refused(&outcome), "two in a window: {outcome:?}");
+}
+
+#[tokio::test]
+async fn a_refusal_heard_after_a_retune_is_not_remembered_under_the_new_quotas() {
+    let Some(server) = RedisServer::start("a_refusal_heard_after_a_retune") else {
+        return;
+    };
+    let clock = clock();
+    let quotas = vec![
+        Quota::per_hour(100).expect("valid"),
+        Quota::per_minute(1).expect("valid"),
+    ];
+    let layer = RateLimitLayer::with_quotas(quotas, header_key())
+        .with_store(store(&server, "retuned:", &clock))
+        .expect("quotas Redis keeps");
+    let handle = layer.handle();
+    let mut svc = layer.layer(Inner::new());
+    send(&mut svc, "k", 0).await.expect("first");
+    // Asked under two quotas; the answer (the second refuses) is heard
+    // after a retune to one.
+    let asked = svc.ready().await.expect("ready").call(request("k", 1));
+    handle
+        .retune(vec![Quota::per_hour(100).expect("valid")], vec![])
+        .expect("valid retune");
+    let outcome = asked.await;
+    assert!(is_refused(&outcome), "{outcome:?}");
+    // Under the new quota the key has room: it goes, no panic, no refusal
+    // remembered from the old quotas.
+    send(&mut svc, "k", 2)
+        .await
+        .expect("room under the new quota");
+}
+
+#[test]
+fn default_quotas_redis_cannot_keep_are_not_set_silently() {
+    capture::capture_logs();
+    let store = RedisStore::new("redis://127.0.0.1:1").expect("valid URL");
+    let layer = RateLimitLayer::new(Quota::per_minute(2).expect("valid"), header_key())
+        .with_store(store)
+        .expect("a quota Redis keeps");
+    let handle = layer.handle();
+    handle.set_default(vec![Quota::per_second(20_000).expect("valid")]);
+    assert_eq!(
+        handle.config().0,
+        vec![Quota::per_minute(2).expect("valid")]
+    );
+    let logs = capture::log_text();
+    assert!(
+        logs.contains("default quotas not changed") && logs.contains("quotas[0]"),
+        "{logs}"
+    );
+}
+
+#[test]
+fn a_prefix_is_escaped_where_it_is_logged() {
+    capture::capture_logs();
+    let store = RedisStore::new("redis://127.0.0.1:1")
+        .expect("valid URL")
+        .with_prefix("app:\u{1b}[2J\nforged line:");
+    let _layer = RateLimitLayer::new(Quota::per_minute(2).expect("valid"), header_key())
+        .with_store(store)
+        .expect("a quota Redis keeps");
+    let logs = capture::log_text();
+    assert!(logs.contains("app:"), "{logs}");
+    assert!(!logs.contains('\u{1b}'), "{logs:?}");
+    assert!(!logs.contains("\nforged line"), "{logs:?}");
+}
+
+#[test]
+fn a_bad_redis_url_is_refused_with_its_text_escaped() {
+    let err = RedisStore::new("redis://127.0.0.1:1/?protocol=%1B%5B2J%0Aforged")
+        .expect_err("no such protocol");
+    let text = err.to_string();
+    assert!(text.contains("redis_url"), "{text}");
+    assert!(!text.contains('\u{1b}') && !text.contains('\n'), "{text:?}");
+}
+
+/// A server that speaks RESP and answers every command with an error whose
+/// text carries an escape sequence and a line break; its address.
+async fn hostile_server() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let addr = listener.local_addr().expect("an address");
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while let Ok(n) = socket.read(&mut chunk).await {
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    // One reply per whole command (`*N` then N bulk strings).
+                    while let Some(used) = command_len(&buf) {
+                        buf.drain(..used);
+                        let reply = b"-ERR evil\x1b[2J\nforged line\r\n";
+                        if socket.write_all(reply).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// The length of the whole RESP command at the start of `buf`, if it is all
+/// there.
+fn command_len(buf: &[u8]) -> Option<usize> {
+    let line = |from: usize| -> Option<(usize, usize)> {
+        let end = buf[from..].windows(2).position(|w| w == b"\r\n")? + from;
+        let n = std::str::from_utf8(&buf[from + 1..end])
+            .ok()?
+            .parse()
+            .ok()?;
+        Some((n, end + 2))
+    };
+    let (count, mut at) = line(0)?;
+    for _ in 0..count {
+        let (len, start) = line(at)?;
+        at = start + len + 2;
+        if at > buf.len() {
+            return None;
+        }
+    }
+    Some(at)
+}
+
+#[tokio::test]
+async fn an_error_a_hostile_redis_sends_is_escaped_in_the_log() {
+    capture::capture_logs();
+    let addr = hostile_server().await;
+    let store = RedisStore::new(&format!("redis://{addr}"))
+        .expect("valid URL")
+        .with_prefix("hostile:")
+        .with_timeout(Duration::from_secs(2))
+        .on_error(OnError::Closed);
+    let mut svc = RateLimitLayer::new(Quota::per_minute(2).expect("valid"), header_key())
+        .with_store(store)
+        .expect("a quota Redis keeps")
+        .layer(Inner::new());
+    let err = send(&mut svc, "k", 0).await.expect_err("no store");
+    assert!(err.is::<tower_throttle::error::StoreUnavailable>(), "{err}");
+    let logs = capture::log_text();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("Redis unreachable"))
+        .unwrap_or_else(|| panic!("no outage logged: {logs}"));
+    assert!(line.contains("evil"), "{line}");
+    assert!(!logs.contains('\u{1b}'), "{logs:?}");
+    assert!(!logs.contains("\nforged line"), "{logs:?}");
+}
+
+#[tokio::test]
+async fn a_key_moved_to_a_new_rule_goes_again_at_its_retry_after() {
+    let Some(server) = RedisServer::start("a_key_moved_goes_again") else {
+        return;
+    };
+    let clock = clock();
+    let layer = RateLimitLayer::new(Quota::per_minute(2).expect("valid"), header_key())
+        .with_store(store(&server, "again:", &clock))
+        .expect("a quota Redis keeps");
+    let handle = layer.handle();
+    let mut svc = layer.layer(Inner::new());
+    send(&mut svc, "vip-1", 0)
+        .await
+        .expect("spent under the default");
+    let vip = Rule::new("vip", KeyPattern::parts(["vip-*"]).expect("valid"))
+        .with_quota(Quota::per_minute(3).expect("valid"));
+    handle
+        .retune(vec![Quota::per_minute(2).expect("valid")], vec![vip])
+        .expect("valid retune");
+    // Spent under its new rule: a unit, 20 s, away; then it goes, as in
+    // process.
+    let err = send(&mut svc, "vip-1", 1).await.expect_err("starts spent");
+    let wait = err
+        .downcast_ref::<RateLimited>()
+        .expect("refused")
+        .retry_after;
+    assert_eq!(wait, Duration::from_secs(20));
+    clock.fetch_add(wait.as_micros() as u64, Ordering::SeqCst);
+    send(&mut svc, "vip-1", 2)
+        .await
+        .expect("at its retry_after");
+}
+
+#[tokio::test]
+async fn a_key_refused_after_a_retune_goes_again_at_its_retry_after() {
+    let Some(server) = RedisServer::start("a_key_refused_after_a_retune") else {
+        return;
+    };
+    for quota in [
+        Quota::per_hour(1).expect("valid"),
+        Quota::per_hour(1).expect("valid").fixed_window(),
+    ] {
+        let clock = clock();
+        let prefix = format!("retune:{:?}:", quota.algorithm());
+        let layer = RateLimitLayer::new(quota, header_key())
+            .with_store(store(&server, &prefix, &clock))
+            .expect("a quota Redis keeps");
+        let handle = layer.handle();
+        let mut svc = layer.layer(Inner::new());
+        send(&mut svc, "k", 0).await.expect("the hour's one");
+        // Loosened to one a second (of the same algorithm): the unit spent
+        // stays spent, a second at the new rate; then the key goes.
+        handle.set_default(vec![
+            Quota::per_second(1)
+                .expect("valid")
+                .with_algorithm(quota.algorithm()),
+        ]);
+        let err = send(&mut svc, "k", 1).await.expect_err("still spent");
+        let wait = err
+            .downcast_ref::<RateLimited>()
+            .expect("refused")
+            .retry_after;
+        assert!(wait <= Duration::from_secs(1), "{quota:?}: {wait:?}");
+        clock.fetch_add(wait.as_micros() as u64, Ordering::SeqCst);
+        send(&mut svc, "k", 2)
+            .await
+            .unwrap_or_else(|e| panic!("{quota:?}: at its retry_after: {e}"));
+    }
+}
