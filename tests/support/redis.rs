@@ -70,27 +70,52 @@ impl RedisServer {
         Some(server)
     }
 
-    fn launch(&mut self) {
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string()])
-            .args(["--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .args(["--dir", &std::env::temp_dir().to_string_lossy()])
-            .args(&self.extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server starts");
-        self.child = Some(child);
-        self.wait_ready();
+    /// Start the server on its port, or, when `may_move`, on another one
+    /// if that port was taken meanwhile: a port found free can be bound by
+    /// another test before the server binds it, and the server then exits.
+    fn launch_on(&mut self, may_move: bool) {
+        for _ in 0..5 {
+            let child = Command::new("redis-server")
+                .args(["--port", &self.port.to_string()])
+                .args(["--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .args(["--dir", &std::env::temp_dir().to_string_lossy()])
+                .args(&self.extra)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server starts");
+            self.child = Some(child);
+            if self.wait_ready() {
+                return;
+            }
+            assert!(may_move, "redis-server did not start again on its port");
+            self.port = free_port();
+            // A cluster node's bus port is a free port of its own too.
+            if let Some(i) = self.extra.iter().position(|a| a == "--cluster-port") {
+                self.extra[i + 1] = free_port().to_string();
+            }
+        }
+        panic!("redis-server did not come up on any of 5 ports");
     }
 
-    /// Block until the server answers PING (a hang guard of 10 s).
-    fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
+    fn launch(&mut self) {
+        self.launch_on(true);
+    }
+
+    /// Wait until the server answers PING (true), or has exited (false);
+    /// a hang guard of 30 s, for a loaded machine.
+    fn wait_ready(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if self.ping() {
-                return;
+                return true;
+            }
+            if let Some(child) = &mut self.child {
+                if let Ok(Some(_)) = child.try_wait() {
+                    self.child = None;
+                    return false;
+                }
             }
             assert!(Instant::now() < deadline, "redis-server did not come up");
             std::thread::sleep(Duration::from_millis(10));
@@ -129,7 +154,7 @@ impl RedisServer {
     /// Start it again on the same port, empty.
     pub fn restart(&mut self) {
         self.kill();
-        self.launch();
+        self.launch_on(false);
     }
 }
 
@@ -179,6 +204,10 @@ impl RedisCluster {
                         &format!("tower-throttle-nodes-{}-{port}.conf", std::process::id()),
                         "--cluster-node-timeout",
                         "5000",
+                        // By default the bus is the port + 10000, which
+                        // fails for the ephemeral ports above 55535.
+                        "--cluster-port",
+                        &free_port().to_string(),
                     ]
                     .iter()
                     .map(|s| s.to_string())
