@@ -7,6 +7,9 @@
 
 mod support;
 
+#[path = "support/capture.rs"]
+mod capture;
+
 #[macro_use]
 #[path = "support/proxy_modules.rs"]
 mod proxy_modules;
@@ -14,7 +17,7 @@ proxy_modules!();
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser as _;
@@ -22,42 +25,9 @@ use serde_json::Value;
 
 use crate::config::Settings;
 use crate::gateway::Running;
+use capture::{capture_logs, log_text};
 
 // ---------------------------------------------------------------- helpers
-
-static LOGS: Mutex<Vec<u8>> = Mutex::new(Vec::new());
-
-/// Writes into [`LOGS`].
-struct Capture;
-
-impl std::io::Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        LOGS.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Capture everything every test logs, at every level: the gateway's lines,
-/// the layers', hyper's.
-fn capture_logs() {
-    static INSTALLED: OnceLock<()> = OnceLock::new();
-    INSTALLED.get_or_init(|| {
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::TRACE)
-            .with_ansi(false)
-            .with_writer(|| Capture)
-            .finish();
-        let _ = tracing::subscriber::set_global_default(subscriber);
-    });
-}
-
-fn log_text() -> String {
-    String::from_utf8_lossy(&LOGS.lock().unwrap()).into_owned()
-}
 
 /// The simulator section most tests use: fast, and two models with the
 /// given per-2s limits.

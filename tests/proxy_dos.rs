@@ -10,6 +10,9 @@
 
 mod support;
 
+#[path = "support/capture.rs"]
+mod capture;
+
 #[path = "support/child.rs"]
 mod child;
 
@@ -19,7 +22,6 @@ mod proxy_modules;
 proxy_modules!();
 
 use std::sync::atomic::Ordering;
-use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use clap::Parser as _;
@@ -29,41 +31,10 @@ use tokio::net::TcpStream;
 
 use crate::config::Settings;
 use crate::gateway::Running;
+use capture::{capture_logs, log_text};
 
 /// Hang guard for anything awaited.
 const BOUND: Duration = Duration::from_secs(10);
-
-static LOGS: Mutex<Vec<u8>> = Mutex::new(Vec::new());
-
-struct Capture;
-
-impl std::io::Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        LOGS.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Capture every test's logs, at every level.
-fn capture_logs() {
-    static INSTALLED: OnceLock<()> = OnceLock::new();
-    INSTALLED.get_or_init(|| {
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::TRACE)
-            .with_ansi(false)
-            .with_writer(|| Capture)
-            .finish();
-        let _ = tracing::subscriber::set_global_default(subscriber);
-    });
-}
-
-fn log_text() -> String {
-    String::from_utf8_lossy(&LOGS.lock().unwrap()).into_owned()
-}
 
 /// A fast simulator and its provider, then `extra`.
 fn config(extra: &str) -> String {
