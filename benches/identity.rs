@@ -126,6 +126,26 @@ fn contenders() -> Vec<Contender> {
             Box::new(move || drive(&mut svc, req.clone()).is_ok()),
         ));
     }
+    {
+        // The natural peer of `ours_1_rule_hit`: the same rule (host, path
+        // prefix, user agent) as a tower user would write it, a
+        // `map_request` closure.
+        let mut svc = tower::ServiceBuilder::new()
+            .map_request(|mut req: Request<()>| {
+                let uri = req.uri();
+                if uri.host() == Some("api.example.com") && uri.path().starts_with("/v1/") {
+                    req.headers_mut()
+                        .insert(USER_AGENT, HeaderValue::from_static(UA));
+                }
+                req
+            })
+            .service(inner());
+        let req = hit.clone();
+        out.push((
+            "tower_map_request_host_path",
+            Box::new(move || drive(&mut svc, req.clone()).is_ok()),
+        ));
+    }
     let ours: [(&str, IdentityHeaderLayer, &Request<()>, Option<usize>); 7] = [
         ("ours_1_rule_hit", one_rule(), &hit, Some(0)),
         ("ours_1_rule_miss", one_rule(), &miss, None),

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use criterion::Criterion;
 use governor::clock::FakeRelativeClock;
-use governor::{DefaultKeyedRateLimiter, Quota as GQuota, RateLimiter};
+use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota as GQuota, RateLimiter};
 use http::{HeaderName, HeaderValue, Request, Response};
 use tower::{Layer, Service};
 use tower_governor::GovernorError;
@@ -186,6 +186,15 @@ fn check_key_loop(limiter: &DefaultKeyedRateLimiter<String>, key: &String, n: u6
         .count() as u64
 }
 
+/// As [`request_loop`], for governor's direct (unkeyed) `check`: the
+/// natural peer of `ours_global`.
+#[inline(never)]
+fn check_loop(limiter: &DefaultDirectRateLimiter, n: u64) -> u64 {
+    (0..n)
+        .filter(|_| black_box(limiter.check().is_ok()))
+        .count() as u64
+}
+
 /// `request_loop` on a contender already built, timed: (admitted, ns each).
 fn timed<S>(mut svc: S, req: &Request<()>, n: u64) -> (u64, f64)
 where
@@ -211,7 +220,9 @@ fn per_request(start: Instant, n: u64) -> f64 {
 ///     --toggle-collect='rate_limit::request_loop*' target/release/deps/rate_limit-<hash>
 /// ```
 ///
-/// (`rate_limit::check_key_loop*` for `governor_check_key_string`.) Divide
+/// (`rate_limit::check_key_loop*` for `governor_check_key_string`,
+/// `rate_limit::check_loop*` for `governor_direct`: a bare call, so its
+/// count is its added cost as it stands.) Divide
 /// the collected count by the number of requests. Every contender is built
 /// before the loop, so neither count nor time includes building it (nor
 /// calibrating governor's clock).
@@ -229,6 +240,31 @@ fn loop_mode(which: &str) {
             timed(layer.layer(http_inner()), &req, n)
         }
         "tower_governor_header" => timed(tower_governor_header(), &req, n),
+        "ours_header_response_headers" => {
+            // What `with_response_headers` adds: the key's remaining
+            // capacity, and the IETF `RateLimit-Policy` and `RateLimit`
+            // fields written on every response.
+            let layer = RateLimitLayer::new(ours_hot_quota(), HeaderKey::from_name(HEADER))
+                .with_response_headers(tower_throttle::respond::RateLimitHeaders::ietf());
+            timed(layer.layer(http_inner()), &req, n)
+        }
+        "tower_limit_rate" => {
+            // tower's RateLimit makes a tokio `Sleep` when built: it needs a
+            // runtime context (entered once, before the loop).
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap();
+            let _guard = rt.enter();
+            let layer = tower::limit::RateLimitLayer::new(u64::MAX, Duration::from_secs(1));
+            timed(layer.layer(http_inner()), &req, n)
+        }
+        "governor_direct" => {
+            let limiter = RateLimiter::direct(gov_hot_quota());
+            let start = Instant::now();
+            let admitted = check_loop(&limiter, n);
+            (admitted, per_request(start, n))
+        }
         "floor_global" => timed(floor(FloorKey::Global), &req, n),
         "floor_header" => timed(floor(FloorKey::Header(HEADER)), &req, n),
         "governor_check_key_string" => {

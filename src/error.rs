@@ -471,6 +471,11 @@ impl Error for BodyUnreadable {}
 
 /// A limit or option was given a value it cannot hold. Returned when a layer
 /// or quota is built, never at request time.
+///
+/// Both parts can quote the configuration (a rule's name in the field path,
+/// a bad value in the message), so `Display` shows them
+/// [escaped](crate::redact::Escaped): an error that reaches a log or a
+/// terminal cannot start a line or send an escape sequence.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ConfigError {
@@ -507,7 +512,12 @@ impl ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid `{}`: {}", self.field, self.message)
+        write!(
+            f,
+            "invalid `{}`: {}",
+            crate::redact::Escaped(&self.field),
+            crate::redact::Escaped(&self.message)
+        )
     }
 }
 

@@ -55,6 +55,9 @@ pub mod error;
 mod home;
 pub mod identity;
 pub mod key;
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod loom_api;
 pub mod parts;
 pub mod rate_limit;
 pub mod redact;
@@ -64,6 +67,7 @@ pub mod redis;
 pub mod respond;
 pub mod stats;
 mod store;
+mod sync;
 
 pub use error::BoxError;
 

@@ -20,18 +20,17 @@
 //! ```
 
 use std::any::Any;
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use serde::Serialize;
 use tokio::sync::Notify;
 
 use crate::key::KeyHash;
+use crate::sync::{AtomicBool, AtomicI64, AtomicU64, Mutex};
 
 /// The name under which keys not counted apart are added up: those a
 /// [filter](crate::rate_limit::RateLimitLayer::with_key_stats_where)
@@ -149,14 +148,18 @@ struct Counters {
 #[derive(Default)]
 struct Stripe(Counters);
 
-const STRIPES: usize = 16;
+/// Two in the loom models, whose snapshots then read a few atomics only.
+const STRIPES: usize = if cfg!(loom) { 2 } else { 16 };
 
 /// This thread's stripe: threads take stripes in turn, so two cores count
 /// on two cache lines whatever keys they serve (striping by key made two
 /// threads on many keys share every stripe). Snapshots add the stripes up,
 /// so an event and its reverse may land on different stripes.
+#[cfg(not(loom))]
 #[inline]
 fn stripe() -> usize {
+    use std::cell::Cell;
+    use std::sync::atomic::AtomicUsize;
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
         static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
@@ -169,6 +172,16 @@ fn stripe() -> usize {
         }
         i
     })
+}
+
+/// In the loom models, a thread's stripe follows from its number in the
+/// model (`ThreadId(n)`), so that every execution of a model touches the
+/// same atomics (loom replays executions and must see the same ones);
+/// threads share the stripes, as they do past sixteen threads.
+#[cfg(loom)]
+fn stripe() -> usize {
+    let id = format!("{:?}", loom::thread::current().id());
+    id.bytes().map(usize::from).sum::<usize>() % STRIPES
 }
 
 /// Plain counters for one key in the per-key table.

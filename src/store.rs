@@ -26,6 +26,7 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
@@ -37,6 +38,66 @@ use crate::key::KeyHash;
 pub(crate) trait Idle: Default + Send + 'static {
     /// True when dropping the state would change no decision.
     fn is_idle(&self, now: Nanos) -> bool;
+
+    /// The state as one word, for one that fits in a [`FastWord`] (`None`:
+    /// it does not, and is never published).
+    fn to_word(&self) -> Option<u64> {
+        None
+    }
+
+    /// The state a published word held (only called on a word
+    /// [`Idle::to_word`] made).
+    fn from_word(_word: u64) -> Self {
+        Self::default()
+    }
+}
+
+/// The pinned key's state published outside the lock, for an admission
+/// that is one compare-and-swap (see `Limiter::acquire`'s fast path).
+///
+/// While the word holds a state ([`Store::publish`]), it is the state, and
+/// the one under the lock is stale: every locked access to the pinned key
+/// takes it back first (swapping in [`FastWord::UNPUBLISHED`], which makes
+/// any compare-and-swap racing with it fail), so a locked path never sees
+/// a state older than the last fast admission. Only a lock holder
+/// publishes. A word belongs to one set of parameters: new parameters get
+/// a new word (see [`Store::install_fast`]), so a compare-and-swap computed
+/// under old ones cannot succeed on a state converted to new ones.
+#[derive(Debug)]
+pub(crate) struct FastWord(AtomicU64);
+
+impl FastWord {
+    /// Nothing published: the state is under the lock.
+    pub(crate) const UNPUBLISHED: u64 = u64::MAX;
+
+    pub(crate) fn new() -> Self {
+        Self(AtomicU64::new(Self::UNPUBLISHED))
+    }
+
+    /// The word now ([`FastWord::UNPUBLISHED`] or a state).
+    #[inline]
+    pub(crate) fn load(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Replace `current` by `new` if it is still there; else what is.
+    #[inline]
+    pub(crate) fn swap_if(&self, current: u64, new: u64) -> Result<u64, u64> {
+        self.0
+            .compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire)
+    }
+
+    /// Take the published state back, leaving nothing published. Called
+    /// under the pinned key's lock, where nobody publishes: a word seen
+    /// unpublished stays so, and the swap is skipped.
+    #[inline]
+    fn take(&self) -> Option<u64> {
+        if self.0.load(Ordering::Relaxed) == Self::UNPUBLISHED {
+            return None;
+        }
+        let word = self.0.swap(Self::UNPUBLISHED, Ordering::AcqRel);
+        (word != Self::UNPUBLISHED).then_some(word)
+    }
 }
 
 const SHARDS: usize = 64;
@@ -133,6 +194,18 @@ struct Pinned<V, P> {
 struct PinnedCell<V, P> {
     params: P,
     state: Option<V>,
+    /// Where the state may be published (see [`FastWord`]).
+    fast: Option<Arc<FastWord>>,
+}
+
+/// The pinned key's cell locked, with any published state taken back.
+#[inline]
+fn lock_cell<V: Idle, P>(cell: &Mutex<PinnedCell<V, P>>) -> MutexGuard<'_, PinnedCell<V, P>> {
+    let mut cell = cell.lock();
+    if let Some(word) = cell.fast.as_ref().and_then(|fast| fast.take()) {
+        cell.state = Some(V::from_word(word));
+    }
+    cell
 }
 
 pub(crate) struct Store<V, P> {
@@ -212,7 +285,7 @@ impl<V: Idle, P: Clone> Store<V, P> {
     #[inline]
     pub(crate) fn slot(&self, key: KeyHash) -> Slot<'_, V, P> {
         if let Some(cell) = self.pinned(key) {
-            let cell = cell.lock();
+            let cell = lock_cell(cell);
             let params = cell.params.clone();
             return Slot {
                 state: MutexGuard::map(cell, |c| c.state.get_or_insert_with(V::default)),
@@ -257,10 +330,11 @@ impl<V: Idle, P: Clone> Store<V, P> {
     /// Put `state` in for `key` if it has none.
     pub(crate) fn insert_if_absent(&self, key: KeyHash, state: impl FnOnce(&P) -> V) {
         if let Some(cell) = self.pinned(key) {
-            let mut cell = cell.lock();
+            let mut cell = lock_cell(cell);
             let PinnedCell {
                 params,
                 state: held,
+                ..
             } = &mut *cell;
             if held.is_none() {
                 *held = Some(state(params));
@@ -278,7 +352,7 @@ impl<V: Idle, P: Clone> Store<V, P> {
     /// under the same lock.
     pub(crate) fn remove_after(&self, key: KeyHash, last: impl FnOnce(&V)) {
         if let Some(cell) = self.pinned(key) {
-            let mut cell = cell.lock();
+            let mut cell = lock_cell(cell);
             if let Some(state) = cell.state.take() {
                 last(&state);
             }
@@ -294,7 +368,7 @@ impl<V: Idle, P: Clone> Store<V, P> {
     /// Forget `key`'s state.
     pub(crate) fn remove(&self, key: KeyHash) {
         if let Some(cell) = self.pinned(key) {
-            cell.lock().state = None;
+            lock_cell(cell).state = None;
             return;
         }
         self.shard(key).0.lock().map.remove(&key.0);
@@ -329,9 +403,38 @@ impl<V: Idle, P: Clone> Store<V, P> {
             cell: Mutex::new(PinnedCell {
                 params,
                 state: None,
+                fast: None,
             }),
         });
         self
+    }
+
+    /// Let the pinned key's state be published in `fast` (`None`: nowhere),
+    /// taking back what an earlier word held: from now on only `fast` is
+    /// published, so a compare-and-swap on the earlier word fails for good.
+    pub(crate) fn install_fast(&self, fast: Option<Arc<FastWord>>) {
+        if let Some(pinned) = &self.pinned {
+            lock_cell(&pinned.cell).fast = fast;
+        }
+    }
+
+    /// Publish the pinned key's state in `fast`, if `fast` is the word
+    /// installed and the state fits in it. Returns whether it did.
+    pub(crate) fn publish(&self, fast: &Arc<FastWord>) -> bool {
+        let Some(pinned) = &self.pinned else {
+            return false;
+        };
+        let mut cell = lock_cell(&pinned.cell);
+        if !cell.fast.as_ref().is_some_and(|f| Arc::ptr_eq(f, fast)) {
+            return false;
+        }
+        match cell.state.get_or_insert_with(V::default).to_word() {
+            Some(word) if word != FastWord::UNPUBLISHED => {
+                fast.0.store(word, Ordering::Release);
+                true
+            }
+            _ => false,
+        }
     }
 
     #[inline]
@@ -365,8 +468,8 @@ impl<V: Idle, P: Clone> Store<V, P> {
     /// Run `f` on `key`'s state if it has one.
     pub(crate) fn with_existing(&self, key: KeyHash, f: impl FnOnce(&P, &mut V)) {
         if let Some(cell) = self.pinned(key) {
-            let mut cell = cell.lock();
-            let PinnedCell { params, state } = &mut *cell;
+            let mut cell = lock_cell(cell);
+            let PinnedCell { params, state, .. } = &mut *cell;
             if let Some(state) = state {
                 f(params, state);
             }
@@ -383,7 +486,7 @@ impl<V: Idle, P: Clone> Store<V, P> {
     /// nothing.
     pub(crate) fn peek<R>(&self, key: KeyHash, f: impl FnOnce(&P, Option<&V>) -> R) -> R {
         if let Some(cell) = self.pinned(key) {
-            let cell = cell.lock();
+            let cell = lock_cell(cell);
             return f(&cell.params, cell.state.as_ref());
         }
         let shard = self.shard(key).0.lock();
@@ -396,7 +499,7 @@ impl<V: Idle, P: Clone> Store<V, P> {
             shard.0.lock().map.values_mut().for_each(&mut f);
         }
         if let Some(pinned) = &self.pinned {
-            if let Some(state) = &mut pinned.cell.lock().state {
+            if let Some(state) = &mut lock_cell(&pinned.cell).state {
                 f(state);
             }
         }
@@ -416,8 +519,10 @@ impl<V: Idle, P: Clone> Store<V, P> {
             *old = params.clone();
         }
         if let Some(pinned) = &self.pinned {
-            let mut cell = pinned.cell.lock();
-            let PinnedCell { params: old, state } = &mut *cell;
+            let mut cell = lock_cell(&pinned.cell);
+            let PinnedCell {
+                params: old, state, ..
+            } = &mut *cell;
             if let Some(state) = state {
                 convert(old, params, KeyHash(pinned.key), state);
             }
@@ -457,14 +562,14 @@ impl<V: Idle, P: Clone> Store<V, P> {
             shard.sweep_at_len = MIN_SWEEP_LEN;
         }
         if let Some(pinned) = &self.pinned {
-            pinned.cell.lock().state = None;
+            lock_cell(&pinned.cell).state = None;
         }
     }
 
     /// Drop every idle state now; returns how many were dropped.
     pub(crate) fn evict_idle(&self, now: Nanos) -> usize {
         let pinned = self.pinned.as_ref().map_or(0, |pinned| {
-            let mut cell = pinned.cell.lock();
+            let mut cell = lock_cell(&pinned.cell);
             let idle = cell.state.as_ref().is_some_and(|s| s.is_idle(now));
             if idle {
                 cell.state = None;
@@ -493,7 +598,7 @@ impl<V: Idle, P: Clone> Store<V, P> {
         let pinned = self
             .pinned
             .as_ref()
-            .is_some_and(|pinned| pinned.cell.lock().state.is_some());
+            .is_some_and(|pinned| lock_cell(&pinned.cell).state.is_some());
         let shards: usize = self
             .shards
             .iter()

@@ -463,6 +463,43 @@ async fn a_dropped_waiter_passes_its_turn_to_the_next() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_waiter_dropped_from_the_middle_of_the_queue_leaves_nothing_behind() {
+    let upstream = Upstream::new();
+    upstream.script("a", [reply(429, &[("retry-after", "5")])]);
+    let layer = layer().with_max_wait(10 * SEC);
+    let handle = layer.handle();
+    let mut svc = service(layer, &upstream);
+    send(&mut svc, "a", 0).await.expect("429");
+    let mut waiters: Vec<_> = (1..=4)
+        .map(|seq| task::spawn(svc.call(request("a", seq))))
+        .collect();
+    for waiter in &mut waiters {
+        assert_pending!(waiter.poll());
+    }
+    drop(waiters.remove(2)); // seq 3, neither head nor tail
+    assert!(
+        waiters.iter().all(|w| !w.is_woken()),
+        "leaving from the middle wakes nobody"
+    );
+    advance(5 * SEC).await;
+    assert!(waiters[0].is_woken(), "the head's timer ends its wait");
+    assert!(
+        !waiters[1].is_woken(),
+        "seq 2 must not poll before its turn"
+    );
+    for waiter in &mut waiters {
+        assert!(waiter.is_woken(), "the one before wakes the next");
+        assert_ready!(waiter.poll()).expect("released");
+    }
+    assert_eq!(upstream.seqs("a"), [0, 1, 2, 4]);
+    // Every place left the queue: once the streak is forgotten the route
+    // is idle, and goes.
+    sleep(DEFAULT_MAX_BACKOFF).await;
+    assert_eq!(handle.evict_idle(), 1, "a place was left in the queue");
+    assert_eq!(handle.key_count(), 0);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_new_429_while_the_queue_drains_holds_the_rest_of_it() {
     let upstream = Upstream::new();
     upstream.script(
@@ -533,6 +570,50 @@ async fn a_cooldown_longer_than_max_wait_is_refused_on_arrival() {
     let mut fut = task::spawn(svc.call(request("a", 1)));
     let refusal = cooling(assert_ready!(fut.poll()));
     assert_eq!(refusal.retry_after, 5 * SEC);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cooldown_exactly_as_long_as_max_wait_is_waited_out() {
+    let upstream = Upstream::new();
+    upstream.script("a", [reply(429, &[("retry-after", "5")])]);
+    let mut svc = service(layer().with_max_wait(5 * SEC), &upstream);
+    send(&mut svc, "a", 0).await.expect("429");
+    let start = Instant::now();
+    let response = send(&mut svc, "a", 1).await.expect("waited, not refused");
+    assert_eq!(response.status(), 200);
+    assert_eq!(start.elapsed(), 5 * SEC);
+}
+
+#[tokio::test(start_paused = true)]
+async fn reset_stats_zeroes_the_counters_and_keeps_the_cooldowns() {
+    let upstream = Upstream::new();
+    upstream.script("a", [reply(429, &[("retry-after", "5")])]);
+    let layer = layer();
+    let handle = layer.handle();
+    let mut svc = service(layer, &upstream);
+    send(&mut svc, "a", 0).await.expect("429");
+    cooling(send(&mut svc, "a", 1).await);
+    let before = handle.stats();
+    assert_eq!(
+        (
+            before.requests.aggregate.admitted,
+            before.requests.aggregate.rejected,
+            before.cooldowns_started
+        ),
+        (1, 1, 1)
+    );
+    handle.reset_stats();
+    let after = handle.stats();
+    assert_eq!(
+        (
+            after.requests.aggregate.admitted,
+            after.requests.aggregate.rejected,
+            after.cooldowns_started
+        ),
+        (0, 0, 0)
+    );
+    assert_eq!(after.cooldowns.len(), 1, "the cooldown itself stays");
+    assert_eq!(cooling(send(&mut svc, "a", 2).await).retry_after, 5 * SEC);
 }
 
 #[tokio::test(start_paused = true)]
@@ -718,6 +799,48 @@ async fn a_success_saying_the_route_is_exhausted_starts_the_cooldown_when_proact
             assert_eq!(next.expect("not proactive").status(), 200);
         }
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn proactive_reading_can_be_switched_on_and_off_live() {
+    let upstream = Upstream::new();
+    let exhausted = [
+        ("x-ratelimit-remaining-requests", "0"),
+        ("x-ratelimit-reset-requests", "3s"),
+    ];
+    upstream.script("a", [reply(200, &exhausted), reply(200, &exhausted)]);
+    let layer = layer();
+    let handle = layer.handle();
+    let mut svc = service(layer, &upstream);
+    handle.set_proactive(true);
+    assert_eq!(send(&mut svc, "a", 0).await.expect("200").status(), 200);
+    assert_eq!(cooling(send(&mut svc, "a", 1).await).retry_after, 3 * SEC);
+    sleep(3 * SEC).await;
+    handle.set_proactive(false);
+    assert_eq!(send(&mut svc, "a", 2).await.expect("200").status(), 200);
+    let next = send(&mut svc, "a", 3).await;
+    assert_eq!(next.expect("no longer proactive").status(), 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handle_shows_its_settings_and_counters_but_no_key() {
+    let upstream = Upstream::new();
+    upstream.script("secret-route", [reply(429, &[])]);
+    let layer = Backoff429Layer::new(HeaderKey::new("x-key").expect("valid header name"));
+    let handle = layer.handle();
+    let mut svc = service(layer, &upstream);
+    send(&mut svc, "secret-route", 0).await.expect("429");
+    let shown = format!("{handle:?}");
+    for part in [
+        "BackoffHandle",
+        "Cooldowns",
+        "max_cooldown",
+        "enabled: true",
+        "started: 1",
+    ] {
+        assert!(shown.contains(part), "{part:?} missing from {shown}");
+    }
+    assert!(!shown.contains("secret-route"), "the key leaked: {shown}");
 }
 
 #[tokio::test(start_paused = true)]

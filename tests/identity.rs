@@ -120,6 +120,15 @@ fn suffix_host_matches_subdomains_at_any_depth_but_not_the_apex() {
     assert_eq!(ua_for(&l, "https://example.com.evil.test/"), None);
 }
 
+/// Found by the `identity_urls` fuzz target: a host starting with a dot
+/// (an empty first label) was taken for a subdomain.
+#[test]
+fn suffix_host_does_not_match_a_host_with_an_empty_first_label() {
+    let l = layer([Rule::new().host("*.example.com").user_agent("S")]);
+    assert_eq!(ua_for(&l, "https://.example.com/"), None);
+    assert_eq!(ua_for(&l, "https://a.example.com/").as_deref(), Some("S"));
+}
+
 #[test]
 fn path_prefix_matches_the_start_of_the_path_only() {
     let l = layer([Rule::new().path_prefix("/v1/chat").user_agent("P")]);

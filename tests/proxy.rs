@@ -821,7 +821,7 @@ fn a_bad_configuration_is_one_error_naming_the_field() {
     let sim = "[simulator]\n[[providers]]\nname = \"sim\"\nbase_url = \"simulator\"\n";
     let cases: &[(&str, String)] = &[
         ("providers", String::new()),
-        ("providers[0].base_url", "[[providers]]\nname = \"openai\"\nbase_url = \"https://api.openai.com\"\n".into()),
+        ("providers[0].base_url", "[[providers]]\nname = \"openai\"\nbase_url = \"ftp://api.openai.com\"\n".into()),
         ("providers[0].base_url", "[[providers]]\nname = \"x\"\nbase_url = \"http://user:pw@host\"\n".into()),
         ("providers[0].base_url", "[[providers]]\nname = \"x\"\nbase_url = \"simulator\"\n".into()),
         ("providers[0].name", "[[providers]]\nname = \"stats\"\nbase_url = \"http://h\"\n".into()),

@@ -257,6 +257,16 @@ fn prometheus_label_values_escape_quotes_backslashes_line_feeds_and_control_char
         backoff: KeyStats::default(),
         cooldown: None,
         upstream: UpstreamCounts::default(),
+        learned: Some(learn::LearnedInfo {
+            requests: Some(learn::UnitInfo {
+                limit: Some(5),
+                remaining: None,
+                reset_seconds: None,
+                window_seconds: Some(60.0),
+                learned_unix: 0.0,
+            }),
+            ..Default::default()
+        }),
     };
     let snapshot = stats::Snapshot {
         seq: 1,
@@ -291,6 +301,13 @@ fn prometheus_label_values_escape_quotes_backslashes_line_feeds_and_control_char
         Some("we\"ird\\name\nwith\\r\\u{1b}[2J\\0\\u{7f}·é")
     );
     assert_eq!(admitted.value, 3.0);
+    let learned = samples
+        .iter()
+        .find(|s| s.name == "proxy_learned_limit")
+        .unwrap();
+    assert_eq!(learned.label("model"), admitted.label("model"));
+    assert_eq!(learned.label("unit"), Some("requests"));
+    assert_eq!(learned.value, 5.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,8 @@ use tokio_test::{assert_pending, task};
 use tower::{Layer, Service, ServiceExt};
 use tower_throttle::error::{BoxError, RateLimited};
 use tower_throttle::key::HeaderKey;
-use tower_throttle::rate_limit::{Algorithm, KeyPattern, Quota, RateLimitLayer, Rule};
+use tower_throttle::rate_limit::{Algorithm, KeyPattern, Quota, RateLimitLayer, Rule, Unit};
+use tower_throttle::respond::RateLimitHeaders;
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -412,4 +413,103 @@ async fn builder_methods_after_from_limits_keep_the_switches() {
     for _ in 0..3 {
         send(&mut svc, "a").await.expect("switched off");
     }
+}
+
+/// One admitted request through `quotas`, costing 2, with legacy headers:
+/// its `X-RateLimit-Limit` and `X-RateLimit-Reset`, which name the quota a
+/// client must heed.
+async fn tightest(quotas: Vec<Quota>) -> (String, String) {
+    let layer = RateLimitLayer::with_quotas(quotas, key())
+        .with_cost(|_: &http::Request<()>| 2)
+        .with_response_headers(RateLimitHeaders::legacy());
+    let mut svc = layer.layer(Inner::new());
+    let response = send(&mut svc, "k").await.expect("admitted");
+    let header = |name: &str| response.headers()[name].to_str().unwrap().to_owned();
+    (header("x-ratelimit-limit"), header("x-ratelimit-reset"))
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_headers_speak_for_the_quota_with_least_left_then_the_longest_to_refill() {
+    // Equal left (1 each), so the one whole again last: the hour, in
+    // either order (sliding windows: whole again a period after the
+    // request).
+    let minute = Quota::per_minute(2)
+        .unwrap()
+        .sliding_window()
+        .with_unit(Unit::Requests);
+    let hour = Quota::per_hour(2)
+        .unwrap()
+        .sliding_window()
+        .with_unit(Unit::Requests);
+    assert_eq!(tightest(vec![hour, minute]).await.1, "3600");
+    assert_eq!(tightest(vec![minute, hour]).await.1, "3600");
+    // Equal left (2 each) and equal reset (fixed windows of one period end
+    // together): the first quota listed.
+    let three_requests = Quota::per_minute(3)
+        .unwrap()
+        .fixed_window()
+        .with_unit(Unit::Requests);
+    let four_units = Quota::per_minute(4).unwrap().fixed_window();
+    assert_eq!(tightest(vec![three_requests, four_units]).await.0, "3");
+    assert_eq!(tightest(vec![four_units, three_requests]).await.0, "4");
+    // Less left wins whatever the reset: none left in the minute (the
+    // request's cost, 2) against one in the hour.
+    let spent = Quota::per_minute(2).unwrap().sliding_window();
+    assert_eq!(tightest(vec![hour, spent]).await.1, "60");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_key_moved_between_rules_starts_spent_unless_it_was_idle() {
+    let rule = |name: &str| {
+        Rule::new(name, KeyPattern::text("k").unwrap()).with_quota(Quota::per_minute(2).unwrap())
+    };
+    let layer = RateLimitLayer::new(Quota::per_minute(100).unwrap(), key());
+    let handle = layer.handle();
+    let mut svc = layer.layer(Inner::new());
+    handle.set_rules(vec![rule("a")]).unwrap();
+    send(&mut svc, "k").await.unwrap();
+    // Busy under "a", then moved to "b": it starts "b" spent.
+    handle.set_rules(vec![rule("b")]).unwrap();
+    assert!(send(&mut svc, "k").await.is_err(), "moving minted a burst");
+    // The same rule retuned is no move: the key keeps its state.
+    handle
+        .set_rules(vec![
+            Rule::new("b", KeyPattern::text("k").unwrap())
+                .with_quota(Quota::per_minute(3).unwrap()),
+        ])
+        .unwrap();
+    time::advance(Duration::from_secs(20)).await;
+    send(&mut svc, "k")
+        .await
+        .expect("one unit back in 20 s at 3 a minute");
+    // Idle for longer than its longest period, it has nothing left to
+    // carry over: moved now, it starts "c" whole.
+    time::advance(Duration::from_secs(61)).await;
+    handle.set_rules(vec![rule("c")]).unwrap();
+    send(&mut svc, "k").await.expect("an idle key moved whole");
+    send(&mut svc, "k").await.expect("an idle key moved whole");
+    assert!(send(&mut svc, "k").await.is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handle_shows_its_limits_and_switches_but_no_key() {
+    let layer = RateLimitLayer::new(Quota::per_minute(2).unwrap(), key());
+    let handle = layer.handle();
+    handle
+        .set_rules(vec![Rule::new("vip", KeyPattern::text("vip").unwrap())])
+        .unwrap();
+    handle.set_dry_run(true);
+    let mut svc = layer.layer(Inner::new());
+    send(&mut svc, "key-seen-once").await.unwrap();
+    let shown = format!("{handle:?}");
+    for part in [
+        "Limiter",
+        "default",
+        "\"vip\"",
+        "enabled: true",
+        "dry_run: true",
+    ] {
+        assert!(shown.contains(part), "{part} not in {shown}");
+    }
+    assert!(!shown.contains("key-seen-once"), "{shown}");
 }

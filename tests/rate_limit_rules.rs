@@ -142,6 +142,39 @@ async fn equally_specific_rules_go_by_declaration_order() {
     assert_eq!(count("gpt-3.5").await, 2);
 }
 
+/// Found by the `key_patterns` fuzz target: an all-exact pattern was looked
+/// up before the others and won a tie it should lose to an earlier rule.
+#[tokio::test(start_paused = true)]
+async fn an_exact_text_pattern_ties_an_exact_part_and_the_first_declared_wins() {
+    let rules = vec![
+        Rule::new("text", KeyPattern::text("a").unwrap()),
+        Rule::new("parts", KeyPattern::parts(["a"]).unwrap()),
+    ];
+    assert_eq!(Rule::find(&rules, &["a"]).map(Rule::name), Some("text"));
+    let reversed: Vec<Rule> = rules.iter().rev().cloned().collect();
+    assert_eq!(Rule::find(&reversed, &["a"]).map(Rule::name), Some("parts"));
+
+    // The limiter picks the same rule.
+    let layer = RateLimitLayer::new(per_minute(1), HeaderKey::new("x-model").unwrap())
+        .with_rule(Rule::new("text", KeyPattern::text("a").unwrap()).with_quota(per_minute(2)))
+        .unwrap()
+        .with_rule(Rule::new("parts", KeyPattern::parts(["a"]).unwrap()).with_quota(per_minute(3)))
+        .unwrap();
+    let mut svc = layer.layer(Inner::new());
+    let mut admitted = 0;
+    loop {
+        let req = http::Request::builder()
+            .header("x-model", "a")
+            .body(())
+            .unwrap();
+        if svc.ready().await.unwrap().call(req).await.is_err() {
+            break;
+        }
+        admitted += 1;
+    }
+    assert_eq!(admitted, 2);
+}
+
 /// Counts how often the key is extracted: once per request for its hash,
 /// plus once each time the key's text is needed.
 #[derive(Clone, Default)]

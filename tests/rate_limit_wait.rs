@@ -261,6 +261,37 @@ async fn cancelling_the_last_waiter_gives_its_slot_back() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_dropped_waiter_that_opened_the_next_turn_leaves_the_running_turn_spent() {
+    // One per turn, turns going stale after a second: the second request
+    // waits for the next turn, which it opens. Dropped before it starts,
+    // it gives its unit of that turn back, not one of the running turn,
+    // which is still spent.
+    let inner = Inner::new();
+    let quota = Quota::per_turn(1)
+        .unwrap()
+        .with_stale_after(SECOND)
+        .unwrap();
+    let mut svc = RateLimitLayer::new(quota, GlobalKey)
+        .with_max_wait(Duration::from_secs(10))
+        .layer(inner.clone());
+    svc.ready()
+        .await
+        .unwrap()
+        .call(request("k", 0))
+        .await
+        .unwrap();
+    svc.ready().await.unwrap();
+    let mut second = task::spawn(svc.call(request("k", 1)));
+    assert_pending!(second.poll());
+    drop(second);
+    svc.ready().await.unwrap();
+    let start = Instant::now();
+    svc.call(request("k", 2)).await.unwrap();
+    assert_eq!(Instant::now() - start, SECOND, "went in the spent turn");
+    assert_eq!(inner.record.order(), vec![0, 2]);
+}
+
+#[tokio::test(start_paused = true)]
 async fn the_inner_service_is_polled_ready_again_after_the_wait() {
     let (mock, mut handle) = tower_test::mock::pair::<http::Request<()>, http::Response<()>>();
     let mut svc = RateLimitLayer::new(quota(Algorithm::TokenBucket, 1, SECOND), GlobalKey)
@@ -593,4 +624,26 @@ async fn in_a_dry_run_a_request_that_would_wait_goes_at_once_and_says_so() {
         let remaining = response.headers().get("ratelimit").expect("annotated");
         assert_eq!(remaining, r#""(default)";r=0;t=2"#);
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_that_cannot_wait_does_not_queue_behind_due_waiters() {
+    // One limiter, two layers: one waits, one refuses. At a fixed window's
+    // start a waiter is due (its task has not run yet) and the window has
+    // room for more: the request that cannot wait goes at once, past the
+    // waiter, rather than queue behind it.
+    let refusing = RateLimitLayer::new(Quota::per_second(3).unwrap().fixed_window(), GlobalKey);
+    let waiting = refusing.clone().with_max_wait(2 * SECOND);
+    let inner = Inner::new();
+    let mut refuse = refusing.layer(inner.clone());
+    let mut wait = waiting.layer(inner.clone());
+    fill(&mut refuse, 3).await;
+    wait.ready().await.unwrap();
+    let mut waiter = task::spawn(wait.call(request("k", 3)));
+    assert_pending!(waiter.poll());
+    until_woken(&waiter).await;
+    refuse.ready().await.unwrap();
+    let mut now = task::spawn(refuse.call(request("k", 4)));
+    assert_ready_ok!(now.poll(), "queued behind a due waiter");
+    assert_ready_ok!(waiter.poll());
 }

@@ -282,3 +282,84 @@ async fn a_shared_cooldown_fails_as_its_store_says_when_redis_is_away() {
         .expect("open");
     assert_eq!(res.status(), 200);
 }
+
+#[tokio::test]
+async fn a_503_is_shared_only_with_a_wait_and_never_touches_the_streak() {
+    let Some(server) = RedisServer::start("a_503_is_shared_only_with_a_wait") else {
+        return;
+    };
+    let clock = clock();
+    let make = || {
+        tower::ServiceBuilder::new()
+            .layer(layer(store(&server, &clock, OnError::Closed)).on_503(true))
+            .service_fn(upstream)
+    };
+    let (mut a, mut b) = (make(), make());
+    let mut conn = server.connection();
+    let streak = |conn: &mut redis::Connection| -> Option<u32> {
+        let keys: Vec<String> = redis::cmd("KEYS").arg("cool:*").query(conn).expect("KEYS");
+        let key = keys.first()?;
+        redis::cmd("HGET")
+            .arg(key)
+            .arg("s")
+            .query(conn)
+            .expect("HGET")
+    };
+    // a: a 429 with no advice, streak 1 (50 ms, passed on Redis's clock).
+    send(&mut a, request("r", 429, None))
+        .await
+        .expect("passed on");
+    clock.fetch_add(60_000, Ordering::SeqCst);
+    // b: a 503 without a wait says nothing, to Redis either.
+    let res = send(&mut b, request("r", 503, None))
+        .await
+        .expect("passed on");
+    assert_eq!(res.status(), 503);
+    assert_eq!(
+        streak(&mut conn),
+        Some(1),
+        "a 503 ended or extended the streak"
+    );
+    // b: a 503 with a wait cools the route on a too, streak untouched.
+    send(&mut b, request("r", 503, Some(10)))
+        .await
+        .expect("passed on");
+    let left = cooling(send(&mut a, request("r", 200, None)).await.unwrap_err());
+    assert!(
+        left > Duration::from_secs(9) && left <= Duration::from_secs(10),
+        "{left:?}"
+    );
+    assert_eq!(
+        streak(&mut conn),
+        Some(1),
+        "a 503 ended or extended the streak"
+    );
+}
+
+#[tokio::test]
+async fn a_replica_that_learns_a_shared_cooldown_counts_it_as_started() {
+    let Some(server) = RedisServer::start("a_replica_that_learns_a_shared_cooldown") else {
+        return;
+    };
+    let clock = clock();
+    let (layer_a, layer_b) = (
+        layer(store(&server, &clock, OnError::Closed)),
+        layer(store(&server, &clock, OnError::Closed)),
+    );
+    let (handle_a, handle_b) = (layer_a.handle(), layer_b.handle());
+    let mut a = tower::ServiceBuilder::new()
+        .layer(layer_a)
+        .service_fn(upstream);
+    let mut b = tower::ServiceBuilder::new()
+        .layer(layer_b)
+        .service_fn(upstream);
+    send(&mut a, request("r", 429, Some(10)))
+        .await
+        .expect("passed on");
+    assert_eq!(handle_a.cooldowns_started(), 1);
+    assert_eq!(handle_b.cooldowns_started(), 0);
+    cooling(send(&mut b, request("r", 200, None)).await.unwrap_err());
+    assert_eq!(handle_b.cooldowns_started(), 1, "b cools now: one start");
+    cooling(send(&mut b, request("r", 200, None)).await.unwrap_err());
+    assert_eq!(handle_b.cooldowns_started(), 1, "the same cooldown again");
+}

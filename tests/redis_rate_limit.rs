@@ -583,6 +583,60 @@ async fn capacity_comes_back(server: &RedisServer, algorithm: Algorithm) {
 }
 
 #[tokio::test]
+async fn a_waiter_that_opened_the_next_turn_and_left_leaves_the_running_turn_spent() {
+    let Some(server) = RedisServer::start("a_waiter_that_opened_the_next_turn") else {
+        return;
+    };
+    // One request a turn; a turn nobody ends lasts a minute.
+    let clock = Clock::new();
+    let turns = || {
+        Quota::per_turn(1)
+            .expect("valid")
+            .with_stale_after(MINUTE)
+            .expect("a turn budget")
+    };
+    let probe = || {
+        RateLimitLayer::new(turns(), GlobalKey)
+            .with_store(store(&server, "opened:", Some(&clock)))
+            .expect("a quota Redis keeps")
+            .layer(Inner::new())
+    };
+    send(&mut probe(), "k", 0).await.expect("first of the turn");
+    // The second waits for the next turn, a minute on, which it opens.
+    let mut waiting = RateLimitLayer::new(turns(), GlobalKey)
+        .with_store(store(&server, "opened:", Some(&clock)))
+        .expect("a quota Redis keeps")
+        .with_max_wait(Duration::from_secs(300))
+        .layer(Inner::new());
+    let mut waiter = tokio_test::task::spawn(async move { send(&mut waiting, "k", 1).await });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        tokio_test::assert_pending!(waiter.poll());
+        // A fresh replica each time: one remembers its refusals.
+        if retry_after(&send(&mut probe(), "k", 2).await.expect_err("full")) == 2 * MINUTE {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never booked");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Dropped, it gives back its unit of the next turn, and none of the
+    // running one: the key is refused until the next turn starts.
+    drop(waiter);
+    loop {
+        let outcome = send(&mut probe(), "k", 3)
+            .await
+            .map(|_| ())
+            .map_err(|e| retry_after(&e));
+        if outcome != Err(2 * MINUTE) {
+            assert_eq!(outcome, Err(MINUTE), "went in the spent turn");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never given back");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
 async fn a_reset_through_a_handle_clears_the_key_in_redis_for_every_replica() {
     let Some(server) = RedisServer::start("a_reset_through_a_handle") else {
         return;

@@ -147,3 +147,30 @@ fn a_later_stack_layer_may_only_tighten() {
         "a shorter first cooldown is ignored"
     );
 }
+
+/// Found by the `stack_config` fuzz target's check: a value or a key
+/// from the file reached the error's text raw, escape sequences
+/// and line breaks included.
+#[test]
+fn config_errors_show_the_files_text_escaped() {
+    let errors = [
+        "[backoff]\nmode = \"\\u001b[2J\"\n",
+        "[concurrency]\nmax_in_flight = 1\nqueue_timeout = \"\\u001b[2J\\nforged\"\n",
+        "[concurrency]\n\"\\u001b[2J\" = 1\n",
+        "[rate_limit]\n[[rate_limit.rules]]\nname = \"x\"\nkey = \"*\"\nquotas = [{ limit = 1, period = \"1s\\u202e\\n\" }]\n",
+    ]
+    .map(|text| match StackConfig::from_toml(text).and_then(|c| c.validate().map(|_| ())) {
+        Ok(()) => panic!("{text:?} is refused"),
+        Err(e) => e.to_string(),
+    });
+    for shown in errors {
+        assert!(
+            !shown.contains('\u{1b}') && !shown.contains('\n') && !shown.contains('\u{202e}'),
+            "{shown:?}"
+        );
+        assert!(
+            shown.contains(r"\u{1b}[2J") || shown.contains(r"\u{202e}"),
+            "{shown:?}"
+        );
+    }
+}

@@ -16,7 +16,7 @@ use tracing_subscriber::prelude::*;
 use crate::cli::Cli;
 use crate::config::{self, DEFAULT_CONFIG, DEFAULT_LISTEN, DEFAULT_PATH, Settings};
 use crate::gateway::{self, Running, StartError};
-use crate::{bench, demo, reload};
+use crate::{bench, bench_tls, demo, reload};
 
 /// Logs to stderr, filtered by `--log`, else `RUST_LOG`, else `info`.
 pub fn init_logs(filter: Option<&str>) -> Result<(), String> {
@@ -125,7 +125,13 @@ pub async fn run(
         }
         // Ctrl-C and SIGTERM stop a load test too.
         return tokio::select! {
-            result = bench::run(cli.requests, &cli.connections) => match result {
+            result = async {
+                if cli.tls {
+                    bench_tls::run(cli.requests, &cli.connections).await
+                } else {
+                    bench::run(cli.requests, &cli.connections).await
+                }
+            } => match result {
                 Ok(report) => {
                     print!("{report}");
                     0

@@ -5,7 +5,7 @@
 //! load, so none is hit), with C connections each sending its share one
 //! after another. Prints throughput and latency percentiles of each, what
 //! the gateway adds to the direct path, and what its layers add to the
-//! plain hop.
+//! plain hop. `--tls` runs it with an HTTPS upstream instead (`bench_tls`).
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -18,24 +18,18 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{Connect, HttpConnector};
 use hyper_util::rt::TokioExecutor;
 use tower_throttle::error::BoxError;
 
 use crate::config::{Settings, process_env};
 use crate::gateway;
 
-/// The gateway for the load test: the simulator answering at once without a
-/// limit, and every layer on with limits the load never reaches.
-pub const BENCH_CONFIG: &str = r#"
-[simulator]
-latency = "0ms"
-models = [{ name = "sim-small", limit = 0, period = "1s" }]
-
-[[providers]]
-name = "sim"
-base_url = "simulator"
-
+/// Every layer on, with limits no load test reaches: the sections both
+/// load tests (plain and TLS) give the gateway after their providers.
+macro_rules! bench_layers {
+    () => {
+        r#"
 [rate_limit]
 quotas = [{ limit = 100000000, period = "1s" }]
 
@@ -49,7 +43,25 @@ initial_backoff = "1s"
 host = "127.0.0.1"
 user_agent = "tower-throttle-proxy-bench/0.1"
 request_id = true
-"#;
+"#
+    };
+}
+pub(crate) use bench_layers;
+
+/// The gateway for the load test: the simulator answering at once without a
+/// limit, and every layer on with limits the load never reaches.
+pub const BENCH_CONFIG: &str = concat!(
+    r#"
+[simulator]
+latency = "0ms"
+models = [{ name = "sim-small", limit = 0, period = "1s" }]
+
+[[providers]]
+name = "sim"
+base_url = "simulator"
+"#,
+    bench_layers!()
+);
 
 const BODY: &str = r#"{"model":"sim-small","messages":[{"role":"user","content":"hello"}]}"#;
 
@@ -68,13 +80,17 @@ pub struct Run {
 
 type LoadClient = Client<HttpConnector, Full<Bytes>>;
 
-/// `requests` POSTs to `url` over `connections` connections.
-pub async fn load(
-    client: &LoadClient,
+/// `requests` POSTs to `url` over `connections` connections (or streams,
+/// when `client` speaks HTTP/2 to it).
+pub async fn load<C>(
+    client: &Client<C, Full<Bytes>>,
     url: &str,
     requests: u64,
     connections: usize,
-) -> Result<Run, BoxError> {
+) -> Result<Run, BoxError>
+where
+    C: Connect + Clone + Send + Sync + 'static,
+{
     let per = requests.div_ceil(connections as u64);
     let start = Instant::now();
     let mut tasks = Vec::new();

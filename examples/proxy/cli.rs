@@ -35,6 +35,11 @@ pub struct Cli {
     #[arg(long)]
     pub bench: bool,
 
+    /// Load-test with an HTTPS upstream (a local one, its certificate made
+    /// at start): the gateway against direct TLS requests.
+    #[arg(long, requires = "bench")]
+    pub tls: bool,
+
     /// Requests per load-test run.
     #[arg(long, value_name = "N", default_value_t = 20_000, requires = "bench")]
     pub requests: u64,

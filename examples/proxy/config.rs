@@ -7,6 +7,7 @@
 //! this file for every field, commented; it is also the default (see
 //! [`DEFAULT_PATH`]).
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,10 +19,13 @@ use serde::Deserialize;
 use tower_throttle::config::{BackoffConfig, ConcurrencyConfig, Stack, StackConfig, StoreConfig};
 use tower_throttle::error::ConfigError;
 use tower_throttle::identity::IdentityConfig;
-use tower_throttle::rate_limit::RateLimitConfig;
+use tower_throttle::rate_limit::{Limits, QuotaConfig, RateLimitConfig, Unit};
+use tower_throttle::redact::Escaped;
 
 use crate::edge::{AllowedHost, AllowedOrigin};
+use crate::preset::{Aliases, Kind, LimitHeaders, UsageFormat, check_version};
 use crate::serve;
+use crate::tls::{self, TlsSettings};
 
 /// The file run without `--config`, relative to the working directory: the
 /// commented example, when the proxy is started from the repository's root.
@@ -121,8 +125,15 @@ pub struct ProviderSection {
     /// The path prefix it is reached by (`/openai/v1/...`) and the first part
     /// of its routes.
     pub name: String,
-    /// `http://host:port[/base/path]`, or `"simulator"` for the built-in one.
+    /// `http://host:port[/base/path]`, `https://...`, or `"simulator"` for
+    /// the built-in one.
     pub base_url: String,
+    /// PEM file of CA certificates trusted for this (https) provider in
+    /// addition to the public web roots: a private CA, a test's.
+    pub ca_file: Option<String>,
+    /// Accept any certificate from this (https) provider. Tests only;
+    /// logged as a warning at start and on every reload.
+    pub insecure_skip_verify: Option<bool>,
     /// Environment variable holding the API key; none: the client's own
     /// `Authorization` passes through.
     pub api_key_env: Option<String>,
@@ -131,6 +142,21 @@ pub struct ProviderSection {
     /// Serve unprefixed paths (`/v1/...`); default only when it is the only
     /// provider.
     pub default: Option<bool>,
+    /// Tighten this provider's routes to the limits its responses announce
+    /// (see `learn`); default off.
+    pub learn_limits: Option<bool>,
+    /// The API it speaks, which sets the defaults above and below (see
+    /// `preset`); default `openai_compatible`.
+    pub kind: Option<Kind>,
+    /// `anthropic-version` sent when the client sends none; default
+    /// `2023-06-01` for `kind = "anthropic"`, none otherwise.
+    pub anthropic_version: Option<String>,
+    /// The rate-limit headers its answers carry; default from `kind`.
+    pub limit_headers: Option<LimitHeaders>,
+    /// Model names the upstream resolves to others (`"gpt-4o" =
+    /// "gpt-4o-2024-08-06"`, or `"*" = "NAME"` for every model): a route is
+    /// counted under the model it resolves to.
+    pub aliases: Option<BTreeMap<String, String>>,
 }
 
 /// `[simulator]`: an OpenAI-compatible upstream in this process.
@@ -251,6 +277,18 @@ pub struct Provider {
     pub credential: Option<Credential>,
     /// Serves unprefixed paths.
     pub default: bool,
+    /// Learns its routes' limits from its responses.
+    pub learn_limits: bool,
+    /// The API it speaks.
+    pub kind: Kind,
+    /// `anthropic-version` sent when the client sends none.
+    pub anthropic_version: Option<HeaderValue>,
+    /// The rate-limit headers its answers carry.
+    pub limit_headers: LimitHeaders,
+    /// Where its answers state their token usage (from `kind`).
+    pub usage_format: UsageFormat,
+    /// Model names the upstream resolves to others.
+    pub aliases: Arc<Aliases>,
 }
 
 /// Where a provider is.
@@ -264,6 +302,15 @@ pub enum Upstream {
         authority: Authority,
         /// A path every request path is appended to, without a trailing `/`.
         base_path: String,
+    },
+    /// An HTTPS upstream.
+    Https {
+        /// `host[:port]`.
+        authority: Authority,
+        /// A path every request path is appended to, without a trailing `/`.
+        base_path: String,
+        /// Whom it trusts.
+        tls: TlsSettings,
     },
 }
 
@@ -390,7 +437,7 @@ impl Settings {
                 ..s
             });
         let providers = check_providers(&file.providers, simulator.is_some(), env)?;
-        let stack = stack_config(&file, file.store.clone()).validate()?;
+        let stack = stack_config(&file, file.store.clone())?.validate()?;
         check_rule_providers(&file, &providers)?;
         Ok(Self {
             file,
@@ -441,7 +488,7 @@ impl Settings {
             redis_url: url.to_owned(),
             ..self.file.store.clone().unwrap_or_default()
         };
-        self.stack = stack_config(&self.file, Some(store))
+        self.stack = stack_config(&self.file, Some(store))?
             .validate()
             .map_err(|e| e.within("--redis"))?;
         Ok(self)
@@ -454,14 +501,60 @@ impl Settings {
 }
 
 /// The crate's sections of `file`, with `store`.
-fn stack_config(file: &ProxyFile, store: Option<StoreConfig>) -> StackConfig {
-    StackConfig {
-        rate_limit: file.rate_limit.clone(),
+fn stack_config(file: &ProxyFile, store: Option<StoreConfig>) -> Result<StackConfig, ConfigError> {
+    let rate_limit = file
+        .rate_limit
+        .as_ref()
+        .map(|r| token_units(r).map_err(|e| e.within("rate_limit")))
+        .transpose()?;
+    Ok(StackConfig {
+        rate_limit,
         concurrency: file.concurrency.clone(),
         backoff: file.backoff.clone(),
         identity: file.identity.clone(),
         store,
+    })
+}
+
+/// The gateway's quota units in the crate's words: a quota counts
+/// `"requests"` (the default) or `"tokens"`, which the crate calls cost (the
+/// gateway's cost of a request is its token estimate, see `usage`).
+fn token_units(config: &RateLimitConfig) -> Result<RateLimitConfig, ConfigError> {
+    let mut config = config.clone();
+    let translate = |quotas: &mut [QuotaConfig]| -> Result<(), ConfigError> {
+        for (i, quota) in quotas.iter_mut().enumerate() {
+            let unit = match quota.unit.as_deref() {
+                None | Some("requests") => Unit::Requests,
+                Some("tokens") => Unit::Cost,
+                Some(other) => {
+                    return Err(ConfigError::new(
+                        format!("quotas[{i}].unit"),
+                        format!(
+                            "`{}` is not a unit; use \"requests\" (the default) or \"tokens\"",
+                            Escaped(other)
+                        ),
+                    ));
+                }
+            };
+            quota.unit = Some(unit.as_str().to_owned());
+        }
+        Ok(())
+    };
+    translate(&mut config.quotas)?;
+    for (i, rule) in config.rules.iter_mut().enumerate() {
+        translate(&mut rule.quotas).map_err(|e| e.within(&format!("rules[{i}]")))?;
     }
+    Ok(config)
+}
+
+/// Whether any quota of `limits` counts tokens.
+pub fn counts_tokens(limits: Option<&Limits>) -> bool {
+    limits.is_some_and(|l| {
+        l.default
+            .iter()
+            .chain(l.rules.iter().flat_map(|r| r.quotas()))
+            .any(|q| q.unit() == Unit::Cost)
+    })
 }
 
 /// A TOML error as a [`ConfigError`] naming the field it is at (worked out
@@ -786,6 +879,8 @@ impl ProviderSection {
         } else {
             upstream(&self.base_url).map_err(|m| ConfigError::new("base_url", m))?
         };
+        let kind = self.kind.unwrap_or_default();
+        let upstream = self.with_tls(upstream)?;
         let credential = match (&self.api_key_env, &self.api_key_header) {
             (None, None) => None,
             (None, Some(_)) => {
@@ -800,7 +895,7 @@ impl ProviderSection {
                     Some(h) => HeaderName::try_from(h.trim()).map_err(|_| {
                         ConfigError::new("api_key_header", format!("`{h}` is not a header name"))
                     })?,
-                    None => http::header::AUTHORIZATION,
+                    None => kind.key_header(),
                 };
                 let text = if header == http::header::AUTHORIZATION {
                     format!("Bearer {key}")
@@ -823,31 +918,86 @@ impl ProviderSection {
                 })
             }
         };
+        let anthropic_version = match &self.anthropic_version {
+            Some(v) => Some(check_version(v)?),
+            None => kind.anthropic_version().map(HeaderValue::from_static),
+        };
+        let aliases = match &self.aliases {
+            Some(table) => Aliases::check(table)?,
+            None => Aliases::default(),
+        };
         Ok(Provider {
             name: Arc::from(name),
             upstream,
             credential,
             default: self.default.unwrap_or(false),
+            learn_limits: self.learn_limits.unwrap_or(false),
+            kind,
+            anthropic_version,
+            limit_headers: self.limit_headers.unwrap_or(kind.limit_headers()),
+            usage_format: kind.usage_format(),
+            aliases: Arc::new(aliases),
+        })
+    }
+
+    /// `upstream` with its TLS settings; `ca_file` and
+    /// `insecure_skip_verify` only mean something for https.
+    fn with_tls(&self, upstream: Upstream) -> Result<Upstream, ConfigError> {
+        let insecure = self.insecure_skip_verify == Some(true);
+        let Upstream::Https {
+            authority,
+            base_path,
+            ..
+        } = upstream
+        else {
+            if self.ca_file.is_some() {
+                return Err(ConfigError::new(
+                    "ca_file",
+                    "only an https:// base_url has a certificate to check",
+                ));
+            }
+            if insecure {
+                return Err(ConfigError::new(
+                    "insecure_skip_verify",
+                    "only an https:// base_url has a certificate to check",
+                ));
+            }
+            return Ok(upstream);
+        };
+        if insecure && self.ca_file.is_some() {
+            return Err(ConfigError::new(
+                "insecure_skip_verify",
+                "a ca_file is not used when no certificate is checked; remove one of the two",
+            ));
+        }
+        let extra_roots = match &self.ca_file {
+            Some(path) => tls::read_ca_file(path).map_err(|m| ConfigError::new("ca_file", m))?,
+            None => Arc::from(Vec::new()),
+        };
+        Ok(Upstream::Https {
+            authority,
+            base_path,
+            tls: TlsSettings {
+                ca_file: self.ca_file.clone(),
+                extra_roots,
+                insecure_skip_verify: insecure,
+            },
         })
     }
 }
 
-/// A plain-HTTP base URL, or why it cannot be used.
+/// An http:// or https:// base URL, or why it cannot be used (its TLS
+/// settings are added by [`ProviderSection::with_tls`]).
 fn upstream(text: &str) -> Result<Upstream, String> {
     let uri: Uri = text
         .trim()
         .parse()
         .map_err(|_| format!("`{text}` is not a URL; write e.g. \"http://127.0.0.1:11434\""))?;
-    match uri.scheme() {
-        Some(s) if *s == Scheme::HTTP => {}
-        Some(s) if *s == Scheme::HTTPS => {
-            return Err(format!(
-                "`{text}`: this example's client speaks plain HTTP only; reach an https upstream \
-                 through a local TLS proxy, or give the client a TLS connector (see gateway.rs)"
-            ));
-        }
-        _ => return Err(format!("`{text}` needs http:// in front")),
-    }
+    let https = match uri.scheme() {
+        Some(s) if *s == Scheme::HTTP => false,
+        Some(s) if *s == Scheme::HTTPS => true,
+        _ => return Err(format!("`{text}` needs http:// or https:// in front")),
+    };
     let Some(authority) = uri.authority().cloned() else {
         return Err(format!("`{text}` has no host"));
     };
@@ -857,9 +1007,22 @@ fn upstream(text: &str) -> Result<Upstream, String> {
     if uri.query().is_some() {
         return Err(format!("`{text}`: a base URL cannot have a query"));
     }
-    Ok(Upstream::Http {
-        authority,
-        base_path: uri.path().trim_end_matches('/').to_owned(),
+    let base_path = uri.path().trim_end_matches('/').to_owned();
+    Ok(if https {
+        Upstream::Https {
+            authority,
+            base_path,
+            tls: TlsSettings {
+                ca_file: None,
+                extra_roots: Arc::from(Vec::new()),
+                insecure_skip_verify: false,
+            },
+        }
+    } else {
+        Upstream::Http {
+            authority,
+            base_path,
+        }
     })
 }
 
@@ -870,6 +1033,19 @@ fn check_rule_providers(file: &ProxyFile, providers: &[Provider]) -> Result<(), 
         return Ok(());
     };
     for (i, rule) in rate.rules.iter().enumerate() {
+        if rule
+            .name
+            .as_deref()
+            .is_some_and(|n| n.starts_with(crate::learn::RULE_PREFIX))
+        {
+            return Err(ConfigError::new(
+                format!("rate_limit.rules[{i}].name"),
+                format!(
+                    "names starting with `{}` are the gateway's learned limits; choose another",
+                    crate::learn::RULE_PREFIX
+                ),
+            ));
+        }
         let Some(p) = rule.provider.as_deref() else {
             continue;
         };

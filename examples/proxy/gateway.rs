@@ -6,7 +6,9 @@
 //! axum handler: path that could leave the base path -> 400, provider from
 //!               the path, body buffered (max_body_bytes), model from the
 //!               body's JSON "model" (ambiguous or with control characters
-//!               -> 400), Route put in extensions
+//!               -> 400) resolved through the provider's aliases, Route put
+//!               in extensions; with a provider key, the client's own
+//!               credential headers dropped; anthropic-version added
 //!   ThrottleResponseLayer   refusals -> 429/503 + Retry-After (+ RateLimit headers)
 //!   map_result              transport errors -> 502/504; body -> axum Body;
 //!                           the rate limiter's note -> RateLimit headers
@@ -16,6 +18,7 @@
 //!   IdentityHeaderLayer     User-Agent, x-request-id by URL rules
 //!   Timeout                 upstream_timeout, to the response headers
 //!   Upstream                API key added here, last; Bytes -> Full; hyper client
+//!                           (plain, or the provider's HTTPS one: see `tls`)
 //! ```
 //!
 //! The layers run on `http::Request<Bytes>`: the body is buffered once (LLM
@@ -45,11 +48,13 @@ use arc_swap::ArcSwap;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode, Uri, header};
+use axum::http::{
+    HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, header,
+};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use bytes::Bytes;
-use http::uri::Authority;
+use http::uri::{Authority, Scheme};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -66,14 +71,19 @@ use tower_throttle::error::{BoxError, ConfigError, KeyError, MissingKey};
 use tower_throttle::identity::{IdentityHeaderLayer, StableIds};
 use tower_throttle::key::{JsonFieldKey, KeyBuilder, KeyExtractor, key_parts};
 use tower_throttle::rate_limit::{
-    Annotate, CountAll, Limits, OneUnit, RateLimitHandle, RateLimitInfo, RateLimitLayer,
+    Annotate, CountAll, Estimated, Limits, RateLimitHandle, RateLimitInfo, RateLimitLayer,
+    Settlement,
 };
 use tower_throttle::redact::{Escaped, Quoted};
 use tower_throttle::respond::{RateLimitHeaders, Rejection, ThrottleResponseLayer};
 
 use crate::config::{Credential, GatewaySettings, Settings, Upstream as UpstreamKind};
+use crate::learn::Learner;
+use crate::preset::{self, Aliases, Kind, LimitHeaders, UsageFormat};
 use crate::simulator::Simulator;
 use crate::stats::{OTHER, TrackedRoutes};
+use crate::tls::{HttpsClient, TlsClients, UpstreamTls, Via};
+use crate::usage::{self, UsageBody};
 use crate::{edge, live, operator, serve, stats};
 
 /// The model part of a route whose body names none (`GET /v1/models`).
@@ -85,7 +95,8 @@ pub const NO_MODEL: &str = "(none)";
 pub struct Route {
     /// The provider's name.
     pub provider: Arc<str>,
-    /// The body's `"model"`, or [`NO_MODEL`].
+    /// The model the body's `"model"` resolves to through the provider's
+    /// aliases, or [`NO_MODEL`].
     pub model: Arc<str>,
 }
 
@@ -279,6 +290,7 @@ type HttpClient = Client<HttpConnector, Full<Bytes>>;
 pub struct Upstream {
     client: HttpClient,
     counters: Arc<UpstreamCounters>,
+    learned: Arc<Learner>,
 }
 
 impl fmt::Debug for Upstream {
@@ -287,9 +299,8 @@ impl fmt::Debug for Upstream {
     }
 }
 
-/// The plain-HTTP client every request goes out through. For https
-/// upstreams, this is the one place to give it a TLS connector (e.g.
-/// `hyper-rustls`'s `HttpsConnector` around this `HttpConnector`).
+/// The plain-HTTP client requests to http:// upstreams go out through
+/// (https:// ones go through their provider's client, see `tls`).
 fn http_client() -> HttpClient {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
@@ -315,15 +326,31 @@ impl Service<http::Request<Bytes>> for Upstream {
         if let Some(Outbound(credential)) = parts.extensions.remove::<Outbound>() {
             parts.headers.insert(credential.header, credential.value);
         }
-        let future = self
-            .client
-            .request(http::Request::from_parts(parts, Full::new(body)));
+        let https = parts.extensions.remove::<Via>();
+        let req = http::Request::from_parts(parts, Full::new(body));
+        let future = match https {
+            Some(Via(client)) => client.request(req),
+            None => self.client.request(req),
+        };
         let counters = self.counters.clone();
+        let learned = self.learned.clone();
         Box::pin(async move {
             let result = future.await;
+            if let (Some(route), Ok(response)) = (&route, &result) {
+                learned.observe(route, response.headers());
+            }
             counters.record(route.as_ref(), result.as_ref().ok().map(|r| r.status()));
             // hyper's body, boxed as is: frames still pass one by one.
             result.map(|r| r.map(Body::new)).map_err(|e| {
+                if let Some(tls) = UpstreamTls::find(&e) {
+                    let provider = route.as_ref().map(|r| &*r.provider).unwrap_or_default();
+                    tracing::warn!(
+                        provider = %Quoted(provider),
+                        error = %Quoted(&Escaped(&tls.to_string()).to_string()),
+                        "upstream TLS handshake failed; is its certificate trusted (ca_file)?"
+                    );
+                    return Box::new(tls) as BoxError;
+                }
                 let route = route.map(|r| r.to_string()).unwrap_or_default();
                 let error = error_chain(&e);
                 tracing::warn!(
@@ -356,12 +383,15 @@ pub type ProxyService = BoxCloneSyncService<http::Request<Bytes>, Response<Body>
 /// outlive every reload. Each reload layers clones of them (sharing that
 /// state) with the new waits and queue limits.
 struct Layers {
-    rate: RateLimitLayer<RouteKey, OneUnit, CountAll, NoteQuota>,
+    rate: RateLimitLayer<RouteKey, Estimated<TokenCost>, CountAll, NoteQuota>,
     concurrency: ConcurrencyLayer<RouteKey>,
     backoff: Backoff429Layer<RouteKey>,
     /// The identity layer's client/project/session ids, kept across reloads.
     stable: Mutex<Option<StableIds>>,
 }
+
+/// The rate limiter's cost of a request: its token estimate (see `usage`).
+type TokenCost = fn(&http::Request<Bytes>) -> u32;
 
 /// Live control and stats of the three stateful layers (see `live`).
 #[derive(Clone, Debug)]
@@ -372,16 +402,39 @@ pub struct Handles {
     pub concurrency: ConcurrencyHandle,
     /// Cooldowns.
     pub backoff: BackoffHandle,
+    /// Limits learned from providers, applied through `rate`.
+    pub learned: Arc<Learner>,
 }
 
 /// One provider, resolved to where requests go.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 struct Target {
     name: Arc<str>,
+    scheme: Scheme,
+    /// The client for an https upstream.
+    https: Option<HttpsClient>,
     authority: Authority,
     base_path: String,
     credential: Option<Credential>,
     default: bool,
+    kind: Kind,
+    anthropic_version: Option<HeaderValue>,
+    limit_headers: LimitHeaders,
+    usage_format: UsageFormat,
+    aliases: Arc<Aliases>,
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Target")
+            .field("name", &self.name)
+            .field("scheme", &self.scheme)
+            .field("authority", &self.authority)
+            .field("base_path", &self.base_path)
+            .field("credential", &self.credential)
+            .field("default", &self.default)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A provider as `/stats` shows it: never its key.
@@ -395,6 +448,12 @@ pub struct ProviderInfo {
     pub default: bool,
     /// Whether the gateway sends it an API key.
     pub authenticated: bool,
+    /// The API it speaks.
+    pub kind: Kind,
+    /// The rate-limit headers its answers carry.
+    pub limit_headers: LimitHeaders,
+    /// Where its answers state their token usage.
+    pub usage_format: UsageFormat,
 }
 
 /// The configuration in force, swapped whole by a reload.
@@ -405,6 +464,9 @@ pub struct Current {
     service: ProxyService,
     /// 1 at start, one more per applied reload.
     pub generation: u64,
+    /// Some quota counts tokens: requests are charged an estimate, settled
+    /// by their answers' usage.
+    counts_tokens: bool,
 }
 
 struct Inner {
@@ -412,6 +474,8 @@ struct Inner {
     layers: Layers,
     handles: Handles,
     upstream: Upstream,
+    /// The HTTPS clients, kept across reloads.
+    tls: TlsClients,
     counters: Arc<UpstreamCounters>,
     tracked: Arc<TrackedRoutes>,
     simulator: Option<SocketAddr>,
@@ -482,7 +546,10 @@ impl Gateway {
         // no retune); what the settings say of it is applied through the
         // handles, now and on every reload (`live`).
         let limits = settings.stack.rate_limit.clone().unwrap_or_default();
+        // Quotas counting tokens are charged each request's estimate,
+        // settled at the end of its answer; quotas counting requests, one.
         let rate = RateLimitLayer::from_limits(&limits, RouteKey)
+            .with_cost(Estimated(usage::estimated_cost as TokenCost))
             .with_key_stats_where(routes, is_tracked(&tracked));
         let backoff =
             Backoff429Layer::new(RouteKey).with_key_stats_where(routes, is_tracked(&tracked));
@@ -510,12 +577,14 @@ impl Gateway {
             rate: rate.handle(),
             concurrency: concurrency.handle(),
             backoff: backoff.handle(),
+            learned: Arc::new(Learner::new(rate.handle())),
         };
         live::apply(&handles, &settings)?;
         let counters = Arc::new(UpstreamCounters::new(tracked.clone()));
         let upstream = Upstream {
             client: http_client(),
             counters: counters.clone(),
+            learned: handles.learned.clone(),
         };
         let layers = Layers {
             rate,
@@ -523,13 +592,15 @@ impl Gateway {
             backoff,
             stable: Mutex::new(None),
         };
-        let current = build(&layers, &upstream, simulator, settings, 1)?;
+        let tls = TlsClients::default();
+        let current = build(&layers, &upstream, &tls, simulator, settings, 1)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 current: ArcSwap::from_pointee(current),
                 layers,
                 handles,
                 upstream,
+                tls,
                 counters,
                 tracked,
                 simulator,
@@ -541,7 +612,7 @@ impl Gateway {
                 last_published: Mutex::new((0, String::new())),
                 shutdown: watch::Sender::new(false),
                 started: SystemTime::now(),
-                model_key: JsonFieldKey::new("model"),
+                model_key: JsonFieldKey::new(preset::MODEL_FIELD),
                 listen: OnceLock::new(),
             }),
         })
@@ -560,6 +631,7 @@ impl Gateway {
         let current = build(
             &self.inner.layers,
             &self.inner.upstream,
+            &self.inner.tls,
             self.inner.simulator,
             settings,
             generation,
@@ -658,9 +730,12 @@ impl Gateway {
             .iter()
             .map(|t| ProviderInfo {
                 name: t.name.to_string(),
-                upstream: format!("http://{}{}", t.authority, t.base_path),
+                upstream: format!("{}://{}{}", t.scheme, t.authority, t.base_path),
                 default: t.default,
                 authenticated: t.credential.is_some(),
+                kind: t.kind,
+                limit_headers: t.limit_headers,
+                usage_format: t.usage_format,
             })
             .collect()
     }
@@ -670,17 +745,24 @@ impl Gateway {
 fn build(
     layers: &Layers,
     upstream: &Upstream,
+    tls: &TlsClients,
     simulator: Option<SocketAddr>,
     settings: Settings,
     generation: u64,
 ) -> Result<Current, ConfigError> {
     let mut targets = Vec::new();
+    let mut https = https_clients(tls, &settings)?.into_iter();
     for (i, p) in settings.providers.iter().enumerate() {
-        let (authority, base_path) = match &p.upstream {
+        let (scheme, authority, base_path) = match &p.upstream {
             UpstreamKind::Http {
                 authority,
                 base_path,
-            } => (authority.clone(), base_path.clone()),
+            } => (Scheme::HTTP, authority.clone(), base_path.clone()),
+            UpstreamKind::Https {
+                authority,
+                base_path,
+                ..
+            } => (Scheme::HTTPS, authority.clone(), base_path.clone()),
             UpstreamKind::Simulator => {
                 let addr = simulator.ok_or_else(|| {
                     ConfigError::new(
@@ -691,15 +773,26 @@ fn build(
                 let authority = Authority::try_from(addr.to_string()).map_err(|_| {
                     ConfigError::new(format!("providers[{i}].base_url"), "bad simulator address")
                 })?;
-                (authority, String::new())
+                (Scheme::HTTP, authority, String::new())
             }
+        };
+        let https = match &p.upstream {
+            UpstreamKind::Https { .. } => https.next(),
+            _ => None,
         };
         targets.push(Target {
             name: p.name.clone(),
+            scheme,
+            https,
             authority,
             base_path,
             credential: p.credential.clone(),
             default: p.default,
+            kind: p.kind,
+            anthropic_version: p.anthropic_version.clone(),
+            limit_headers: p.limit_headers,
+            usage_format: p.usage_format,
+            aliases: p.aliases.clone(),
         });
     }
     let rate_wait = settings
@@ -743,11 +836,34 @@ fn build(
         .timeout(settings.gateway.upstream_timeout)
         .service(upstream.clone());
     Ok(Current {
+        counts_tokens: crate::config::counts_tokens(settings.stack.rate_limit.as_ref()),
         settings: Arc::new(settings),
         targets,
         service: BoxCloneSyncService::new(service),
         generation,
     })
+}
+
+/// The HTTPS client of each https provider of `settings`, in order. A
+/// provider that skips verification is warned about here: at start and on
+/// every reload.
+fn https_clients(tls: &TlsClients, settings: &Settings) -> Result<Vec<HttpsClient>, ConfigError> {
+    let mut wanted = Vec::new();
+    for p in &settings.providers {
+        if let UpstreamKind::Https { tls, .. } = &p.upstream {
+            if tls.insecure_skip_verify {
+                tracing::warn!(
+                    provider = %Quoted(&p.name),
+                    "insecure_skip_verify = true: this provider's TLS certificate is NOT checked; \
+                     anyone on the path can read and change its traffic, API key included. \
+                     For tests only"
+                );
+            }
+            wanted.push(tls);
+        }
+    }
+    tls.clients_for(&wanted)
+        .map_err(|m| ConfigError::new("providers", m))
 }
 
 /// The identity layer for `settings`, keeping the ids of the first one
@@ -801,6 +917,11 @@ fn finish(
             Ok(response.map(Body::new))
         }
         Err(e) if Rejection::of(&e).is_some() => Err(e),
+        Err(e) if e.is::<UpstreamTls>() => Ok(json_error(
+            StatusCode::BAD_GATEWAY,
+            "upstream_tls",
+            &format!("{e}; the gateway's log names the provider"),
+        )),
         Err(e) if e.is::<tower::timeout::error::Elapsed>() => Ok(json_error(
             StatusCode::GATEWAY_TIMEOUT,
             "upstream_timeout",
@@ -824,6 +945,18 @@ pub fn json_error(status: StatusCode, code: &str, message: &str) -> Response<Bod
     )
         .into_response()
 }
+
+/// Request headers a client may carry an API key in: removed when the
+/// gateway sends its own (`Authorization` for OpenAI and most others,
+/// `x-api-key` for Anthropic, `api-key` for Azure OpenAI).
+const CLIENT_CREDENTIALS: [HeaderName; 3] = [
+    header::AUTHORIZATION,
+    HeaderName::from_static("x-api-key"),
+    HeaderName::from_static("api-key"),
+];
+
+/// Anthropic's API version header.
+const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
 
 /// Request headers that concern one connection, not the request.
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -921,7 +1054,7 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
         None => format!("{}{rest}", target.base_path),
     };
     let uri = Uri::builder()
-        .scheme("http")
+        .scheme(target.scheme.clone())
         .authority(target.authority.clone())
         .path_and_query(path_and_query)
         .build();
@@ -936,6 +1069,19 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
     strip_hop_by_hop(&mut headers);
     headers.remove(header::HOST);
     headers.remove(header::CONTENT_LENGTH);
+    if target.credential.is_some() {
+        // The gateway's key alone goes upstream: a client's key for
+        // another provider never leaves, and none can stand in for it.
+        for name in &CLIENT_CREDENTIALS {
+            headers.remove(name);
+        }
+    }
+    if let Some(version) = &target.anthropic_version {
+        // The client's own version wins: its body is written for it.
+        headers
+            .entry(ANTHROPIC_VERSION)
+            .or_insert_with(|| version.clone());
+    }
     let mut out = http::Request::new(body);
     *out.method_mut() = parts.method;
     *out.uri_mut() = uri;
@@ -943,33 +1089,60 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
     // Only a body that is sent somewhere names a model: a GET with a body
     // naming one would count against (and track) a route it does not use.
     let reads_body = matches!(out.method(), &Method::POST | &Method::PUT | &Method::PATCH);
-    let model = match key_parts(&gateway.inner.model_key, &out) {
-        _ if !reads_body => NO_MODEL.to_owned(),
-        Ok(mut parts) => parts.pop().unwrap_or_else(|| NO_MODEL.to_owned()),
+    let named = match key_parts(&gateway.inner.model_key, &out) {
+        _ if !reads_body => None,
+        Ok(mut parts) => parts.pop(),
         // The limiter could count another model than the upstream serves.
         Err(KeyError::Ambiguous(e)) => {
             return json_error(StatusCode::BAD_REQUEST, "ambiguous_body", &e.to_string());
         }
-        Err(_) => NO_MODEL.to_owned(),
+        Err(_) => None,
     };
-    if let Some(problem) = edge::model_problem(&model) {
+    if let Some(problem) = named.as_deref().and_then(edge::model_problem) {
         return json_error(StatusCode::BAD_REQUEST, "bad_model", problem);
     }
+    // Counted under the model the upstream serves; the body goes as sent.
+    let model = match (reads_body, target.aliases.resolve(named.as_deref())) {
+        (true, Some(resolved)) => resolved.clone(),
+        _ => Arc::from(named.as_deref().unwrap_or(NO_MODEL)),
+    };
     let route = Route {
         provider: target.name.clone(),
-        model: Arc::from(model),
+        model,
     };
     out.extensions_mut().insert(route.clone());
+    gateway.handles().learned.prepare(&route);
     if let Some(credential) = &target.credential {
         out.extensions_mut().insert(Outbound(credential.clone()));
+    }
+    // Charged its estimate, settled by its answer's usage: only on the
+    // endpoints that answer with one (a file upload is not a prompt).
+    let answers_usage = target
+        .kind
+        .endpoint(out.uri().path())
+        .is_some_and(|e| e.usage);
+    let settlement = (current.counts_tokens && reads_body && answers_usage).then(|| {
+        let settlement = Settlement::new();
+        let estimate = usage::estimate(out.body());
+        out.extensions_mut().insert(estimate);
+        out.extensions_mut().insert(settlement.clone());
+        settlement
+    });
+    if let Some(client) = &target.https {
+        out.extensions_mut().insert(Via(client.clone()));
     }
     let method = out.method().clone();
     let response = match current.service.clone().oneshot(out).await {
         Ok(response) => response,
         Err(never) => match never {},
     };
-    let (mut parts, body) = response.into_parts();
+    let (mut parts, mut body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
+    // Only an answer the upstream gave; a refusal or an error of the
+    // gateway's own reports no usage, and its request was not admitted.
+    if let Some(settlement) = settlement.filter(|s| s.charged().is_some()) {
+        body = Body::new(UsageBody::new(body, &parts.headers, settlement));
+    }
     tracing::debug!(
         route = %Quoted(&route.to_string()),
         %method,

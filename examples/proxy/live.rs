@@ -42,9 +42,10 @@ pub fn apply(handles: &Handles, settings: &Settings) -> Result<(), ConfigError> 
     let mut limits: Limits = settings.stack.rate_limit.clone().unwrap_or_default();
     // Off overrides the section's own switch; on, the section decides.
     limits.enabled &= on;
+    // The learned limits go on top of the configured ones (see `learn`).
     handles
-        .rate
-        .apply(&limits)
+        .learned
+        .apply(settings, &limits)
         .map_err(|e| e.within("rate_limit"))?;
     handles
         .concurrency
@@ -58,6 +59,11 @@ pub fn apply(handles: &Handles, settings: &Settings) -> Result<(), ConfigError> 
         .unwrap_or_default()
         .apply_to(&handles.backoff)
         .map_err(|e| e.within("backoff"))?;
+    if settings.providers.iter().any(|p| p.learn_limits) {
+        // A provider saying its limit is spent (remaining 0, with a reset)
+        // cools the route before the 429; see `learn`.
+        handles.backoff.set_proactive(true);
+    }
     handles.backoff.set_enabled(on);
     Ok(())
 }

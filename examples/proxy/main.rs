@@ -7,6 +7,7 @@
 //! cargo run --example proxy -- --demo            # ... and a short load showing what each layer does
 //! cargo run --example proxy -- --config examples/proxy/proxy.toml --listen 127.0.0.1:8080
 //! cargo run --release --example proxy -- --bench # gateway vs simulator alone, on loopback
+//! cargo run --release --example proxy -- --bench --tls # gateway vs direct TLS to an HTTPS upstream
 //! ```
 //!
 //! Requests to `/PROVIDER/...` (or to unprefixed paths, for the default
@@ -41,18 +42,23 @@
 
 mod app;
 mod bench;
+mod bench_tls;
 mod cli;
 mod config;
 mod demo;
 mod edge;
 mod gateway;
+mod learn;
 mod live;
 mod operator;
+mod preset;
 mod reload;
 mod serve;
 mod signal;
 mod simulator;
 mod stats;
+mod tls;
+mod usage;
 
 use std::process::ExitCode;
 

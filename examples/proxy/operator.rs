@@ -85,6 +85,18 @@ fn one_route(gateway: &Gateway, route: &str) -> Response<Body> {
     let Some(provider) = providers.iter().find(|p| p.name == provider) else {
         return unknown();
     };
+    // An alias is asked for as the route it is counted under.
+    let current = gateway.current();
+    let aliases = current
+        .settings
+        .providers
+        .iter()
+        .find(|p| *p.name == *provider.name)
+        .map(|p| p.aliases.clone());
+    let model = match aliases.as_deref().and_then(|a| a.resolve(Some(model))) {
+        Some(resolved) => &**resolved,
+        None => model,
+    };
     let name = Route {
         provider: provider.name.as_str().into(),
         model: model.into(),
@@ -135,6 +147,7 @@ fn blank(provider: &str, model: &str, name: String) -> RouteStats {
         backoff: counters(),
         cooldown: None,
         upstream: Default::default(),
+        learned: None,
         route: name.clone(),
     }
 }

@@ -334,6 +334,11 @@ async fn completions(State(sim): State<Arc<Sim>>, headers: HeaderMap, body: Body
         );
     };
     let stream = request.get("stream").and_then(|s| s.as_bool()) == Some(true);
+    // As OpenAI: a last chunk with the usage, when asked for.
+    let include_usage = request
+        .pointer("/stream_options/include_usage")
+        .and_then(|s| s.as_bool())
+        == Some(true);
     let limit_headers = {
         let mut m = state.lock();
         m.counts.received += 1;
@@ -404,7 +409,7 @@ async fn completions(State(sim): State<Arc<Sim>>, headers: HeaderMap, body: Body
         tokio::time::sleep(sim.settings.latency).await;
     }
     let mut response = if stream {
-        stream_answer(&sim, id, model.to_owned())
+        stream_answer(&sim, id, model.to_owned(), include_usage)
     } else {
         let text = answer_text(model);
         let body = json!({
@@ -417,7 +422,7 @@ async fn completions(State(sim): State<Arc<Sim>>, headers: HeaderMap, body: Body
                 "message": {"role": "assistant", "content": text},
                 "finish_reason": "stop",
             }],
-            "usage": {"prompt_tokens": 8, "completion_tokens": text.split(' ').count(), "total_tokens": 8 + text.split(' ').count()},
+            "usage": usage(&text),
         });
         (
             [(header::CONTENT_TYPE, "application/json")],
@@ -440,6 +445,13 @@ async fn completions(State(sim): State<Arc<Sim>>, headers: HeaderMap, body: Body
     response
 }
 
+/// What an answer `text` reports as its usage: a prompt of 8 tokens, and a
+/// token per word.
+fn usage(text: &str) -> serde_json::Value {
+    let words = text.split(' ').count();
+    json!({"prompt_tokens": 8, "completion_tokens": words, "total_tokens": 8 + words})
+}
+
 fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -455,8 +467,9 @@ fn answer_text(model: &str) -> String {
 
 /// The answer as `chat.completion.chunk` events: the role first, then the
 /// words spread over `stream_chunks - 1` chunks, one every
-/// `stream_interval`, a final chunk with the finish reason, and `[DONE]`.
-fn stream_answer(sim: &Arc<Sim>, id: String, model: String) -> Response {
+/// `stream_interval`, a final chunk with the finish reason, with
+/// `include_usage` a chunk with the usage and no choices, and `[DONE]`.
+fn stream_answer(sim: &Arc<Sim>, id: String, model: String, include_usage: bool) -> Response {
     let chunks = sim.settings.stream_chunks.max(1) as usize;
     let interval = sim.settings.stream_interval;
     let words: Vec<String> = answer_text(&model)
@@ -467,6 +480,17 @@ fn stream_answer(sim: &Arc<Sim>, id: String, model: String) -> Response {
     let parts: Vec<String> = words.chunks(per.max(1)).map(|c| c.concat()).collect();
     let mut holds = sim.holds.subscribe();
     let created = unix_now();
+    let usage_chunk = include_usage.then(|| {
+        let chunk = json!({
+            "id": id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [],
+            "usage": usage(&answer_text(&model)),
+        });
+        Bytes::from(format!("data: {chunk}\n\n"))
+    });
     let event = move |delta: serde_json::Value, finish: Option<&str>| {
         let chunk = json!({
             "id": id,
@@ -499,6 +523,9 @@ fn stream_answer(sim: &Arc<Sim>, id: String, model: String) -> Response {
         let _ = holds.wait_for(|n| *n == 0).await;
         tokio::time::sleep(interval).await;
         let _ = tx.send(event(json!({}), Some("stop"))).await;
+        if let Some(chunk) = usage_chunk {
+            let _ = tx.send(chunk).await;
+        }
         let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
     });
     Response::builder()

@@ -37,6 +37,7 @@ use tower_throttle::stats::{KeyStats, OTHER_KEYS};
 
 use crate::config::{Settings, Upstream};
 use crate::gateway::{Gateway, ProviderInfo, Route, UpstreamCounts, json_error};
+use crate::learn::{LearnedInfo, UnitInfo};
 
 /// The route every route not counted by name is added up in.
 pub const OTHER: &str = OTHER_KEYS;
@@ -102,6 +103,12 @@ impl TrackedRoutes {
                 if !provider.contains(['*', '?']) && !model.contains(['*', '?']) {
                     self.add_named(route_name(provider, model));
                 }
+            }
+        }
+        // An alias leads to a model the configuration names.
+        for provider in &settings.providers {
+            for model in provider.aliases.targets() {
+                self.add_named(route_name(&provider.name, model));
             }
         }
         let simulated = settings
@@ -223,6 +230,9 @@ pub struct RouteStats {
     pub cooldown: Option<CooldownEntry>,
     /// What the upstream answered.
     pub upstream: UpstreamCounts,
+    /// What the provider said of its limits, for a provider with
+    /// `learn_limits` (see `learn`).
+    pub learned: Option<LearnedInfo>,
 }
 
 fn keyed(stats: Vec<KeyStats>) -> BTreeMap<String, KeyStats> {
@@ -253,8 +263,15 @@ pub fn snapshot(gateway: &Gateway, seq: u64) -> Snapshot {
         .map(|c| (c.key.clone(), c))
         .collect();
     let mut upstream: BTreeMap<String, UpstreamCounts> = upstream.into_iter().collect();
+    let mut learned: BTreeMap<String, LearnedInfo> = handles
+        .learned
+        .snapshot()
+        .into_iter()
+        .filter(|(name, _)| tracked.contains(name))
+        .collect();
     let mut names: Vec<String> = rate_keys
         .keys()
+        .chain(learned.keys())
         .chain(concurrency_keys.keys())
         .chain(backoff_keys.keys())
         .chain(cooldowns.keys())
@@ -286,6 +303,7 @@ pub fn snapshot(gateway: &Gateway, seq: u64) -> Snapshot {
                 backoff: backoff_keys.remove(&route).unwrap_or_else(|| blank(&route)),
                 cooldown: cooldowns.remove(&route),
                 upstream: upstream.remove(&route).unwrap_or_default(),
+                learned: learned.remove(&route),
                 route,
             }
         })
@@ -765,6 +783,7 @@ pub fn prometheus(s: &Snapshot) -> String {
         r,
         |x| n(x.upstream.failed),
     );
+    learned_families(&mut p, r);
     p.family(
         "proxy_backoff_cooldowns_started_total",
         "counter",
@@ -790,6 +809,49 @@ pub fn prometheus(s: &Snapshot) -> String {
     p.family("proxy_event_clients", "gauge", "Clients on /events now.");
     p.sample("proxy_event_clients", &[], s.event_clients as f64);
     p.out
+}
+
+/// The learned limits, one sample per route and unit said.
+fn learned_families(p: &mut Prom, routes: &[RouteStats]) {
+    type Value = fn(&UnitInfo) -> Option<f64>;
+    let families: [(&str, &str, Value); 4] = [
+        (
+            "proxy_learned_limit",
+            "Units per window the provider states (learn_limits).",
+            |u| u.limit.map(|v| v as f64),
+        ),
+        (
+            "proxy_learned_remaining",
+            "Units left, as the provider last said.",
+            |u| u.remaining.map(|v| v as f64),
+        ),
+        (
+            "proxy_learned_reset_seconds",
+            "Seconds until the limit is whole, as the provider last said.",
+            |u| u.reset_seconds,
+        ),
+        (
+            "proxy_learned_timestamp_seconds",
+            "When the provider last said it, Unix seconds.",
+            |u| Some(u.learned_unix),
+        ),
+    ];
+    for (name, help, value) in families {
+        p.family(name, "gauge", help);
+        for r in routes {
+            let Some(learned) = &r.learned else { continue };
+            for (unit, info) in learned.units() {
+                if let Some(v) = info.and_then(value) {
+                    let labels = [
+                        ("provider", &*r.provider),
+                        ("model", &*r.model),
+                        ("unit", unit),
+                    ];
+                    p.sample(name, &labels, v);
+                }
+            }
+        }
+    }
 }
 
 /// `GET /metrics`.

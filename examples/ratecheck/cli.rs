@@ -14,6 +14,7 @@ use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, Url};
+use rustls::pki_types::CertificateDer;
 use serde::Serialize;
 
 use crate::schedule::{MAX_REQUESTS, Params, TooManyRequests, planned_requests};
@@ -41,8 +42,8 @@ Exit codes:
 #[derive(Parser)]
 #[command(name = "ratecheck", version, after_help = AFTER_HELP)]
 pub(crate) struct Cli {
-    /// The endpoint to probe (plain http). Credentials and the query string
-    /// are sent but never written to the report.
+    /// The endpoint to probe (http:// or https://). Credentials and the
+    /// query string are sent but never written to the report.
     #[arg(long, value_name = "URL")]
     pub(crate) url: String,
 
@@ -58,6 +59,11 @@ pub(crate) struct Cli {
     /// Send the contents of this file as the request body.
     #[arg(long, value_name = "FILE")]
     pub(crate) body_file: Option<PathBuf>,
+
+    /// PEM file of CA certificates to trust for an https:// --url, in
+    /// addition to the public web roots (a private CA, a test's).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) ca_file: Option<PathBuf>,
 
     /// What to measure.
     #[arg(long, value_enum, default_value_t = Mode::Sustained)]
@@ -266,6 +272,8 @@ pub(crate) struct Config {
     /// Values are marked sensitive.
     pub(crate) headers: HeaderMap,
     pub(crate) body: Option<Body>,
+    /// `--ca-file`'s certificates (DER), trusted besides the web roots.
+    pub(crate) ca_certs: Vec<CertificateDer<'static>>,
     pub(crate) mode: Mode,
     pub(crate) rpm: u32,
     pub(crate) burst: u32,
@@ -287,6 +295,7 @@ impl fmt::Debug for Config {
             .field("method", &self.method)
             .field("header_names", &header_names(&self.headers))
             .field("body", &self.body)
+            .field("ca_certs", &self.ca_certs.len())
             .field("mode", &self.mode)
             .field("rpm", &self.rpm)
             .field("burst", &self.burst)
@@ -309,7 +318,8 @@ pub(crate) fn header_names(headers: &HeaderMap) -> Vec<String> {
         .collect()
 }
 
-/// Parse the `--url` value: plain http with a host. Errors never repeat it.
+/// Parse the `--url` value: http or https with a host. Errors never repeat
+/// it.
 pub(crate) fn parse_url(s: &str) -> Result<Url, UsageError> {
     let url = Url::parse(s.trim()).map_err(|e| {
         usage(format!(
@@ -317,16 +327,10 @@ pub(crate) fn parse_url(s: &str) -> Result<Url, UsageError> {
         ))
     })?;
     match url.scheme() {
-        "http" => {}
-        "https" => {
-            return Err(usage(
-                "invalid --url: https is not supported by this build of ratecheck \
-                 (its HTTP client has no TLS); probe over plain http, e.g. through a local proxy",
-            ));
-        }
+        "http" | "https" => {}
         other => {
             return Err(usage(format!(
-                "invalid --url: scheme `{other}` is not supported; use http://"
+                "invalid --url: scheme `{other}` is not supported; use http:// or https://"
             )));
         }
     }
@@ -398,6 +402,15 @@ impl Config {
                 })?;
                 Some(Body(Bytes::from(bytes)))
             }
+        };
+        let ca_certs = match &cli.ca_file {
+            None => Vec::new(),
+            Some(_) if url.scheme() != "https" => {
+                return Err(usage(
+                    "--ca-file is for an https:// --url; this one is plain http",
+                ));
+            }
+            Some(path) => crate::tls::read_ca_file(path).map_err(usage)?,
         };
 
         let mode = cli.mode;
@@ -502,6 +515,7 @@ impl Config {
             method,
             headers,
             body,
+            ca_certs,
             mode,
             rpm,
             burst,

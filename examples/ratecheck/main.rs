@@ -22,10 +22,10 @@
 //!
 //! Exit codes: 0 when the run finished and the report was written; 1 when
 //! the report could not be written; 2 for a mistake in the command line
-//! (bad URL, header, body file, output path, zero rpm/burst/concurrency); 3
-//! when no request got an HTTP answer (the report is written: its `errors`
-//! say why, e.g. `connect` or `timeout`); 130 when a second Ctrl-C or
-//! SIGTERM cut the stop short.
+//! (bad URL, header, body file, CA file, output path, zero
+//! rpm/burst/concurrency); 3 when no request got an HTTP answer (the report
+//! is written: its `errors` say why, e.g. `connect`, `tls` or `timeout`);
+//! 130 when a second Ctrl-C or SIGTERM cut the stop short.
 
 mod app;
 mod cli;
@@ -43,6 +43,7 @@ mod signal;
 #[cfg(test)]
 mod tests;
 mod timeline;
+mod tls;
 
 use std::process::ExitCode;
 

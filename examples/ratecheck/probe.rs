@@ -26,6 +26,9 @@ const PROGRESS_AFTER: Duration = Duration::from_secs(3);
 pub(crate) enum TransportKind {
     /// No connection could be made.
     Connect,
+    /// The TLS handshake failed: the certificate is not trusted (see
+    /// `--ca-file`), has expired or names another host.
+    Tls,
     /// No complete response within `--timeout`.
     Timeout,
     /// The request could not be sent.
@@ -42,6 +45,7 @@ impl TransportKind {
     pub(crate) fn name(self) -> &'static str {
         match self {
             TransportKind::Connect => "connect",
+            TransportKind::Tls => "tls",
             TransportKind::Timeout => "timeout",
             TransportKind::Request => "request",
             TransportKind::Body => "body",
@@ -55,6 +59,8 @@ impl TransportKind {
         // with it credentials or tokens in the query string.
         if err.is_timeout() {
             TransportKind::Timeout
+        } else if crate::tls::is_tls_failure(err) {
+            TransportKind::Tls
         } else if err.is_connect() {
             TransportKind::Connect
         } else if err.is_body() || err.is_decode() {
@@ -134,9 +140,12 @@ impl std::error::Error for RunError {}
 
 /// The HTTP client every request of a run goes through: no redirects
 /// followed (a redirect is an answer to measure, and following one could
-/// carry headers elsewhere), `--timeout` per request.
+/// carry headers elsewhere), `--timeout` per request, for https the public
+/// web roots and `--ca-file` trusted.
 fn client(config: &Config) -> Result<reqwest::Client, RunError> {
+    let tls = crate::tls::client_config(&config.ca_certs).map_err(RunError)?;
     reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
         .redirect(reqwest::redirect::Policy::none())
         .timeout(config.timeout)
         .connect_timeout(config.timeout.min(Duration::from_secs(10)))

@@ -424,8 +424,16 @@ mod command_line {
         let err = parse(&["--url", "not a url sk-secret", "--rpm", "1"]).unwrap_err();
         assert!(err.0.starts_with("invalid --url"), "{err}");
         assert!(!err.0.contains("sk-secret"));
-        let err = parse(&["--url", "https://api.example.com/", "--rpm", "1"]).unwrap_err();
-        assert!(err.0.contains("https is not supported"), "{err}");
+        let err = parse(&[
+            "--url",
+            "http://api.example.com/",
+            "--rpm",
+            "1",
+            "--ca-file",
+            "x",
+        ])
+        .unwrap_err();
+        assert!(err.0.contains("--ca-file is for an https://"), "{err}");
         let err = parse(&["--url", "ftp://example.com/", "--rpm", "1"]).unwrap_err();
         assert!(err.0.contains("ftp"), "{err}");
     }

@@ -84,11 +84,15 @@ impl Idle for Route {
 }
 
 impl Route {
-    /// Forget a streak the route has been quiet long enough to forget, so
-    /// that a state swept as idle and one not yet swept decide alike.
+    /// Forget what a route quiet long enough to be swept as idle remembers:
+    /// its streak, and its latest cooldown's generation (a swept route comes
+    /// back at generation 0, so a response to a request sent before that
+    /// cooldown counts as fresh there). A state swept and one not yet swept
+    /// then decide alike.
     fn refresh(&mut self, now: Nanos) {
-        if self.streak > 0 && self.until <= now && self.forget_at <= now {
+        if self.until <= now && (self.streak == 0 || self.forget_at <= now) {
             self.streak = 0;
+            self.generation = 0;
         }
     }
 
@@ -422,9 +426,15 @@ impl Cooldowns {
         // A response to a request sent before the route's latest cooldown
         // started says nothing new about the streak: it was in flight.
         let fresh = watch.generation >= route.generation;
+        let forget_after = lengths.backoff.cap().min(lengths.max_cooldown);
         let start = if refused {
             if fresh {
                 route.streak = route.streak.saturating_add(1);
+                // The quiet time that forgets the streak runs from this 429
+                // too: one that starts no cooldown (a wait of zero) still
+                // counts in the streak.
+                let quiet = now.saturating_add(saturating_nanos(forget_after));
+                route.forget_at = route.forget_at.max(quiet);
             }
             match advised {
                 Some(advised) => Some(advised),
@@ -446,7 +456,6 @@ impl Cooldowns {
             advised
         };
         if let Some((wait, reason)) = start {
-            let forget_after = lengths.backoff.cap().min(lengths.max_cooldown);
             self.start(
                 route,
                 watch,
@@ -623,9 +632,10 @@ impl Cooldowns {
         if route.text.is_none() {
             route.text = Some(text.clone());
         }
-        // Within a millisecond of this replica's own: the same cooldown,
-        // seen through a round trip.
-        if until <= route.until.saturating_add(1_000_000) {
+        // Nothing cooling there (most reads), or within a millisecond of
+        // this replica's own: the same cooldown, seen through a round trip.
+        // Neither starts one here, nor makes requests in flight stale.
+        if until <= now || until <= route.until.saturating_add(1_000_000) {
             return;
         }
         let was_cooling = route.until > now;

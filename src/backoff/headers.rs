@@ -139,7 +139,8 @@ fn advised(status: StatusCode, headers: &HeaderMap, now: SystemTime) -> Option<(
 }
 
 const NANOS_PER_MS: u128 = 1_000_000;
-const NANOS_PER_SEC: u128 = 1_000_000_000;
+/// Nanoseconds in a second: the unit [`decimal`] reads seconds in.
+pub(crate) const NANOS_PER_SEC: u128 = 1_000_000_000;
 
 const RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
 /// OpenAI-style reset headers and the `remaining` header each goes with.
@@ -283,8 +284,9 @@ fn ratelimit_member(member: &str) -> (Option<Duration>, bool) {
     (wait, exhausted)
 }
 
-/// Pieces of `s` split at `sep`, except inside double quotes.
-fn split_outside_quotes(s: &str, sep: u8) -> impl Iterator<Item = &str> {
+/// Pieces of `s` split at `sep`, except inside double quotes (the members
+/// and parameters of a structured field such as `RateLimit`).
+pub(crate) fn split_outside_quotes(s: &str, sep: u8) -> impl Iterator<Item = &str> {
     let mut rest = Some(s);
     std::iter::from_fn(move || {
         let s = rest?;
@@ -309,11 +311,13 @@ fn split_outside_quotes(s: &str, sep: u8) -> impl Iterator<Item = &str> {
 
 /// Header `name`'s first value, trimmed of spaces and tabs; `None` when
 /// absent, empty or not UTF-8.
-fn text<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
+pub(crate) fn text<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
     trimmed(headers.get(name)?.as_bytes())
 }
 
-fn trimmed(bytes: &[u8]) -> Option<&str> {
+/// `bytes` as text trimmed of spaces and tabs; `None` when empty or not
+/// UTF-8.
+pub(crate) fn trimmed(bytes: &[u8]) -> Option<&str> {
     let s = std::str::from_utf8(bytes).ok()?;
     let s = s.trim_matches(|c| c == ' ' || c == '\t');
     (!s.is_empty()).then_some(s)
@@ -326,7 +330,7 @@ const INT_CAP: u128 = 1_000_000_000_000_000_000;
 /// A plain decimal number of `unit_nanos` units: digits, optionally a dot and
 /// more digits. No sign, exponent, `inf` or `nan`. Digits past nanosecond
 /// precision are dropped; huge values saturate.
-fn decimal(s: &str, unit_nanos: u128) -> Option<Duration> {
+pub(crate) fn decimal(s: &str, unit_nanos: u128) -> Option<Duration> {
     let (int, frac) = match s.split_once('.') {
         Some((int, frac)) => (int, Some(frac)),
         None => (s, None),
@@ -366,7 +370,7 @@ fn number_nanos(int: &str, frac: &str, unit_nanos: u128) -> Option<u128> {
 /// A Go `time.Duration` string: `1s`, `6m0s`, `12ms`, `1m30.5s`, `1h`,
 /// `500us`. A sign, a missing unit (except a bare `0`) or an unknown unit is
 /// malformed.
-fn go_duration(s: &str) -> Option<Duration> {
+pub(crate) fn go_duration(s: &str) -> Option<Duration> {
     if s.is_empty() {
         return None;
     }
@@ -431,7 +435,7 @@ fn system_nanos(t: SystemTime) -> i128 {
 }
 
 /// The wait from `now` until `at` (Unix nanoseconds); zero when `at` is past.
-fn until(at: i128, now: SystemTime) -> Duration {
+pub(crate) fn until(at: i128, now: SystemTime) -> Duration {
     let wait = at.saturating_sub(system_nanos(now));
     duration(u128::try_from(wait).unwrap_or(0))
 }
@@ -454,7 +458,7 @@ pub(super) fn duration(nanos: u128) -> Duration {
 /// lines. The grammar is RFC 3339 §5.6 with its note that a space may stand
 /// for `T`; day-of-month and leap years are checked; a leap second (`:60`)
 /// reads as the next second.
-fn rfc3339_nanos(s: &str) -> Option<i128> {
+pub(crate) fn rfc3339_nanos(s: &str) -> Option<i128> {
     let b = s.as_bytes();
     let digits = |from: usize, len: usize| -> Option<i64> {
         let part = b.get(from..from + len)?;

@@ -15,6 +15,10 @@
 //! consecutive 429s. Nothing a server sends cools a route longer than the
 //! layer's `max_cooldown`.
 //!
+//! To keep below a provider's limits rather than meet them,
+//! [`announced_limits`] reads what each response says of them (the OpenAI,
+//! Anthropic and IETF limit headers).
+//!
 //! For callers who want the refused request sent again, [`RetryPolicy`] is a
 //! [`tower::retry::Policy`] that reads the same headers.
 //!
@@ -54,6 +58,7 @@
 //! # }
 //! ```
 
+mod announced;
 mod cooldown;
 mod exponential;
 mod future;
@@ -64,6 +69,9 @@ mod retry;
 mod service;
 mod stats;
 
+pub use announced::{
+    Announced, Announcement, HeaderFamily, PROVIDER_WINDOW, announced_limits, announced_limits_in,
+};
 #[cfg(feature = "redis")]
 pub(crate) use cooldown::Said;
 pub use exponential::ExponentialBackoff;

@@ -112,6 +112,8 @@ mod handle;
 mod hold;
 mod layer;
 mod permits;
+#[cfg(loom)]
+pub(crate) use permits::{Acquire, Granted, KeyState, Permits, QueueTicket, model::Inside};
 mod service;
 
 pub use body::ConcurrencyBody;

@@ -37,20 +37,22 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use parking_lot::{Mutex, MutexGuard};
 use tokio::time::Instant;
 
 use crate::clock::Nanos;
 use crate::key::{KeyHash, KeySeed};
 use crate::stats::{Event, KeyTracking, Stats};
 use crate::store::{Idle, Store};
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, MutexGuard};
 
 mod live;
+#[cfg(loom)]
+pub(crate) mod model;
 
 /// Set in a key's word while its queue has waiters.
 const QUEUED: u64 = 1 << 63;
@@ -62,8 +64,9 @@ const MAX_PERMITS: usize = u32::MAX as usize;
 /// in the word's upper half (bits 32 to 62).
 const ADMITTED: u64 = 1 << 32;
 /// Admissions the word holds before they are moved out to
-/// [`Queue::carried`], far from the [`QUEUED`] bit.
-const CARRY: u64 = 1 << 30;
+/// [`Queue::carried`], far from the [`QUEUED`] bit. Two in the loom models,
+/// so that they move out within a model.
+const CARRY: u64 = if cfg!(loom) { 2 } else { 1 << 30 };
 /// A word at or above this has waiters, or admissions to move out: the
 /// lock-free path stands aside for the locked one.
 const FREE_BELOW: u64 = CARRY * ADMITTED;

@@ -32,6 +32,7 @@ pub(super) enum PathMatch {
 }
 
 impl PathMatch {
+    #[inline]
     pub(super) fn matches(&self, path: &str) -> bool {
         match self {
             PathMatch::Prefix(prefix) => path.starts_with(&**prefix),

@@ -1,6 +1,8 @@
 //! Finding the first rule that matches a request, without trying every rule:
 //! rules are indexed by their exact host and by their `*.suffix`; only the
-//! rules without a host condition are tried on every request.
+//! rules without a host condition are tried on every request. A layer with
+//! only a few rules (most have one or two) tries them in order instead,
+//! which costs less than normalizing the host and probing the index.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -9,6 +11,11 @@ use foldhash::HashMap;
 
 use super::compile::{Compiled, HostMatch};
 use crate::parts::RequestParts;
+
+/// Up to this many rules, [`RuleSet::find`] tries the rules in order,
+/// comparing hosts without normalizing them: a rule that does not match
+/// costs a length compare or two, less than hashing the host.
+const IN_ORDER_RULES: usize = 8;
 
 /// Every rule of a layer, in order, and the index over them.
 #[derive(Clone)]
@@ -65,7 +72,47 @@ impl RuleSet {
     }
 
     /// The index of the first rule, in rule order, that matches `req`.
+    #[inline]
     pub(super) fn find<R: RequestParts + ?Sized>(&self, req: &R) -> Option<usize> {
+        if self.rules.len() <= IN_ORDER_RULES {
+            self.find_in_order(req)
+        } else {
+            self.find_indexed(req)
+        }
+    }
+
+    /// [`find`](Self::find) by trying every rule in order.
+    fn find_in_order<R: RequestParts + ?Sized>(&self, req: &R) -> Option<usize> {
+        // Read once, when the first rule with a host or URL condition asks.
+        let mut host: Option<Option<&str>> = None;
+        let mut url: Option<String> = None;
+        for (i, rule) in self.rules.iter().enumerate() {
+            let host_matches = match &rule.host {
+                HostMatch::Any => true,
+                HostMatch::Exact(want) => {
+                    let host = *host.get_or_insert_with(|| req.host().map(without_root));
+                    host.is_some_and(|host| same_host(host, want))
+                }
+                HostMatch::Suffix(suffix) => {
+                    let host = *host.get_or_insert_with(|| req.host().map(without_root));
+                    host.is_some_and(|host| under_suffix(host, suffix))
+                }
+            };
+            if host_matches
+                && rule.path.as_ref().is_none_or(|p| p.matches(req.path()))
+                && rule
+                    .url_contains
+                    .as_deref()
+                    .is_none_or(|needle| url.get_or_insert_with(|| req.url()).contains(needle))
+            {
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// [`find`](Self::find) through the host index.
+    fn find_indexed<R: RequestParts + ?Sized>(&self, req: &R) -> Option<usize> {
         let mut search = Search {
             rules: &self.rules,
             req,
@@ -85,7 +132,9 @@ impl RuleSet {
                 let mut left = labels(&host);
                 for (i, _) in host.bytes().enumerate().filter(|&(_, b)| b == b'.') {
                     left -= 1;
-                    if self.suffix_lengths & length_bit(left) == 0 {
+                    // A leading dot leaves no label before the suffix: no
+                    // subdomain of it.
+                    if i == 0 || self.suffix_lengths & length_bit(left) == 0 {
                         continue;
                     }
                     if let Some(list) = self.suffix.get(&host[i + 1..]) {
@@ -109,12 +158,35 @@ fn length_bit(labels: usize) -> u64 {
     1 << labels.min(63)
 }
 
+/// `host` without the trailing dot of a fully qualified name.
+#[inline]
+fn without_root(host: &str) -> &str {
+    host.strip_suffix('.').unwrap_or(host)
+}
+
+/// Whether `host` (no trailing dot) is `want` (lowercase), as
+/// [`normalize`] and the index compare them.
+#[inline]
+fn same_host(host: &str, want: &str) -> bool {
+    // Hosts are almost always lowercase already: the plain compare first.
+    host.len() == want.len() && (host == want || host.eq_ignore_ascii_case(want))
+}
+
+/// Whether `host` (no trailing dot) is a subdomain of `suffix`
+/// (lowercase): a non-empty part, a dot, then the suffix, as the index
+/// looks suffixes up.
+#[inline]
+fn under_suffix(host: &str, suffix: &str) -> bool {
+    let Some(dot) = host.len().checked_sub(suffix.len() + 1) else {
+        return false;
+    };
+    // `dot` is a byte index; the byte there is checked before the slice.
+    dot > 0 && host.as_bytes()[dot] == b'.' && same_host(&host[dot + 1..], suffix)
+}
+
 /// The host as the index keys it: lowercase, without a trailing dot.
 fn normalize(host: &str) -> Cow<'_, str> {
-    let host = match host.as_bytes().last() {
-        Some(b'.') => &host[..host.len() - 1],
-        _ => host,
-    };
+    let host = without_root(host);
     // Without branching per byte: hosts are short, and almost always
     // lowercase already.
     let upper = host
@@ -174,5 +246,70 @@ impl<R: RequestParts + ?Sized> Search<'_, R> {
 impl fmt::Debug for RuleSet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_list().entries(self.rules.iter()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::compile::compile;
+    use super::super::rule::Rule;
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A host from a few labels, some uppercase, so that hosts, suffixes
+    /// and requests often overlap.
+    fn host() -> impl Strategy<Value = String> {
+        prop::collection::vec(prop::sample::select(vec!["a", "B", "ex", ""]), 1..4)
+            .prop_map(|labels| labels.join("."))
+    }
+
+    /// A rule: any host, an exact host or a `*.suffix`; a path prefix or none.
+    fn rule() -> impl Strategy<Value = Rule> {
+        (0..3u8, host(), any::<bool>()).prop_map(|(kind, host, path)| {
+            let rule = match kind {
+                0 => Rule::new(),
+                1 => Rule::new().host(host),
+                _ => Rule::new().host(format!("*.{host}")),
+            };
+            let rule = if path { rule.path_prefix("/v1/") } else { rule };
+            rule.user_agent("test")
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2048))]
+
+        /// Trying the rules in order finds the rule the index finds.
+        #[test]
+        fn in_order_and_indexed_agree(
+            rules in prop::collection::vec(rule(), 0..12),
+            host in host(),
+            root in any::<bool>(),
+            path in prop::sample::select(vec!["/v1/chat", "/v2/", "/"]),
+        ) {
+            let compiled: Vec<Compiled> = rules
+                .iter()
+                .enumerate()
+                .filter_map(|(i, rule)| compile(i, rule).ok())
+                .collect();
+            let set = RuleSet::new(compiled);
+            let dot = if root { "." } else { "" };
+            let Ok(req) = http::Request::get(format!("http://{host}{dot}{path}")).body(()) else {
+                return Ok(());
+            };
+            prop_assert_eq!(set.find_in_order(&req), set.find_indexed(&req));
+        }
+    }
+
+    #[test]
+    fn hosts_compare_as_the_index_does() {
+        assert!(same_host("API.example.com", "api.example.com"));
+        assert!(!same_host("api.example.co", "api.example.com"));
+        assert!(under_suffix("eu.API.example.com", "api.example.com"));
+        assert!(!under_suffix("api.example.com", "api.example.com"));
+        assert!(!under_suffix(".api.example.com", "api.example.com"));
+        assert!(!under_suffix("euapi.example.com", "api.example.com"));
+        assert!(!under_suffix("", ""));
+        assert_eq!(without_root("example.com."), "example.com");
     }
 }

@@ -42,9 +42,12 @@ impl Shared {
     }
 
     fn write(&self, rule: &Compiled, headers: &mut HeaderMap) {
-        // Room for every write at once rather than growing on the way; if
-        // the map is at its size limit, the writes below report it.
-        let _ = headers.try_reserve(rule.writes.len());
+        // Room for every write at once rather than growing on the way (one
+        // write reserves its own room); if the map is at its size limit, the
+        // writes below report it.
+        if rule.writes.len() > 1 {
+            let _ = headers.try_reserve(rule.writes.len());
+        }
         for write in rule.writes.iter() {
             let mut value = match &write.value {
                 Value::Fixed(value) => value.clone(),

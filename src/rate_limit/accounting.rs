@@ -3,7 +3,8 @@
 use http::StatusCode;
 
 use super::limiter::RateLimitInfo;
-use crate::parts::ResponseParts;
+use super::settlement::Settlement;
+use crate::parts::{RequestParts, ResponseParts};
 
 /// What one request costs against its key's quota.
 ///
@@ -14,6 +15,38 @@ use crate::parts::ResponseParts;
 pub trait Cost<R>: Send + Sync + 'static {
     /// The cost of `req`.
     fn cost(&self, req: &R) -> u32;
+
+    /// Where `req`'s cost is settled once its real cost is known, if it is
+    /// to be (see [`Estimated`]). None by default: the cost stands.
+    #[inline]
+    fn settlement(&self, _req: &R) -> Option<Settlement> {
+        None
+    }
+}
+
+/// A cost that is an estimate, settled once the real cost is known: a
+/// request carrying a [`Settlement`] in its extensions gets it armed when it
+/// is sent (see [`Settlement`] for what settling does).
+///
+/// For request types with extensions (`http::Request`; `reqwest::Request`
+/// has none, so its estimate stands); a request without a settlement is
+/// charged its estimate for good.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Estimated<F>(pub F);
+
+impl<R, F> Cost<R> for Estimated<F>
+where
+    R: RequestParts,
+    F: Cost<R>,
+{
+    #[inline]
+    fn cost(&self, req: &R) -> u32 {
+        self.0.cost(req)
+    }
+
+    fn settlement(&self, req: &R) -> Option<Settlement> {
+        req.extensions()?.get::<Settlement>().cloned()
+    }
 }
 
 /// Every request costs one unit (the default).

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::quota::{Algorithm, Quota};
+use super::quota::{Algorithm, Quota, Unit};
 use super::rule::{KeyPattern, Rule, check_names};
 use crate::error::ConfigError;
 
@@ -73,6 +73,11 @@ pub struct QuotaConfig {
     /// The token bucket's capacity; default the limit.
     #[serde(default)]
     pub burst: Option<i64>,
+    /// What it counts: `"cost"` (default; one per request unless the layer
+    /// has a cost function) or `"requests"` (one per request whatever its
+    /// cost). See [`Unit`].
+    #[serde(default)]
+    pub unit: Option<String>,
 }
 
 /// One rule as written in a file: a name, which keys, and their quotas.
@@ -268,6 +273,19 @@ impl QuotaConfig {
                 )
             })?,
         };
+        let unit = match self.unit.as_deref() {
+            None => Unit::Cost,
+            Some(name) => [Unit::Cost, Unit::Requests]
+                .into_iter()
+                .find(|u| u.as_str() == name)
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        "unit",
+                        // Escaped where shown (`ConfigError`'s `Display`).
+                        format!("`{name}` is not a unit; use \"cost\" or \"requests\""),
+                    )
+                })?,
+        };
         if limit == 0 {
             if self.burst.is_some_and(|b| b != 0) {
                 return Err(ConfigError::new(
@@ -277,7 +295,9 @@ impl QuotaConfig {
             }
             return Ok(None);
         }
-        let mut quota = Quota::new(limit, period)?.with_algorithm(algorithm);
+        let mut quota = Quota::new(limit, period)?
+            .with_algorithm(algorithm)
+            .with_unit(unit);
         if let Some(burst) = self.burst {
             let burst = count("burst", burst)?;
             if burst == 0 {
@@ -437,8 +457,11 @@ fn tighten_quotas(
 ) -> Vec<Quota> {
     let mut merged = earlier.to_vec();
     for quota in later {
-        let same =
-            |q: &&mut Quota| q.algorithm() == quota.algorithm() && q.period() == quota.period();
+        let same = |q: &&mut Quota| {
+            q.algorithm() == quota.algorithm()
+                && q.period() == quota.period()
+                && q.unit() == quota.unit()
+        };
         match merged.iter_mut().find(same) {
             Some(kept) => {
                 let name = format!(

@@ -11,6 +11,7 @@ use tower_service::Service;
 use super::accounting::{Annotate, Counts};
 use super::limiter::{Decision, Limiter, RateLimitInfo, Ticket};
 use super::service::{Refusals, Settle, decide};
+use super::settlement::{Pending, Settlement};
 use crate::error::BoxError;
 use crate::key::{KeyHash, KeyTexts};
 use crate::stats::Event;
@@ -94,6 +95,10 @@ pub(crate) struct Refund<A> {
 pub(crate) struct After<A, H> {
     pub(crate) refund: Option<Refund<A>>,
     pub(crate) note: Option<(H, RateLimitInfo)>,
+    /// A settlement to arm when the request is sent.
+    pub(crate) pending: Option<Box<Pending>>,
+    /// The armed settlement, kept while a refund may give everything back.
+    pub(crate) armed: Option<Settlement>,
 }
 
 impl<A, H> After<A, H> {
@@ -102,11 +107,25 @@ impl<A, H> After<A, H> {
         Self {
             refund: None,
             note: None,
+            pending: None,
+            armed: None,
         }
     }
 
     fn is_nothing(&self) -> bool {
-        self.refund.is_none() && self.note.is_none()
+        self.refund.is_none() && self.note.is_none() && self.armed.is_none()
+    }
+
+    /// The request is sent: its settlement can be settled from now on.
+    pub(crate) fn sent(&mut self) {
+        if let Some(pending) = self.pending.take() {
+            let settlement = self.refund.is_some().then(|| pending.settlement.clone());
+            // Only this request's own: one armed for another is not its to
+            // disarm.
+            if pending.arm() {
+                self.armed = settlement;
+            }
+        }
     }
 
     /// Annotate the response, give the capacity back if the outcome does
@@ -122,7 +141,12 @@ impl<A, H> After<A, H> {
         }
         if let Some(refund) = self.refund.take() {
             if !refund.counts.counts(&outcome) {
-                refund.limiter.give_back(&refund.ticket, false);
+                // Given back whole: nothing is left to settle. Settled
+                // already, the settled cost stands: its excess is back.
+                let settled = self.armed.take().is_some_and(|s| !s.disarm());
+                if !settled {
+                    refund.limiter.give_back(&refund.ticket, false);
+                }
             }
         }
         outcome.map_err(Into::into)
@@ -169,6 +193,7 @@ pub(crate) struct Asking<S, R, A, H> {
     pub(crate) annotate: H,
     pub(crate) refusals: Option<Arc<Refusals>>,
     pub(crate) texts: KeyTexts,
+    pub(crate) settlement: Option<Settlement>,
 }
 
 #[cfg(feature = "redis")]
@@ -377,6 +402,7 @@ where
                     let Some(req) = waiting.req.take() else {
                         return Poll::Ready(Err(polled_after_completion()));
                     };
+                    waiting.after.sent();
                     let future = waiting.inner.call(req);
                     // Called before the line is left, so the next waiter
                     // cannot reach the inner service first.
@@ -401,6 +427,7 @@ where
                         refusals: asking.refusals.as_deref(),
                         key: asking.key,
                         cost: asking.cost,
+                        settlement: asking.settlement.take(),
                     };
                     let next = decide(decision, settle, &mut asking.inner, req, &|_| texts.clone());
                     self.as_mut().project().state.set(next.state);

@@ -344,7 +344,11 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
         self
     }
 
-    /// Charge each request `cost(&request)` units instead of one.
+    /// Charge each request `cost(&request)` units instead of one, in every
+    /// quota counting [cost](super::Unit::Cost) (a quota counting
+    /// [requests](super::Unit::Requests) still takes one). Wrapped in
+    /// [`Estimated`](super::Estimated), the cost is an estimate that a
+    /// [`Settlement`](super::Settlement) corrects once the real cost is known.
     pub fn with_cost<F2>(self, cost: F2) -> RateLimitLayer<X, F2, A, H> {
         let s = self.shared;
         RateLimitLayer {

@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 use tokio::time::Instant;
 
-use super::algorithm::Grant;
+use super::algorithm::{Fast, Grant};
 use super::lines::{Lines, turn_for};
 use super::policy::{Compiled, Policy};
 use super::quota::Quota;
@@ -112,6 +112,9 @@ pub struct RateLimitInfo {
     pub remaining: u32,
     /// Time until all of the quota is available again.
     pub reset: Duration,
+    /// The quota's `RateLimit-Policy` value, made with the policy (see
+    /// [`RateLimitHeaders`](crate::respond::RateLimitHeaders)).
+    pub(crate) policy_field: Option<http::HeaderValue>,
 }
 
 /// A key's rule, as last looked up.
@@ -133,6 +136,16 @@ impl Idle for RuleSlot {
 
 fn name_id(name: &str) -> u64 {
     BuildHasherDefault::<DefaultHasher>::default().hash_one(name)
+}
+
+/// `ask` as the rule's first quota counts it.
+#[inline]
+fn charged_first<'a>(rule: &Compiled, ask: Ask<'a>) -> Ask<'a> {
+    if rule.first_counts_requests {
+        Ask { cost: 1, ..ask }
+    } else {
+        ask
+    }
 }
 
 /// See [`Limiter::horizon_for`].
@@ -161,6 +174,7 @@ struct Booked {
 #[inline]
 fn judge(
     held: &mut [Held<'_>],
+    quotas: &[Quota],
     key: KeyHash,
     now: Nanos,
     ask: Ask<'_>,
@@ -175,8 +189,8 @@ fn judge(
     } = ask;
     let mut at = line.map_or(now, |line| line.floor(key, now, horizon).max(now));
     let mut slowest = 0;
-    for (i, h) in held.iter_mut().enumerate() {
-        let earliest = h.earliest(now, cost, horizon);
+    for (i, (h, quota)) in held.iter_mut().zip(quotas).enumerate() {
+        let earliest = h.earliest(now, quota.cost_of(cost), horizon);
         if earliest > at {
             at = earliest;
             slowest = i;
@@ -189,8 +203,8 @@ fn judge(
         };
     }
     let mut grants = SmallVec::new();
-    for h in held.iter_mut() {
-        grants.push(h.book(now, at, cost));
+    for (h, quota) in held.iter_mut().zip(quotas) {
+        grants.push(h.book(now, at, quota.cost_of(cost)));
     }
     // The quota with the least left is the one a client must heed; as of
     // the instant the request goes, which its response reports (now, unless
@@ -218,6 +232,8 @@ fn judge(
 pub(crate) struct Limiter {
     timeline: Timeline,
     seed: KeySeed,
+    /// The global key's hash under `seed`: the key of the fast path.
+    global: KeyHash,
     policy: ArcSwap<Policy>,
     /// `policy`'s generation, stored after it: services cache the policy
     /// and compare this to theirs.
@@ -273,6 +289,7 @@ impl Limiter {
         );
         Self {
             timeline,
+            global: seed.global(),
             seed,
             policy: ArcSwap::from_pointee(policy),
             generation: AtomicU32::new(1),
@@ -329,6 +346,19 @@ impl Limiter {
         want: Want,
     ) -> Decision {
         let text = || parts().label();
+        if let Some(fast) = &policy.compiled[0].fast {
+            // One token bucket, no rules (see `Policy::build`).
+            if key == self.global
+                && max_wait == 0
+                && !want.ticket
+                && !want.info
+                && !self.dry_run.load(Ordering::Relaxed)
+            {
+                if let Some(decision) = self.fast(policy, fast, key, cost, &text) {
+                    return decision;
+                }
+            }
+        }
         let index = if policy.has_rules() {
             self.rule_of(policy, key, self.timeline.now(), parts)
         } else {
@@ -368,7 +398,7 @@ impl Limiter {
         // backwards, and reset the key. (With rules, the rule lookup reads
         // it once more before, only to date the key's rule.)
         match rule.tables.as_slice() {
-            [table] => match table.admit(key, &self.timeline, ask) {
+            [table] => match table.admit(key, &self.timeline, charged_first(rule, ask)) {
                 (One::Refused { wait }, now) => self.refused(rule, key, now, wait, 0, &text),
                 (
                     One::Booked {
@@ -395,7 +425,7 @@ impl Limiter {
                     self.booked(policy, index, key, booked, now, want, &text)
                 }
             },
-            tables => match self.judge_all(tables, key, ask) {
+            tables => match self.judge_all(tables, &rule.quotas, key, ask) {
                 (Verdict::Booked(booked), now) => {
                     self.booked(policy, index, key, booked, now, want, &text)
                 }
@@ -403,6 +433,47 @@ impl Limiter {
                     self.refused(rule, key, now, wait, slowest, &text)
                 }
             },
+        }
+    }
+
+    /// The global key in reject mode, with nothing to hand back, under one
+    /// token bucket and no rules: one compare-and-swap on the arrival time
+    /// published outside the lock (see [`FastWord`](crate::store::FastWord)),
+    /// deciding exactly as the locked path would. `None`: the locked path
+    /// decides (nothing is published, as after a retune, a reset or any
+    /// locked use of the key; or the request costs more than the bucket
+    /// holds).
+    #[inline]
+    fn fast(
+        &self,
+        policy: &Policy,
+        fast: &super::policy::FastPath,
+        key: KeyHash,
+        cost: u32,
+        text: &dyn Fn() -> String,
+    ) -> Option<Decision> {
+        let rule = &policy.compiled[0];
+        let cost = if rule.first_counts_requests {
+            1
+        } else {
+            cost.max(1)
+        };
+        if cost > rule.capacity {
+            return None;
+        }
+        let horizon = self.horizon_for(0);
+        let now = || self.timeline.now();
+        let mut fast_decision = fast.gcra.admit_word(&fast.word, now, cost, horizon);
+        if matches!(fast_decision, Fast::Unpublished) && rule.tables[0].publish(&fast.word) {
+            fast_decision = fast.gcra.admit_word(&fast.word, now, cost, horizon);
+        }
+        match fast_decision {
+            Fast::Admitted => {
+                self.stats.record(key, Event::Admitted, text);
+                Some(Decision::Go)
+            }
+            Fast::Refused { wait, now } => Some(self.refused(rule, key, now, wait, 0, text)),
+            Fast::Unpublished => None,
         }
     }
 
@@ -434,6 +505,7 @@ impl Limiter {
                 quota: rule.quotas.get(i).copied(),
                 remaining,
                 reset: Duration::from_nanos(reset),
+                policy_field: rule.policy_fields.get(i).cloned().flatten(),
             })
         });
         let ticket = |grants| {
@@ -469,10 +541,16 @@ impl Limiter {
     /// Several quotas: lock them all, read the clock, judge, release. Out of
     /// line, so that the one-quota path keeps a small stack frame.
     #[inline(never)]
-    fn judge_all(&self, tables: &[Arc<Table>], key: KeyHash, ask: Ask<'_>) -> (Verdict, Nanos) {
+    fn judge_all(
+        &self,
+        tables: &[Arc<Table>],
+        quotas: &[Quota],
+        key: KeyHash,
+        ask: Ask<'_>,
+    ) -> (Verdict, Nanos) {
         let mut held: SmallVec<[Held<'_>; 4]> = tables.iter().map(|t| t.lock(key)).collect();
         let now = self.timeline.now();
-        let verdict = judge(&mut held, key, now, ask, &self.timeline);
+        let verdict = judge(&mut held, quotas, key, now, ask, &self.timeline);
         let tidy: SmallVec<[Tidy; 4]> = held.iter().map(Held::tidy).collect();
         drop(held);
         for (table, tidy) in tables.iter().zip(tidy) {

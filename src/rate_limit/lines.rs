@@ -31,16 +31,16 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasherDefault;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::task::Waker;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use crate::clock::{Nanos, Timeline};
 use crate::key::KeyHash;
 use crate::store::PassThrough;
+use crate::sync::{AtomicU64, AtomicUsize, Mutex};
 
 /// How long a due waiter gives way to one booked ahead of it.
 pub(crate) const GRACE: Duration = Duration::from_millis(20);
@@ -161,7 +161,7 @@ impl Lines {
     /// nothing. A waiter of the key joined under the key's lock, which the
     /// caller holds, so it is counted by now.
     #[inline]
-    fn join_if_due(&self, key: KeyHash, now: Nanos, due: Instant) -> Option<u64> {
+    pub(crate) fn join_if_due(&self, key: KeyHash, now: Nanos, due: Instant) -> Option<u64> {
         let shard = self.shard(key);
         if shard.waiting.load(Ordering::Relaxed) == 0 {
             return None;
@@ -286,14 +286,29 @@ impl Lines {
     /// else the instant to look again at, and `waker` is woken sooner if
     /// the waiters ahead leave. Waiters ahead past their grace but still
     /// polled are woken to go first.
+    #[inline]
     pub(crate) fn check(&self, key: KeyHash, turn: u64, waker: &Waker) -> Option<Instant> {
+        self.check_at(key, turn, waker, Instant::now)
+    }
+
+    /// [`check`](Self::check), reading the time from `now` (under the
+    /// lock, as `check` reads tokio's clock): the loom models, which cannot
+    /// run tokio's clock, pass the time in as a value.
+    #[inline]
+    pub(crate) fn check_at(
+        &self,
+        key: KeyHash,
+        turn: u64,
+        waker: &Waker,
+        now: impl FnOnce() -> Instant,
+    ) -> Option<Instant> {
         let mut handed_over = Vec::new();
         let mut replaced = None;
         let blocked = {
             let mut queues = self.shard(key).queues.lock();
             let line = &mut queues.keys.get_mut(&key.0)?.places;
             let due = line.get(&turn)?.due;
-            let now = Instant::now();
+            let now = now();
             let mut blocked: Option<Instant> = None;
             for (_, ahead) in line.range_mut(..turn) {
                 let until = if ahead.due > due {
@@ -364,9 +379,18 @@ impl Lines {
     }
 
     /// How many keys have a line now.
-    #[cfg(test)]
+    #[cfg(any(test, loom))]
     pub(crate) fn keys(&self) -> usize {
         self.shards.iter().map(|s| s.queues.lock().keys.len()).sum()
+    }
+
+    /// How many wait, as the shards count them.
+    #[cfg(any(test, loom))]
+    pub(crate) fn waiting(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.waiting.load(Ordering::SeqCst))
+            .sum()
     }
 }
 
@@ -540,5 +564,117 @@ mod tests {
         lines.leave(key, behind);
         assert_eq!(lines.keys(), 0);
         assert_eq!(lines.join_if_due(KeyHash(7), 0, Instant::now()), None);
+    }
+
+    // Floors, shards and memory: each test below pins what a mutant of
+    // `cargo mutants` changed and no test outside this module saw (see
+    // TESTING.md).
+
+    const FAR: Nanos = u64::MAX / 2;
+
+    #[test]
+    fn a_floor_only_rises_while_its_line_lives() {
+        let lines = Lines::default();
+        let key = KeyHash(1);
+        let due = Instant::now();
+        let _first = lines.join(key, 10, due);
+        let last = lines.join(key, 20, due);
+        assert_eq!(lines.hold_back(0), vec![(key, 20, true)]);
+        // The waiter the floor was set for leaves; the line lives on.
+        lines.leave(key, last);
+        assert_eq!(lines.hold_back(5), vec![(key, 20, false)]);
+        assert_eq!(lines.floor(key, 5, FAR), 20);
+    }
+
+    #[test]
+    fn a_floor_reached_holds_nothing_back() {
+        let lines = Lines::default();
+        let key = KeyHash(1);
+        let _waiter = lines.join(key, 10, Instant::now());
+        assert_eq!(lines.hold_back(0), vec![(key, 10, true)]);
+        // At its floor's instant the waiter is due, not yet gone: its
+        // floor no longer holds anyone back.
+        assert_eq!(lines.hold_back(10), vec![]);
+    }
+
+    #[test]
+    fn a_retuned_key_gets_its_floor() {
+        let lines = Lines::default();
+        let (key, other) = (KeyHash(1), KeyHash(2));
+        let _waiter = lines.join(key, 10, Instant::now());
+        lines.hold_back_key(key, 0);
+        assert_eq!(lines.floor(key, 5, FAR), 10);
+        // A floor beyond the horizon is taken for a clock run backwards.
+        assert_eq!(lines.floor(key, 5, 4), 0);
+        // A key without waiters gets none, and nothing is set at `now`.
+        lines.hold_back_key(other, 0);
+        assert_eq!(lines.floor(other, 5, FAR), 0);
+        lines.hold_back_key(key, 10);
+        assert_eq!(lines.floor(key, 5, FAR), 10);
+    }
+
+    #[test]
+    fn a_reset_of_every_key_lifts_every_floor() {
+        let lines = Lines::default();
+        let (a, b) = (KeyHash(1), KeyHash(3 << 40));
+        let due = Instant::now();
+        let _a = lines.join(a, 10, due);
+        let _b = lines.join(b, 30, due);
+        assert_eq!(lines.hold_back(0).len(), 2);
+        lines.lift_all();
+        assert_eq!((lines.floor(a, 5, FAR), lines.floor(b, 5, FAR)), (0, 0));
+        // Waiters booked before the reset give a later retune no floor.
+        assert_eq!(lines.hold_back(1), vec![]);
+        let _late = lines.join(a, 40, due);
+        assert_eq!(lines.hold_back(2), vec![(a, 40, true)]);
+    }
+
+    #[test]
+    fn keys_spread_over_the_shards_by_their_high_bits() {
+        let lines = Lines::default();
+        let due = Instant::now();
+        for shard in 0..SHARDS as u64 {
+            let _ = lines.join(KeyHash(shard << 40), 10, due);
+        }
+        assert_eq!((lines.keys(), lines.waiting()), (SHARDS, SHARDS));
+        assert!(
+            lines
+                .shards
+                .iter()
+                .all(|s| s.waiting.load(Ordering::SeqCst) == 1)
+        );
+    }
+
+    #[test]
+    fn a_flood_of_keys_gives_its_memory_back_as_lines_empty() {
+        let lines = Lines::default();
+        let due = Instant::now();
+        let key = |i: u64| KeyHash(i << 1);
+        let turns: Vec<u64> = (0..4_000).map(|i| lines.join(key(i), 10, due)).collect();
+        let capacity = |lines: &Lines| {
+            lines
+                .shards
+                .iter()
+                .map(|s| s.queues.lock().keys.capacity())
+                .sum::<usize>()
+        };
+        assert!(capacity(&lines) >= 4_000);
+        for (i, turn) in (0..).zip(turns) {
+            lines.leave(key(i), turn);
+        }
+        assert_eq!(lines.keys(), 0);
+        // Each shard shrinks as its lines empty, down to a few entries.
+        assert!(capacity(&lines) <= SHARDS * 64, "{}", capacity(&lines));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_joins_behind_a_due_waiter_only_within_its_grace() {
+        let lines = Lines::default();
+        let key = KeyHash(1);
+        let due = Instant::now();
+        let _waiter = lines.join(key, 0, due);
+        assert_eq!(lines.join_if_due(key, 0, due + GRACE), None);
+        let just_in = due + GRACE - Duration::from_nanos(1);
+        assert!(lines.join_if_due(key, 0, just_in).is_some());
     }
 }

@@ -47,14 +47,17 @@ mod handle;
 mod joint;
 mod layer;
 mod limiter;
-mod lines;
+pub(crate) mod lines;
 mod policy;
 mod quota;
 mod rule;
 mod service;
+mod settlement;
 mod table;
 
-pub use accounting::{Annotate, Cost, CountAll, CountUnlessRefused, Counts, NoAnnotation, OneUnit};
+pub use accounting::{
+    Annotate, Cost, CountAll, CountUnlessRefused, Counts, Estimated, NoAnnotation, OneUnit,
+};
 pub use config::{Ignored, Limits, QuotaConfig, RateLimitConfig, RuleConfig};
 pub use future::ResponseFuture;
 pub use handle::RateLimitHandle;
@@ -64,6 +67,7 @@ pub use limiter::RateLimitInfo;
 #[cfg(feature = "redis")]
 pub(crate) use limiter::check_quotas;
 pub use policy::DEFAULT_POLICY;
-pub use quota::{Algorithm, DEFAULT_STALE_TURN, MAX_PERIOD, Quota};
+pub use quota::{Algorithm, DEFAULT_STALE_TURN, MAX_PERIOD, Quota, Unit};
 pub use rule::{KeyPattern, Rule};
 pub use service::RateLimit;
+pub use settlement::Settlement;

@@ -2,11 +2,23 @@
 
 use std::sync::Arc;
 
-use super::quota::Quota;
+use super::algorithm::Gcra;
+use super::quota::{Quota, Unit};
 use super::rule::{Matcher, Rule};
 use super::table::{Params, Table};
 use crate::clock::{Nanos, saturating_nanos};
 use crate::key::KeyHash;
+use crate::store::FastWord;
+
+/// The global key's one-compare-and-swap admission, for a policy that is
+/// one token bucket and no rules (see `Limiter::acquire`).
+pub(crate) struct FastPath {
+    /// Where the global key's arrival time is published; made anew with
+    /// each policy, so that a word never outlives its parameters.
+    pub(crate) word: Arc<FastWord>,
+    /// The table's parameters when `word` was installed.
+    pub(crate) gcra: Gcra,
+}
 
 /// A rule (or the default) with the tables its quotas live in.
 pub(crate) struct Compiled {
@@ -15,8 +27,16 @@ pub(crate) struct Compiled {
     pub(crate) quotas: Vec<Quota>,
     pub(crate) tables: Vec<Arc<Table>>,
     pub(crate) dry_run: bool,
-    /// The most one request may cost: the smallest capacity of the quotas.
+    /// The most one request may cost: the smallest capacity of the quotas
+    /// that count cost.
     pub(crate) capacity: u32,
+    /// The first quota counts requests, not cost: precomputed, as the one
+    /// quota's case reads it on every request.
+    pub(crate) first_counts_requests: bool,
+    /// The global key's fast path, when the policy allows one.
+    pub(crate) fast: Option<FastPath>,
+    /// Each quota's `RateLimit-Policy` value, formatted once.
+    pub(crate) policy_fields: Vec<Option<http::HeaderValue>>,
 }
 
 /// Everything a decision reads, swapped whole on a retune.
@@ -67,7 +87,23 @@ impl Policy {
                 .map(|r| (r.name.as_str(), &r.quotas[..], r.dry_run)),
         );
         let mut longest_period = 0;
+        // One token bucket and no rules: the global key's admissions can
+        // skip the lock (see `Limiter::acquire`).
+        let fast_params = match default {
+            [quota] if rules.is_empty() => match Params::of(quota, epoch_offset) {
+                Params::TokenBucket(gcra) => Some(gcra),
+                _ => None,
+            },
+            _ => None,
+        };
         for (name, quotas, dry_run) in named {
+            let fast = fast_params
+                .filter(|_| compiled.is_empty())
+                .map(|gcra| FastPath {
+                    word: Arc::new(FastWord::new()),
+                    gcra,
+                });
+            let word = fast.as_ref().map(|f| f.word.clone());
             let old = previous.and_then(|p| p.compiled.iter().find(|c| &*c.name == name));
             let tables = quotas
                 .iter()
@@ -76,12 +112,26 @@ impl Policy {
                     let params = Params::of(quota, epoch_offset);
                     let period = saturating_nanos(quota.period());
                     longest_period = longest_period.max(period);
+                    // A quota that now counts something else starts afresh
+                    // (spent, see `Limiter::retune`): tokens are not requests.
+                    let same_unit = old
+                        .and_then(|c| c.quotas.get(i))
+                        .is_some_and(|q| q.unit() == quota.unit());
                     match old.and_then(|c| c.tables.get(i)) {
-                        Some(table) if table.accepts(&params) => {
+                        Some(table) if same_unit && table.accepts(&params) => {
+                            // Before the conversion: the old word is
+                            // taken back and retired, so no admission
+                            // computed under the old parameters lands
+                            // after it.
+                            table.install_fast(word.clone());
                             table.retune(&params, now, hold);
                             table.clone()
                         }
-                        _ => Arc::new(Table::new(params, sweep_every(period), global)),
+                        _ => {
+                            let table = Table::new(params, sweep_every(period), global);
+                            table.install_fast(word.clone());
+                            Arc::new(table)
+                        }
                     }
                 })
                 .collect();
@@ -90,7 +140,19 @@ impl Policy {
                 quotas: quotas.to_vec(),
                 tables,
                 dry_run,
-                capacity: quotas.iter().map(Quota::burst).min().unwrap_or(u32::MAX),
+                // A quota counting requests takes one unit whatever the cost.
+                capacity: quotas
+                    .iter()
+                    .filter(|q| q.unit() == Unit::Cost)
+                    .map(Quota::burst)
+                    .min()
+                    .unwrap_or(u32::MAX),
+                first_counts_requests: quotas.first().is_some_and(|q| q.unit() == Unit::Requests),
+                fast,
+                policy_fields: quotas
+                    .iter()
+                    .map(|q| crate::respond::policy_field(name, q))
+                    .collect(),
             });
         }
         Self {
@@ -114,6 +176,13 @@ impl Policy {
                 tables: c.tables.clone(),
                 dry_run: c.dry_run,
                 capacity: c.capacity,
+                first_counts_requests: c.first_counts_requests,
+                policy_fields: c.policy_fields.clone(),
+                // The same tables and parameters: the same word.
+                fast: c.fast.as_ref().map(|f| FastPath {
+                    word: f.word.clone(),
+                    gcra: f.gcra,
+                }),
             })
             .collect();
         Self {

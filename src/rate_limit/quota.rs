@@ -47,6 +47,34 @@ impl Algorithm {
     }
 }
 
+/// What a quota counts.
+///
+/// A layer has one [cost](super::Cost) per request (one unit unless set with
+/// [`with_cost`](super::RateLimitLayer::with_cost)); each quota counts either
+/// that cost or the request itself, so one key can be held to requests per
+/// second and tokens per minute at once, judged together (nothing is taken
+/// when either refuses).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Unit {
+    /// The request's cost (the default): one per request unless the layer
+    /// has a cost function.
+    #[default]
+    Cost,
+    /// One per request, whatever its cost.
+    Requests,
+}
+
+impl Unit {
+    /// The name configuration files use: `cost` or `requests`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Cost => "cost",
+            Self::Requests => "requests",
+        }
+    }
+}
+
 /// A limit: `limit` units per `period`, enforced by an [`Algorithm`].
 ///
 /// The constructors read as they count: `Quota::per_minute(60)` admits 60 per
@@ -73,6 +101,7 @@ pub struct Quota {
     period: Duration,
     burst: u32,
     algorithm: Algorithm,
+    unit: Unit,
 }
 
 impl Quota {
@@ -103,6 +132,7 @@ impl Quota {
             period,
             burst: limit,
             algorithm: Algorithm::TokenBucket,
+            unit: Unit::Cost,
         })
     }
 
@@ -141,7 +171,9 @@ impl Quota {
                 "only a turn budget has a stale period",
             ));
         }
-        Ok(Self::new(self.limit, stale_after)?.with_algorithm(Algorithm::TurnBudget))
+        Ok(Self::new(self.limit, stale_after)?
+            .with_algorithm(Algorithm::TurnBudget)
+            .with_unit(self.unit))
     }
 
     /// A token bucket holding up to `burst` (the refill rate stays
@@ -200,6 +232,25 @@ impl Quota {
         self
     }
 
+    /// Count `unit`: the request's cost (the default) or the request.
+    ///
+    /// ```
+    /// use tower_throttle::rate_limit::{Quota, Unit};
+    ///
+    /// // 10 requests a second and 30,000 tokens a minute, with a cost
+    /// // function that estimates a request's tokens.
+    /// let quotas = vec![
+    ///     Quota::per_second(10)?.with_unit(Unit::Requests),
+    ///     Quota::per_minute(30_000)?,
+    /// ];
+    /// assert_eq!(quotas[1].unit(), Unit::Cost);
+    /// # Ok::<(), tower_throttle::error::ConfigError>(())
+    /// ```
+    pub fn with_unit(mut self, unit: Unit) -> Self {
+        self.unit = unit;
+        self
+    }
+
     /// The tighter of two quotas of the same algorithm and period: the
     /// smaller limit and the smaller burst.
     pub(crate) fn tightened(&self, other: &Quota) -> Quota {
@@ -241,5 +292,19 @@ impl Quota {
     /// The algorithm.
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm
+    }
+
+    /// What it counts.
+    pub fn unit(&self) -> Unit {
+        self.unit
+    }
+
+    /// What a request of `cost` counts against this quota.
+    #[inline]
+    pub(crate) fn cost_of(&self, cost: u32) -> u32 {
+        match self.unit {
+            Unit::Cost => cost,
+            Unit::Requests => 1,
+        }
     }
 }

@@ -47,6 +47,10 @@ impl PartPattern {
         }
     }
 
+    fn is_exact(&self) -> bool {
+        matches!(self, Self::Exact(_))
+    }
+
     fn text(&self) -> &str {
         match self {
             Self::Exact(text) | Self::Glob(_, text) => text,
@@ -91,6 +95,35 @@ impl KeyPattern {
             .enumerate()
             .map(|(i, p)| PartPattern::parse(&format!("parts[{i}]"), p))
             .collect::<Result<Vec<_>, _>>()?;
+        if parts.is_empty() {
+            return Err(ConfigError::new(
+                "parts",
+                "a pattern needs at least one part",
+            ));
+        }
+        Ok(Self {
+            parts,
+            whole: false,
+        })
+    }
+
+    /// Each part matches only its own text, `*` and `?` included: for a key
+    /// known in advance (a route whose model name came from a client may
+    /// hold a `*` that [`parts`](Self::parts) would read as a wildcard).
+    ///
+    /// ```
+    /// use tower_throttle::rate_limit::KeyPattern;
+    ///
+    /// let route = KeyPattern::literal(["openai", "gpt-*"])?;
+    /// assert!(route.matches(&["openai", "gpt-*"]));
+    /// assert!(!route.matches(&["openai", "gpt-4o"]));
+    /// # Ok::<(), tower_throttle::error::ConfigError>(())
+    /// ```
+    pub fn literal<'a>(parts: impl IntoIterator<Item = &'a str>) -> Result<Self, ConfigError> {
+        let parts: Vec<PartPattern> = parts
+            .into_iter()
+            .map(|p| PartPattern::Exact(p.to_owned()))
+            .collect();
         if parts.is_empty() {
             return Err(ConfigError::new(
                 "parts",
@@ -201,7 +234,7 @@ impl PartialEq for KeyPattern {
                 .parts
                 .iter()
                 .zip(&other.parts)
-                .all(|(a, b)| a.text() == b.text())
+                .all(|(a, b)| a.text() == b.text() && a.is_exact() == b.is_exact())
     }
 }
 
@@ -255,6 +288,39 @@ impl Rule {
     pub fn quotas(&self) -> &[Quota] {
         &self.quotas
     }
+
+    /// Whether the rule decides without enforcing.
+    pub fn is_dry_run(&self) -> bool {
+        self.dry_run
+    }
+
+    /// The keys the rule applies to.
+    pub fn pattern(&self) -> &KeyPattern {
+        &self.pattern
+    }
+
+    /// The rule among `rules` that a key with these parts falls under (the
+    /// most specific that matches, as the rate limiter picks it), or `None`
+    /// when the key gets the default quotas.
+    ///
+    /// ```
+    /// use tower_throttle::rate_limit::{KeyPattern, Rule};
+    ///
+    /// let rules = vec![
+    ///     Rule::new("any-gpt", KeyPattern::parts(["openai", "gpt-*"])?),
+    ///     Rule::new("gpt-4o", KeyPattern::parts(["openai", "gpt-4o"])?),
+    /// ];
+    /// assert_eq!(Rule::find(&rules, &["openai", "gpt-4o"]).map(Rule::name), Some("gpt-4o"));
+    /// assert_eq!(Rule::find(&rules, &["openai", "gpt-5"]).map(Rule::name), Some("any-gpt"));
+    /// assert!(Rule::find(&rules, &["anthropic", "claude"]).is_none());
+    /// # Ok::<(), tower_throttle::error::ConfigError>(())
+    /// ```
+    pub fn find<'a, S: AsRef<str>>(rules: &'a [Rule], parts: &[S]) -> Option<&'a Rule> {
+        let parts: Vec<String> = parts.iter().map(|p| p.as_ref().to_owned()).collect();
+        Matcher::new(rules)
+            .find(rules, &parts)
+            .and_then(|i| rules.get(i))
+    }
 }
 
 /// Rules compiled for lookup: all-exact patterns in a map, the others in
@@ -286,13 +352,19 @@ impl Matcher {
 
     /// The rule for a key with these parts, if any matches.
     pub(crate) fn find(&self, rules: &[Rule], parts: &[String]) -> Option<usize> {
-        if let Some(&i) = self.exact.get(parts) {
-            return Some(i);
-        }
-        self.ordered
+        let exact = self.exact.get(parts).copied();
+        let ordered = self
+            .ordered
             .iter()
             .copied()
-            .find(|&i| rules[i].pattern.matches(parts))
+            .find(|&i| rules[i].pattern.matches(parts));
+        // Each is the best of its kind; an exact text pattern (`key = "a"`)
+        // ties an all-exact one-part pattern, and a tie goes to the rule
+        // declared first.
+        [exact, ordered]
+            .into_iter()
+            .flatten()
+            .max_by_key(|&i| (rules[i].pattern.specificity(), std::cmp::Reverse(i)))
     }
 }
 

@@ -9,9 +9,10 @@ use tower_service::Service;
 use super::accounting::{Annotate, Cost, Counts};
 use super::future::{After, Booking, Refund, ResponseFuture};
 use super::handle::RateLimitHandle;
-use super::limiter::{Decision, Limiter, RateLimitInfo, Want};
+use super::limiter::{Decision, Limiter, RateLimitInfo, Ticket, Want};
 use super::policy::Policy;
 use super::quota::Quota;
+use super::settlement::{Pending, Settlement};
 use crate::clock::Nanos;
 use crate::error::{BoxError, CostTooHigh, KeyError, RateLimited};
 use crate::home::Home;
@@ -235,8 +236,9 @@ where
             },
         };
         let cost = shared.cost.cost(&req);
+        let settlement = shared.cost.settlement(&req);
         let want = Want {
-            ticket: !shared.counts.always(),
+            ticket: !shared.counts.always() || settlement.is_some(),
             info: shared.annotate.wanted(),
         };
         shared.limiter.refresh(&mut self.policy);
@@ -256,7 +258,13 @@ where
             // The common case inline; the rest out of line, so that this
             // stays small.
             Decision::Go => ResponseFuture::go(self.inner.call(req)),
-            _ => self.decided(ManuallyDrop::into_inner(decision), key, cost, req),
+            _ => self.decided(
+                ManuallyDrop::into_inner(decision),
+                key,
+                cost,
+                settlement,
+                req,
+            ),
         }
     }
 }
@@ -270,6 +278,7 @@ impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
         decision: Decision,
         key: KeyHash,
         cost: u32,
+        settlement: Option<Settlement>,
         req: R,
     ) -> ResponseFuture<S::Future, S, R, A, H>
     where
@@ -286,6 +295,7 @@ impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
             refusals: shared.refusals.as_deref(),
             key,
             cost,
+            settlement,
         };
         decide(decision, after, &mut self.inner, req, &|req| {
             shared.key_texts(req)
@@ -322,6 +332,7 @@ impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
         };
         let key = shared.limiter.seed().hash_parts(texts.parts());
         let cost = shared.cost.cost(&req);
+        let settlement = shared.cost.settlement(&req);
         let want = Want {
             // Always: a request dropped during the round trip gives back
             // what Redis booked for it (see `Asking`'s drop).
@@ -339,7 +350,7 @@ impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
             want,
         );
         match asked {
-            Asked::Decided(decision) => self.decided(decision, key, cost, req),
+            Asked::Decided(decision) => self.decided(decision, key, cost, settlement, req),
             Asked::Asking(decision) => {
                 // The ready inner service goes with the request; this
                 // service keeps a fresh clone, to be polled ready again.
@@ -356,6 +367,7 @@ impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
                     annotate: shared.annotate.clone(),
                     refusals: shared.refusals.clone(),
                     texts,
+                    settlement,
                 }))
             }
         }
@@ -371,6 +383,8 @@ pub(super) struct Settle<'a, A, H> {
     pub(super) refusals: Option<&'a Refusals>,
     pub(super) key: KeyHash,
     pub(super) cost: u32,
+    /// The request's settlement, to arm when it is sent.
+    pub(super) settlement: Option<Settlement>,
 }
 
 /// The response future for `decision` on `req`, with `inner` ready for it;
@@ -395,7 +409,18 @@ where
         refusals,
         key,
         cost,
+        settlement,
     } = settle;
+    let pending = |ticket: &Ticket| {
+        settlement.map(|settlement| {
+            Box::new(Pending {
+                settlement,
+                limiter: limiter.clone(),
+                ticket: Box::new(ticket.clone()),
+                charged: cost.max(1),
+            })
+        })
+    };
     let refund = |ticket| {
         (!counts.always()).then(|| Refund {
             limiter: limiter.clone(),
@@ -408,10 +433,13 @@ where
         // Handled by `call`; here so that the match is whole.
         Decision::Go => ResponseFuture::go(inner.call(req)),
         Decision::Now { ticket, info } => {
-            let after = After {
+            let mut after = After {
+                pending: ticket.as_deref().and_then(pending),
                 refund: ticket.and_then(refund),
                 note: note(info),
+                armed: None,
             };
+            after.sent();
             ResponseFuture::called(inner.call(req), after)
         }
         Decision::Later {
@@ -424,6 +452,7 @@ where
             // Owned at once, so that any way out gives its capacity and
             // its place in the key's line back.
             let refund_ticket = (!counts.always()).then(|| ticket.clone());
+            let pending = pending(&ticket);
             let booking = Booking::new(limiter.clone(), ticket, key, turn);
             if tracing::enabled!(tracing::Level::DEBUG) {
                 let wait = until.saturating_duration_since(tokio::time::Instant::now());
@@ -436,6 +465,8 @@ where
             let after = After {
                 refund: refund_ticket.and_then(refund),
                 note: note(info),
+                pending,
+                armed: None,
             };
             // The ready inner service goes with the waiting request; the
             // caller keeps a fresh clone, to be polled ready again.

@@ -1,11 +1,13 @@
 //! One quota's keyed state: a store of one algorithm's states.
 
+use std::sync::Arc;
+
 use super::algorithm::{Algorithm, FixedWindow, Gcra, Grant, SlidingWindow, TurnBudget};
 use super::lines::{Lines, turn_for};
 use super::quota::{Algorithm as Kind, Quota};
 use crate::clock::{Nanos, Timeline, saturating_nanos};
 use crate::key::KeyHash;
-use crate::store::{Idle, Slot, Store, Tidy};
+use crate::store::{FastWord, Idle, Slot, Store, Tidy};
 
 /// A quota's states for every key, under one algorithm.
 pub(crate) enum Table {
@@ -189,6 +191,24 @@ impl Table {
         }
     }
 
+    /// Let the pinned (global) key's state be published in `fast` (`None`:
+    /// nowhere); see [`FastWord`]. Only a token bucket's state fits in a
+    /// word.
+    pub(crate) fn install_fast(&self, fast: Option<Arc<FastWord>>) {
+        if let Self::TokenBucket(s) = self {
+            s.install_fast(fast);
+        }
+    }
+
+    /// Publish the pinned key's state in `fast`, if it is the word
+    /// installed. Returns whether it did.
+    pub(crate) fn publish(&self, fast: &Arc<FastWord>) -> bool {
+        match self {
+            Self::TokenBucket(s) => s.publish(fast),
+            _ => false,
+        }
+    }
+
     /// Lock `key`'s state. Pass [`Held::tidy`] to [`Table::tidy`] once
     /// it is released.
     #[inline]
@@ -230,6 +250,38 @@ impl Table {
                 alg.refund(state, now, grant, waiting);
             }
         }))
+    }
+
+    /// Settle a grant at `actual` (see [`Algorithm::settle`]), if `settle`
+    /// says under the key's lock that the grant is still the key's (and
+    /// whether requests wait on it). A charge makes the key's state if it
+    /// has gone idle; a refund has nothing to give back to one.
+    pub(crate) fn settle(
+        &self,
+        key: KeyHash,
+        now: Nanos,
+        grant: &Grant,
+        actual: u32,
+        settle: &dyn Fn() -> Option<bool>,
+    ) {
+        if actual < grant.cost {
+            each!(self, Table, |s| s.with_existing(key, |alg, state| {
+                if let Some(waiting) = settle() {
+                    alg.settle(state, now, grant, actual, waiting);
+                }
+            }))
+        } else {
+            each!(self, Table, |s| {
+                let mut slot = s.slot(key);
+                let (alg, state) = slot.get();
+                if let Some(waiting) = settle() {
+                    alg.settle(state, now, grant, actual, waiting);
+                }
+                let tidy = slot.tidy();
+                drop(slot);
+                s.tidy(key, now, tidy);
+            })
+        }
     }
 
     /// Undo a waiter's booking (see [`Algorithm::cancel`]), if `current`

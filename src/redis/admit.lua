@@ -19,7 +19,8 @@
 -- ARGV         cost, max_wait, horizon, info (0/1), waits (0/1), rule
 --              (empty: no rules), marker_ttl (ms), now (empty: Redis's
 --              TIME; a number: a clock a test sets), probe (0/1), then per
---              quota: kind (g, s, f, t), a, b
+--              quota: kind (g, s, f, t; upper case: counting one per
+--              request, whatever the cost), a, b
 --                g: emission, burst      s: limit, window
 --                f: limit, window        t: limit, stale_after
 --
@@ -57,7 +58,10 @@ local k = 2
 local i = 10
 while ARGV[i] do
   local kind = ARGV[i]
-  local q = { kind = kind, a = tonumber(ARGV[i + 1]), b = tonumber(ARGV[i + 2]), key = KEYS[k] }
+  -- An upper-case kind counts one per request, whatever the cost.
+  local c = cost
+  if kind ~= string.lower(kind) then kind = string.lower(kind); c = 1 end
+  local q = { kind = kind, c = c, a = tonumber(ARGV[i + 1]), b = tonumber(ARGV[i + 2]), key = KEYS[k] }
   k = k + 1
   if kind == 'g' then
     local v = redis.call('GET', q.key)
@@ -165,13 +169,13 @@ for n, q in ipairs(quotas) do
   if kind == 'g' then
     -- So far ahead no clock running forwards leaves it: start afresh.
     if q.tat > now + q.tol + horizon then q.tat = 0 end
-    earliest = max(max(q.tat, now) + q.a * cost - q.tol, now)
+    earliest = max(max(q.tat, now) + q.a * q.c - q.tol, now)
   elseif kind == 'f' then
     if q.e > (floor((now + horizon) / q.b) + 1) * q.b then q.e = 0; q.u = 0 end
     if q.e <= now then
       q.e = 0; q.u = 0
       earliest = now
-    elseif q.u + cost <= q.a then
+    elseif q.u + q.c <= q.a then
       earliest = max(q.e - q.b, now)
     else
       earliest = q.e
@@ -193,7 +197,7 @@ for n, q in ipairs(quotas) do
     end
     earliest = max(q.last or now, now)
     local alive = q.sum
-    local room = max(q.a - cost, 0)
+    local room = max(q.a - q.c, 0)
     -- Oldest first, bookings leave the window until this one fits;
     -- usually none or one has to.
     local from = 0
@@ -208,10 +212,12 @@ for n, q in ipairs(quotas) do
       from = from + 32
     end
   else
-    if q.u == 0 or q.x <= now or q.s > now + horizon then
+    -- A turn a dropped waiter opened ahead holds the key until it starts
+    -- (the turn before it was full).
+    if (q.u == 0 and q.s <= now) or q.x <= now or q.s > now + horizon then
       q.s = 0; q.u = 0; q.x = 0
       earliest = now
-    elseif q.u + cost <= q.a then
+    elseif q.u + q.c <= q.a then
       earliest = max(now, q.s)
     else
       -- Only a new turn, or staleness, frees the budget.
@@ -239,24 +245,24 @@ if not refused then
   for _, q in ipairs(quotas) do
     local kind = q.kind
     if kind == 'g' then
-      q.tat = max(q.tat, at, now) + q.a * cost
+      q.tat = max(q.tat, at, now) + q.a * q.c
       reply[#reply + 1] = q.tat
     elseif kind == 'f' then
       local e = (floor(at / q.b) + 1) * q.b
-      if e == q.e then q.u = q.u + cost else q.e = e; q.u = cost end
+      if e == q.e then q.u = q.u + q.c else q.e = e; q.u = q.c end
       reply[#reply + 1] = e
     elseif kind == 's' then
       q.seq = q.seq + 1
-      local member = q.seq .. ':' .. cost
+      local member = q.seq .. ':' .. q.c
       redis.call('ZADD', q.key, at, member)
-      q.sum = q.sum + cost
+      q.sum = q.sum + q.c
       q.last = max(q.last or at, at)
       reply[#reply + 1] = member
     else
       if q.u == 0 or at >= q.x then
-        q.s = at; q.u = cost; q.x = at + q.b
+        q.s = at; q.u = q.c; q.x = at + q.b
       else
-        q.u = q.u + cost
+        q.u = q.u + q.c
       end
       reply[#reply + 1] = q.s
     end
@@ -295,7 +301,7 @@ if not refused and ARGV[4] == '1' then
       end
       l = max(q.a - live, 0); r = max((q.last or 0) + q.b - goes, 0)
     else
-      if q.u == 0 or q.x <= goes then
+      if (q.u == 0 and q.s <= goes) or q.x <= goes then
         l = q.a; r = 0
       else
         l = max(q.a - q.u, 0); r = q.x - goes

@@ -6,8 +6,12 @@
 --
 -- KEYS         each quota's state, as for the admission
 -- ARGV         mode (r: the outcome did not count; c: a waiter left before
---              its turn), cost, now (as for the admission), the instant
---              booked, then per quota: kind, a, b, mark
+--              its turn; x followed by the whole charge, as `x600`: the
+--              request cost less than it was charged, and `cost` is the
+--              excess), cost, now (as for the admission), the
+--              instant booked, then per quota: kind (upper case: counting
+--              one per request, which an excess leaves alone, as it leaves
+--              a sliding window), a, b, mark
 
 local now = tonumber(ARGV[3])
 if not now then
@@ -15,7 +19,10 @@ if not now then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local cancel = ARGV[1] == 'c'
-local cost = tonumber(ARGV[2])
+local excess = string.sub(ARGV[1], 1, 1) == 'x'
+local charged = tonumber(ARGV[2])
+-- The whole booking, of which an excess is the end.
+local whole = tonumber(string.sub(ARGV[1], 2)) or charged
 local at = tonumber(ARGV[4])
 local max, min, fmt = math.max, math.min, string.format
 
@@ -23,9 +30,21 @@ local k = 1
 local i = 5
 while ARGV[i] do
   local kind, a, b, mark = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), ARGV[i + 3]
+  local cost = charged
+  if kind ~= string.lower(kind) then
+    kind = string.lower(kind)
+    cost = 1
+    if excess then cost = 0 end
+  elseif excess and kind == 's' then
+    -- A sliding window's booking is one member, removed whole or not at
+    -- all: its estimate stands.
+    cost = 0
+  end
   local key = KEYS[k]
   k = k + 1
-  if kind == 's' then
+  if cost == 0 then
+    if kind == 's' then k = k + 1 end
+  elseif kind == 's' then
     local aux = KEYS[k]
     k = k + 1
     -- The booking itself, not one a state made afresh (after a reset,
@@ -48,7 +67,10 @@ while ARGV[i] do
           -- What of the booking has not come back by itself since its
           -- instant: a unit the bucket refilled long ago is not given back
           -- again, on top of the requests admitted since.
-          local owed = min(at + a * cost - now, a * cost)
+          -- An excess is the end of its booking: counted from the whole.
+          local booked = cost
+          if excess then booked = whole end
+          local owed = min(at + a * booked - now, a * cost)
           if owed > 0 then new = max(tat - owed, now) end
         end
         if new then

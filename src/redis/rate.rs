@@ -14,7 +14,7 @@ use super::store::{RedisStore, StoreError};
 use crate::clock::{Nanos, saturating_nanos};
 use crate::error::ConfigError;
 use crate::key::KeyHash;
-use crate::rate_limit::{Algorithm, DEFAULT_POLICY, Quota};
+use crate::rate_limit::{Algorithm, DEFAULT_POLICY, Quota, Unit};
 use crate::store::PassThrough;
 
 static ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("admit.lua")));
@@ -39,6 +39,20 @@ pub(crate) struct QuotaArgs {
     kind: char,
     a: u64,
     b: u64,
+    /// Counts one per request, whatever the cost: the kind goes to the
+    /// scripts in upper case (the state keeps its name).
+    per_request: bool,
+}
+
+impl QuotaArgs {
+    /// The kind as the scripts take it.
+    fn arg_kind(&self) -> String {
+        if self.per_request {
+            self.kind.to_ascii_uppercase().to_string()
+        } else {
+            self.kind.to_string()
+        }
+    }
 }
 
 fn micros_up(nanos: Nanos) -> u64 {
@@ -49,31 +63,26 @@ impl QuotaArgs {
     pub(crate) fn of(quota: &Quota) -> Self {
         let period = saturating_nanos(quota.period());
         let limit = u64::from(quota.limit());
-        match quota.algorithm() {
+        let per_request = quota.unit() == Unit::Requests;
+        let (kind, a, b) = match quota.algorithm() {
             // As `Params::of`: nanoseconds per unit rounded up, then up again
             // to whole microseconds (the same as rounding period / limit up
             // to microseconds at once).
-            Algorithm::TokenBucket => Self {
-                kind: 'g',
-                a: micros_up(period.div_ceil(limit.max(1))),
-                b: u64::from(quota.burst()),
-            },
-            Algorithm::SlidingWindow => Self {
-                kind: 's',
-                a: limit,
-                b: micros_up(period),
-            },
-            Algorithm::FixedWindow => Self {
-                kind: 'f',
-                a: limit,
-                b: micros_up(period),
-            },
+            Algorithm::TokenBucket => (
+                'g',
+                micros_up(period.div_ceil(limit.max(1))),
+                u64::from(quota.burst()),
+            ),
+            Algorithm::SlidingWindow => ('s', limit, micros_up(period)),
+            Algorithm::FixedWindow => ('f', limit, micros_up(period)),
             // `TurnBudget` and any algorithm added later.
-            _ => Self {
-                kind: 't',
-                a: limit,
-                b: micros_up(period),
-            },
+            _ => ('t', limit, micros_up(period)),
+        };
+        Self {
+            kind,
+            a,
+            b,
+            per_request,
         }
     }
 }
@@ -232,7 +241,7 @@ impl Admission {
         args.push(store.now_arg());
         args.push(u8::from(probed).to_string());
         for q in &quotas {
-            args.push(q.kind.to_string());
+            args.push(q.arg_kind());
             args.push(q.a.to_string());
             args.push(q.b.to_string());
         }
@@ -332,6 +341,7 @@ impl Reply {
                         quotas: admission.quotas,
                         marks,
                         cost: admission.cost,
+                        excess_of: None,
                     }),
                 })
             }
@@ -349,9 +359,33 @@ pub(crate) struct Grant {
     quotas: Vec<QuotaArgs>,
     marks: Vec<String>,
     cost: u32,
+    /// Only the excess of a settled cost, `cost` units of this whole
+    /// charge, goes back.
+    excess_of: Option<u32>,
 }
 
 impl Grant {
+    /// The part of the booking above `actual`, to give back when the
+    /// request's real cost turned out lower (see
+    /// [`Settlement`](crate::rate_limit::Settlement)); none when it is not
+    /// lower, or when no quota can take it: a quota counting requests has
+    /// none, and the script leaves a sliding window counting cost as it is
+    /// (its booking is one member, removed whole or not at all).
+    pub(crate) fn excess_over(&self, actual: u32) -> Option<Grant> {
+        let takes_excess = |q: &QuotaArgs| q.kind != 's' && !q.per_request;
+        if actual >= self.cost || !self.quotas.iter().any(takes_excess) {
+            return None;
+        }
+        Some(Grant {
+            keys: self.keys.clone(),
+            at: self.at,
+            quotas: self.quotas.clone(),
+            marks: self.marks.clone(),
+            cost: self.cost - actual,
+            excess_of: Some(self.cost),
+        })
+    }
+
     /// Give the booking back (`cancel`: a waiter left before its turn;
     /// else the outcome did not count). When the call fails the capacity
     /// stays spent: the safe side.
@@ -361,12 +395,19 @@ impl Grant {
         cancel: bool,
     ) -> Result<(), StoreError> {
         let mut args = Vec::with_capacity(4 + 4 * self.quotas.len());
-        args.push(if cancel { "c" } else { "r" }.to_owned());
+        // The whole charge goes with an excess: what of it has come back
+        // by itself is counted from the whole booking, as in process.
+        let mode = match (self.excess_of, cancel) {
+            (Some(whole), _) => format!("x{whole}"),
+            (None, true) => "c".to_owned(),
+            (None, false) => "r".to_owned(),
+        };
+        args.push(mode);
         args.push(self.cost.to_string());
         args.push(store.now_arg());
         args.push(self.at.to_string());
         for (q, mark) in self.quotas.iter().zip(&self.marks) {
-            args.push(q.kind.to_string());
+            args.push(q.arg_kind());
             args.push(q.a.to_string());
             args.push(q.b.to_string());
             args.push(mark.clone());
@@ -513,6 +554,7 @@ mod tests {
             kind: 't',
             a: 1,
             b: 1,
+            per_request: false,
         };
         let admission = || Admission {
             keys: vec!["r".into(), "k".into()],

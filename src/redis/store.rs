@@ -295,12 +295,10 @@ impl RedisStore {
 }
 
 /// A URL the `redis` crate refused. Its message can quote part of the URL
-/// (a query's value), which is escaped; it never quotes a password.
+/// (a query's value), escaped where shown (`ConfigError`'s `Display`); it
+/// never quotes a password.
 fn not_a_url(e: RedisError) -> ConfigError {
-    ConfigError::new(
-        "redis_url",
-        format!("not a Redis URL: {}", Escaped(&e.to_string())),
-    )
+    ConfigError::new("redis_url", format!("not a Redis URL: {e}"))
 }
 
 /// Why a Redis call gave no answer.

@@ -1,4 +1,3 @@
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -73,63 +72,163 @@ impl RateLimitHeaders {
         remaining: u32,
         reset: Duration,
     ) {
+        self.write_cached(headers, policy, quota, remaining, reset, None);
+    }
+
+    /// [`write`](Self::write), with the `RateLimit-Policy` value made when
+    /// the policy was (see [`policy_field`]), if there is one: it is the
+    /// same on every response of the quota.
+    fn write_cached(
+        &self,
+        headers: &mut HeaderMap,
+        policy: &str,
+        quota: Option<&Quota>,
+        remaining: u32,
+        reset: Duration,
+        cached: Option<&HeaderValue>,
+    ) {
         let Some(quota) = quota else { return };
         let reset = ceil_secs(reset);
+        // Built by hand with `itoa` rather than `format!`: these are written
+        // on every admitted response, and `core::fmt` cost several times
+        // what the limiter itself does.
+        let mut digits = itoa::Buffer::new();
         if self.ietf {
-            let name = sf_string(policy);
-            let window = ceil_secs(quota.period());
-            insert(
-                headers,
-                "ratelimit-policy",
-                format!("{name};q={};w={window}", quota.limit()),
-            );
-            insert(
-                headers,
-                "ratelimit",
-                format!("{name};r={remaining};t={reset}"),
-            );
+            let mut state = Vec::with_capacity(policy.len() + 24);
+            match cached {
+                Some(field) => {
+                    // The quoted name is the cached value's start: what
+                    // precedes its last `;q=` (digits follow it).
+                    let bytes = field.as_bytes();
+                    let name = bytes
+                        .windows(3)
+                        .rposition(|w| w == b";q=")
+                        .map_or(bytes, |end| &bytes[..end]);
+                    state.extend_from_slice(name);
+                    headers.insert(RATELIMIT_POLICY, field.clone());
+                }
+                None => {
+                    sf_string(&mut state, policy);
+                    insert(headers, RATELIMIT_POLICY, policy_value(&state, quota));
+                }
+            }
+            state.extend_from_slice(b";r=");
+            state.extend_from_slice(digits.format(remaining).as_bytes());
+            state.extend_from_slice(b";t=");
+            state.extend_from_slice(digits.format(reset).as_bytes());
+            insert(headers, RATELIMIT, state);
         }
         if self.legacy {
-            insert(headers, "x-ratelimit-limit", quota.limit().to_string());
-            insert(headers, "x-ratelimit-remaining", remaining.to_string());
-            insert(headers, "x-ratelimit-reset", reset.to_string());
+            // (http formats integers with `itoa` too.)
+            let mut number = |name, n: u64| {
+                headers.insert(name, HeaderValue::from(n));
+            };
+            number(X_RATELIMIT_LIMIT, quota.limit().into());
+            number(X_RATELIMIT_REMAINING, remaining.into());
+            number(X_RATELIMIT_RESET, reset);
         }
     }
 }
 
-fn insert(headers: &mut HeaderMap, name: &'static str, value: String) {
+/// The `RateLimit-Policy` value of `quota` under the policy whose quoted
+/// name is `name`.
+fn policy_value(name: &[u8], quota: &Quota) -> Vec<u8> {
+    let mut digits = itoa::Buffer::new();
+    let mut value = Vec::with_capacity(name.len() + 24);
+    value.extend_from_slice(name);
+    value.extend_from_slice(b";q=");
+    value.extend_from_slice(digits.format(quota.limit()).as_bytes());
+    value.extend_from_slice(b";w=");
+    value.extend_from_slice(digits.format(ceil_secs(quota.period())).as_bytes());
+    value
+}
+
+/// The `RateLimit-Policy` value of `quota` under `policy`, made once per
+/// quota when a policy is built, and shared by every response (a clone is a
+/// reference count).
+pub(crate) fn policy_field(policy: &str, quota: &Quota) -> Option<HeaderValue> {
+    let mut name = Vec::with_capacity(policy.len() + 2);
+    sf_string(&mut name, policy);
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(policy_value(&name, quota))).ok()
+}
+
+// Constants, so that the names are checked once, when compiled, not on
+// every response.
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+fn insert(headers: &mut HeaderMap, name: HeaderName, value: Vec<u8>) {
     // The values are digits, ASCII names and separators: always valid.
-    if let Ok(value) = HeaderValue::try_from(value) {
-        headers.insert(HeaderName::from_static(name), value);
+    if let Ok(value) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
+        headers.insert(name, value);
     }
 }
 
-/// A structured-field string: quoted, with `"` and `\` escaped and anything
-/// outside printable ASCII replaced.
-fn sf_string(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('"');
+/// Append `text` as a structured-field string: quoted, with `"` and `\`
+/// escaped and anything outside printable ASCII replaced.
+fn sf_string(out: &mut Vec<u8>, text: &str) {
+    out.push(b'"');
     for c in text.chars() {
         match c {
             '"' | '\\' => {
-                let _ = write!(out, "\\{c}");
+                out.push(b'\\');
+                out.push(c as u8);
             }
-            ' '..='~' => out.push(c),
-            _ => out.push('_'),
+            ' '..='~' => out.push(c as u8),
+            _ => out.push(b'_'),
         }
     }
-    out.push('"');
-    out
+    out.push(b'"');
 }
 
 impl<B> Annotate<http::Response<B>> for RateLimitHeaders {
     fn annotate(&self, response: &mut http::Response<B>, info: &RateLimitInfo) {
-        self.write(
+        self.write_cached(
             response.headers_mut(),
             &info.policy,
             info.quota.as_ref(),
             info.remaining,
             info.reset,
+            info.policy_field.as_ref(),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // A response of a limiter carries the `RateLimit-Policy` value made with
+    // its policy; the fields must be what `write` makes from scratch, for
+    // any name (quotes, escapes, a `;q=` inside, non-ASCII).
+    #[test]
+    fn the_cached_policy_value_writes_what_write_does() {
+        let quota = Quota::per_minute(60).expect("valid");
+        for name in ["(default)", "a\"b\\c", "x;q=1", "café"] {
+            let headers = RateLimitHeaders::both();
+            let mut plain = HeaderMap::new();
+            headers.write(
+                &mut plain,
+                name,
+                Some(&quota),
+                7,
+                Duration::from_millis(1500),
+            );
+            let field = policy_field(name, &quota).expect("a valid value");
+            let mut cached = HeaderMap::new();
+            headers.write_cached(
+                &mut cached,
+                name,
+                Some(&quota),
+                7,
+                Duration::from_millis(1500),
+                Some(&field),
+            );
+            assert_eq!(plain, cached, "{name}");
+            assert_eq!(plain.len(), 5, "{name}");
+        }
     }
 }

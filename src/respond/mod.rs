@@ -46,6 +46,7 @@ mod layer;
 mod rejection;
 
 pub use headers::RateLimitHeaders;
+pub(crate) use headers::policy_field;
 pub use layer::{
     JsonBody, MakeResponse, ThrottleResponse, ThrottleResponseFuture, ThrottleResponseLayer,
 };

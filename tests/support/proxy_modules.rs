@@ -11,6 +11,9 @@ macro_rules! proxy_modules {
         #[path = "../examples/proxy/bench.rs"]
         mod bench;
         #[allow(dead_code)]
+        #[path = "../examples/proxy/bench_tls.rs"]
+        mod bench_tls;
+        #[allow(dead_code)]
         #[path = "../examples/proxy/cli.rs"]
         mod cli;
         #[allow(dead_code)]
@@ -26,11 +29,17 @@ macro_rules! proxy_modules {
         #[path = "../examples/proxy/gateway.rs"]
         mod gateway;
         #[allow(dead_code)]
+        #[path = "../examples/proxy/learn.rs"]
+        mod learn;
+        #[allow(dead_code)]
         #[path = "../examples/proxy/live.rs"]
         mod live;
         #[allow(dead_code)]
         #[path = "../examples/proxy/operator.rs"]
         mod operator;
+        #[allow(dead_code)]
+        #[path = "../examples/proxy/preset.rs"]
+        mod preset;
         #[allow(dead_code)]
         #[path = "../examples/proxy/reload.rs"]
         mod reload;
@@ -46,6 +55,12 @@ macro_rules! proxy_modules {
         #[allow(dead_code)]
         #[path = "../examples/proxy/stats.rs"]
         mod stats;
+        #[allow(dead_code)]
+        #[path = "../examples/proxy/tls.rs"]
+        mod tls;
+        #[allow(dead_code)]
+        #[path = "../examples/proxy/usage.rs"]
+        mod usage;
 
         /// The proxy as `main` runs it, with the arguments in `PROXY_ARGS`
         /// (split on spaces): what a test's child process runs. Exits with

@@ -26,5 +26,8 @@ macro_rules! ratecheck_modules {
         #[allow(dead_code)]
         #[path = "../examples/ratecheck/timeline.rs"]
         mod timeline;
+        #[allow(dead_code)]
+        #[path = "../examples/ratecheck/tls.rs"]
+        mod tls;
     };
 }

@@ -95,6 +95,25 @@ impl Algorithm for FixedWindow {
         }
     }
 
+    fn settle(
+        &self,
+        state: &mut WindowCount,
+        _now: Nanos,
+        grant: &Grant,
+        actual: u32,
+        _waiting: bool,
+    ) {
+        // In the window it was counted in, while that window still counts;
+        // later windows keep their own count (see `refund`).
+        if state.end == grant.mark {
+            state.used = if actual < grant.cost {
+                state.used.saturating_sub(grant.cost - actual)
+            } else {
+                state.used.saturating_add(actual - grant.cost)
+            };
+        }
+    }
+
     fn cancel(&self, state: &mut WindowCount, now: Nanos, grant: &Grant) {
         self.refund(state, now, grant, false);
     }

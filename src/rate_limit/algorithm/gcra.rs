@@ -2,7 +2,7 @@
 
 use super::{Algorithm, Grant};
 use crate::clock::Nanos;
-use crate::store::Idle;
+use crate::store::{FastWord, Idle};
 
 /// The theoretical arrival time: the instant at which the key's bucket is
 /// full again. At or before now, the bucket is full.
@@ -14,6 +14,26 @@ impl Idle for Tat {
     fn is_idle(&self, now: Nanos) -> bool {
         self.0 <= now
     }
+
+    #[inline]
+    fn to_word(&self) -> Option<u64> {
+        Some(self.0)
+    }
+
+    #[inline]
+    fn from_word(word: u64) -> Self {
+        Self(word)
+    }
+}
+
+/// What [`Gcra::admit_word`] decided.
+pub(crate) enum Fast {
+    /// Admitted now.
+    Admitted,
+    /// Refused: the wait, at this clock reading. Nothing changed.
+    Refused { wait: Nanos, now: Nanos },
+    /// Nothing is published in the word: the state is under the lock.
+    Unpublished,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +59,49 @@ impl Gcra {
     fn units(&self, cost: u32) -> Nanos {
         self.emission.saturating_mul(u64::from(cost))
     }
+
+    /// Admit `cost` units now or refuse, in reject mode, on a state
+    /// published in `word`: exactly what `earliest` and `book` decide under
+    /// the lock (with no wait allowed and no line), as one compare-and-swap
+    /// of the arrival time, which is how governor admits too. The clock is
+    /// read after each load of the word, as the locked path reads it after
+    /// taking the lock: no state booked by a later reading is mistaken for
+    /// a clock that ran backwards.
+    #[inline(always)]
+    pub(crate) fn admit_word(
+        &self,
+        word: &FastWord,
+        now: impl Fn() -> Nanos,
+        cost: u32,
+        horizon: Nanos,
+    ) -> Fast {
+        let mut current = word.load();
+        loop {
+            if current == FastWord::UNPUBLISHED {
+                return Fast::Unpublished;
+            }
+            let now = now();
+            let mut tat = Tat(current);
+            let at = self.earliest(&mut tat, now, cost, horizon);
+            if at > now {
+                // (A refusal never follows a reset: from an empty state
+                // every cost up to the burst fits now.)
+                return Fast::Refused {
+                    wait: at - now,
+                    now,
+                };
+            }
+            let booked = tat.0.max(now).saturating_add(self.units(cost));
+            if booked == FastWord::UNPUBLISHED {
+                // Cannot be published; the locked path takes it.
+                return Fast::Unpublished;
+            }
+            match word.swap_if(current, booked) {
+                Ok(_) => return Fast::Admitted,
+                Err(seen) => current = seen,
+            }
+        }
+    }
 }
 
 impl Algorithm for Gcra {
@@ -47,8 +110,16 @@ impl Algorithm for Gcra {
     #[inline]
     fn earliest(&self, tat: &mut Tat, now: Nanos, cost: u32, horizon: Nanos) -> Nanos {
         // No clock running forwards can leave the arrival time this far
-        // ahead; the clock ran backwards, so start the key afresh.
-        if tat.0 > now.saturating_add(self.tolerance).saturating_add(horizon) {
+        // ahead (a burst of waiters within the horizon, and a burst of debt
+        // a settlement charged on top); the clock ran backwards, so start
+        // the key afresh.
+        let debt = self.tolerance;
+        if tat.0
+            > now
+                .saturating_add(self.tolerance)
+                .saturating_add(debt)
+                .saturating_add(horizon)
+        {
             tat.0 = 0;
         }
         tat.0
@@ -90,6 +161,31 @@ impl Algorithm for Gcra {
             return;
         }
         tat.0 = tat.0.saturating_sub(owed).max(now);
+    }
+
+    fn settle(&self, tat: &mut Tat, now: Nanos, grant: &Grant, actual: u32, waiting: bool) {
+        if actual < grant.cost {
+            // The units it should not have taken are its last: they come
+            // back between `at + units(actual)` and `at + units(cost)`, and
+            // only what has not come back by itself is owed (as in `refund`).
+            let owed = grant
+                .at
+                .saturating_add(self.units(grant.cost))
+                .saturating_sub(now)
+                .min(self.units(grant.cost - actual));
+            if waiting || owed == 0 || tat.0 <= now {
+                return;
+            }
+            tat.0 = tat.0.saturating_sub(owed).max(now);
+        } else {
+            // Charged now, after every booking, so none moves, also on a
+            // bucket already empty (a busy key, where it matters most). At
+            // most one burst: beyond it, one bad estimate would silence the
+            // key for longer than a refill. `earliest` allows for that debt
+            // before it takes a state ahead for a clock that ran backwards.
+            let from = tat.0.max(now);
+            tat.0 = from.saturating_add(self.units(actual - grant.cost).min(self.tolerance));
+        }
     }
 
     fn cancel(&self, tat: &mut Tat, _now: Nanos, grant: &Grant) {
@@ -136,5 +232,30 @@ impl Algorithm for Gcra {
 
     fn fill_until(&self, tat: &mut Tat, at: Nanos) {
         tat.0 = tat.0.max(at.saturating_add(self.tolerance));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_arrival_time_at_the_edge_of_the_horizon_is_kept() {
+        // 10 units of 1 s: a tolerance of 10 s, as much debt again, and a
+        // horizon of 5 s. At exactly that far ahead the state is one a
+        // forward clock can leave (waiters and debt); one nanosecond
+        // further, it is the mark of a clock that ran backwards.
+        let gcra = Gcra::new(1_000_000_000, 10);
+        let (now, horizon) = (100_000_000_000, 5_000_000_000);
+        let edge = now + 10_000_000_000 + 10_000_000_000 + horizon;
+        let mut kept = Tat(edge);
+        assert_eq!(
+            gcra.earliest(&mut kept, now, 1, horizon),
+            edge - 10_000_000_000 + 1_000_000_000
+        );
+        assert_eq!(kept, Tat(edge));
+        let mut reset = Tat(edge + 1);
+        assert_eq!(gcra.earliest(&mut reset, now, 1, horizon), now);
+        assert_eq!(reset, Tat(0));
     }
 }

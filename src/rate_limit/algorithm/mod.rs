@@ -15,7 +15,7 @@ mod sliding_window;
 mod turn_budget;
 
 pub(crate) use fixed_window::FixedWindow;
-pub(crate) use gcra::Gcra;
+pub(crate) use gcra::{Fast, Gcra};
 pub(crate) use sliding_window::SlidingWindow;
 pub(crate) use turn_budget::TurnBudget;
 
@@ -56,6 +56,19 @@ pub(crate) trait Algorithm: Clone + Send + Sync + 'static {
     /// booked one. `waiting`: requests are waiting on the key now (booked
     /// ahead of now, in its line).
     fn refund(&self, state: &mut Self::State, now: Nanos, grant: &Grant, waiting: bool);
+
+    /// The admitted request's real cost was `actual`, not `grant.cost`:
+    /// give back the excess as [`refund`](Self::refund) gives back a whole
+    /// grant (never more than was taken, never what came back by itself),
+    /// or charge the shortfall without refusal (never moving a booking).
+    fn settle(
+        &self,
+        state: &mut Self::State,
+        now: Nanos,
+        grant: &Grant,
+        actual: u32,
+        waiting: bool,
+    );
 
     /// A queued request left before its instant: give back what can be given
     /// back without ever over-admitting.

@@ -110,6 +110,32 @@ impl Algorithm for SlidingWindow {
         }
     }
 
+    fn settle(&self, log: &mut Log, _now: Nanos, grant: &Grant, actual: u32, _waiting: bool) {
+        // The request's own entry takes its real cost, at most the whole
+        // window's limit: exact for a refund, as `refund` is. An entry gone
+        // has left the window, which no longer counts it.
+        let Some(entry) = log
+            .entries
+            .iter_mut()
+            .rev()
+            .find(|(at, c)| *at == grant.at && *c == grant.cost)
+        else {
+            return;
+        };
+        let actual = actual.min(self.limit);
+        log.sum = log.sum - u64::from(entry.1) + u64::from(actual);
+        entry.1 = actual;
+        if actual == 0 {
+            if let Some(i) = log
+                .entries
+                .iter()
+                .rposition(|&(at, c)| at == grant.at && c == 0)
+            {
+                log.entries.remove(i);
+            }
+        }
+    }
+
     fn cancel(&self, log: &mut Log, now: Nanos, grant: &Grant) {
         self.refund(log, now, grant, false);
     }

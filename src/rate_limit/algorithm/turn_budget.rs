@@ -24,7 +24,10 @@ impl Turn {
 impl Idle for Turn {
     #[inline]
     fn is_idle(&self, now: Nanos) -> bool {
-        self.used == 0 || self.stale_at <= now
+        // A turn booked ahead by a waiter replaced the running one, which
+        // was full; with its bookings all cancelled it still holds the key
+        // until it starts, or the running turn's budget would come back.
+        (self.used == 0 && self.started <= now) || self.stale_at <= now
     }
 }
 
@@ -87,6 +90,17 @@ impl Algorithm for TurnBudget {
         // the limiter (see `Limiter::new_turn`).
         if turn.started == grant.mark {
             turn.used = turn.used.saturating_sub(grant.cost);
+        }
+    }
+
+    fn settle(&self, turn: &mut Turn, _now: Nanos, grant: &Grant, actual: u32, _waiting: bool) {
+        // In the turn it was taken from only (see `refund`).
+        if turn.started == grant.mark {
+            turn.used = if actual < grant.cost {
+                turn.used.saturating_sub(grant.cost - actual)
+            } else {
+                turn.used.saturating_add(actual - grant.cost)
+            };
         }
     }
 

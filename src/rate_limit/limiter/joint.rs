@@ -130,8 +130,8 @@ pub(crate) fn acquire_joint(entrants: &[Entrant<'_>], want_tickets: bool) -> Joi
         // ahead is dropped, as in reject mode.
         let horizon = limiter.horizon_for(0);
         let (mut at, mut slowest) = (now, 0);
-        for (i, state) in states.iter_mut().enumerate() {
-            let earliest = state.earliest(now, plan.cost, horizon);
+        for (i, (state, quota)) in states.iter_mut().zip(&plan.rule.quotas).enumerate() {
+            let earliest = state.earliest(now, quota.cost_of(plan.cost), horizon);
             if earliest > at {
                 (at, slowest) = (earliest, i);
             }
@@ -157,8 +157,9 @@ pub(crate) fn acquire_joint(entrants: &[Entrant<'_>], want_tickets: bool) -> Joi
         for (p, states) in &mut held {
             let j = &judged[*p];
             if j.wait == 0 {
-                for state in states.iter_mut() {
-                    grants[*p].push(state.book(j.now, j.now, plans[*p].cost));
+                let plan = &plans[*p];
+                for (state, quota) in states.iter_mut().zip(&plan.rule.quotas) {
+                    grants[*p].push(state.book(j.now, j.now, quota.cost_of(plan.cost)));
                 }
             }
         }

@@ -12,8 +12,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::{Limiter, Ticket};
+use crate::clock::Nanos;
 use crate::key::KeyHash;
-use crate::rate_limit::quota::Algorithm as Kind;
+use crate::rate_limit::algorithm::Grant;
+use crate::rate_limit::quota::{Algorithm as Kind, Quota, Unit};
+use crate::rate_limit::table::Table;
 
 impl Limiter {
     /// Give a ticket's capacity back: the request did not count
@@ -26,9 +29,49 @@ impl Limiter {
             }
             return;
         }
+        let key = ticket.key;
+        self.each_grant(ticket, |table, grant, _, now, current| {
+            if cancel {
+                table.cancel(key, now, grant, current);
+            } else {
+                let settle = || current().then(|| self.lines.has_waiters(key));
+                table.refund(key, now, grant, &settle);
+            }
+        });
+    }
+
+    /// Settle a ticket at its real cost `actual` (see
+    /// [`Settlement`](crate::rate_limit::Settlement)): in each quota that
+    /// counts cost, the excess is given back or the shortfall charged.
+    /// Nothing across a retune or a reset, as for a refund.
+    pub(crate) fn settle(&self, ticket: &Ticket, actual: u32) {
+        #[cfg(feature = "redis")]
+        if let Some(grant) = &ticket.remote {
+            if let (Some(remote), Some(excess)) = (&self.remote, grant.excess_over(actual)) {
+                remote.give_back(Arc::new(excess), ticket.key, false);
+            }
+            return;
+        }
+        let key = ticket.key;
+        self.each_grant(ticket, |table, grant, quota, now, current| {
+            if quota.unit() == Unit::Cost && grant.cost != actual {
+                let settle = || current().then(|| self.lines.has_waiters(key));
+                table.settle(key, now, grant, actual, &settle);
+            }
+        });
+    }
+
+    /// Run `each` on every table of `ticket`'s rule, with its grant and
+    /// quota, the time now, and a check, for under each key's lock, that the
+    /// ticket is still the key's. Nothing after a retune or a reset: the
+    /// ticket's tables may be gone, retuned or emptied, and keeping the
+    /// capacity spent is the safe side.
+    fn each_grant(
+        &self,
+        ticket: &Ticket,
+        each: impl Fn(&Table, &Grant, &Quota, Nanos, &dyn Fn() -> bool),
+    ) {
         let policy = self.policy.load();
-        // After a retune or a reset the ticket's tables may be gone,
-        // retuned or emptied; keeping the capacity spent is the safe side.
         if policy.generation != ticket.generation {
             return;
         }
@@ -39,14 +82,9 @@ impl Limiter {
         // Checked again under each key's lock: a reset that began since
         // has moved the generation on before forgetting the key.
         let current = || self.generation.load(Ordering::Acquire) == ticket.generation;
-        let key = ticket.key;
-        for (table, grant) in rule.tables.iter().zip(&ticket.grants) {
-            if cancel {
-                table.cancel(key, now, grant, &current);
-            } else {
-                let settle = || current().then(|| self.lines.has_waiters(key));
-                table.refund(key, now, grant, &settle);
-            }
+        let grants = rule.tables.iter().zip(&ticket.grants).zip(&rule.quotas);
+        for ((table, grant), quota) in grants {
+            each(table, grant, quota, now, &current);
         }
     }
 

@@ -1,0 +1,460 @@
+//! The limits a response says its server enforces: [`announced_limits`].
+//!
+//! Where [`cooldown_from_headers`](super::cooldown_from_headers) reads how
+//! long to stay away, this reads what the provider says of its limits on
+//! every response (the limit, what is left, when it is whole again), so a
+//! client can keep below them instead of meeting 429s. It shares that
+//! parser's number, duration and date readers, and its distrust: everything
+//! is bounded, garbage is ignored, nothing panics.
+
+use std::time::{Duration, SystemTime};
+
+use http::header::{HeaderMap, HeaderName};
+
+use super::headers::{
+    NANOS_PER_SEC, decimal, go_duration, rfc3339_nanos, split_outside_quotes, text, trimmed, until,
+};
+
+/// The window OpenAI's and Anthropic's limit headers count over: they state
+/// per-minute limits (RPM, TPM).
+pub const PROVIDER_WINDOW: Duration = Duration::from_secs(60);
+
+/// Members of one structured field read at most; more is not a real policy.
+const MAX_MEMBERS: usize = 16;
+
+/// What a response says of one of its server's limits.
+///
+/// Each field is `None` when the response does not say it, or says it in a
+/// form that does not parse.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Announced {
+    /// Units (requests or tokens) allowed per [`window`](Self::window).
+    pub limit: Option<u64>,
+    /// Units left now.
+    pub remaining: Option<u64>,
+    /// How long until the limit is whole again (zero when the reset is
+    /// past).
+    pub reset: Option<Duration>,
+    /// The period the limit counts over: a minute for the OpenAI and
+    /// Anthropic headers, the policy's `w` for the IETF fields; `None` when
+    /// the response does not say.
+    pub window: Option<Duration>,
+}
+
+impl Announced {
+    /// True when nothing was said.
+    pub fn is_empty(&self) -> bool {
+        self.limit.is_none() && self.remaining.is_none() && self.reset.is_none()
+    }
+}
+
+/// What a response says of its server's limits, per unit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Announcement {
+    /// Requests.
+    pub requests: Announced,
+    /// Tokens (input and output together).
+    pub tokens: Announced,
+    /// Input tokens (Anthropic's `anthropic-ratelimit-input-tokens-*`).
+    pub input_tokens: Announced,
+    /// Output tokens (Anthropic's `anthropic-ratelimit-output-tokens-*`).
+    pub output_tokens: Announced,
+}
+
+impl Announcement {
+    /// True when the response states no limit at all.
+    pub fn is_empty(&self) -> bool {
+        self.requests.is_empty()
+            && self.tokens.is_empty()
+            && self.input_tokens.is_empty()
+            && self.output_tokens.is_empty()
+    }
+}
+
+/// The limits `headers` announce, read against the wall-clock `now`.
+///
+/// Every family is read; for each unit the first family that says
+/// something of it wins, in this order:
+///
+/// - OpenAI: `x-ratelimit-limit-requests`, `x-ratelimit-remaining-requests`,
+///   `x-ratelimit-reset-requests` (a Go duration such as `6m0s`) and the
+///   `-tokens` variants; per minute.
+/// - Anthropic: `anthropic-ratelimit-requests-limit`, `-remaining`, `-reset`
+///   (an RFC 3339 time) and the `tokens`, `input-tokens` and
+///   `output-tokens` variants; per minute.
+/// - IETF (requests only): `RateLimit-Policy: "default";q=100;w=60` with
+///   `RateLimit: "default";r=50;t=30` (a member's `r` and `t` go with the
+///   policy of the same name; with several request policies, the one with
+///   the lowest rate, `q / w`, is taken), or the earlier draft's
+///   `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (seconds)
+///   with the window from `RateLimit-Policy: 100;w=60`.
+///
+/// Counts are plain decimal integers (no sign, fraction or exponent) and
+/// saturate at `u64::MAX`; anything else is ignored, as are windows and
+/// IETF quotas of zero.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use http::HeaderMap;
+/// use tower_throttle::backoff::announced_limits;
+///
+/// let mut headers = HeaderMap::new();
+/// headers.insert("x-ratelimit-limit-requests", "500".parse().unwrap());
+/// headers.insert("x-ratelimit-remaining-requests", "499".parse().unwrap());
+/// headers.insert("x-ratelimit-reset-requests", "120ms".parse().unwrap());
+/// headers.insert("x-ratelimit-limit-tokens", "not a number".parse().unwrap());
+/// let said = announced_limits(&headers, SystemTime::now());
+/// assert_eq!(said.requests.limit, Some(500));
+/// assert_eq!(said.requests.remaining, Some(499));
+/// assert_eq!(said.requests.reset, Some(Duration::from_millis(120)));
+/// assert_eq!(said.requests.window, Some(Duration::from_secs(60)));
+/// assert!(said.tokens.is_empty(), "garbage is ignored");
+/// ```
+pub fn announced_limits(headers: &HeaderMap, now: SystemTime) -> Announcement {
+    let requests = first([
+        openai(headers, "requests"),
+        anthropic(headers, "requests", now),
+        ietf(headers),
+        ietf_draft(headers),
+    ]);
+    Announcement {
+        requests,
+        tokens: first([openai(headers, "tokens"), anthropic(headers, "tokens", now)]),
+        input_tokens: anthropic(headers, "input-tokens", now),
+        output_tokens: anthropic(headers, "output-tokens", now),
+    }
+}
+
+/// A family of rate-limit response headers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum HeaderFamily {
+    /// `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` (OpenAI and
+    /// most OpenAI-compatible services).
+    OpenAi,
+    /// `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-*`.
+    Anthropic,
+    /// The IETF `RateLimit-Policy` and `RateLimit` fields, and the older
+    /// draft's `RateLimit-Limit`, `-Remaining` and `-Reset`.
+    Ietf,
+}
+
+/// [`announced_limits`] from one `family` of headers only: for a server
+/// known to send that family, whose other headers (a proxy's, a CDN's)
+/// must not be taken for its limits.
+pub fn announced_limits_in(
+    headers: &HeaderMap,
+    now: SystemTime,
+    family: HeaderFamily,
+) -> Announcement {
+    match family {
+        HeaderFamily::OpenAi => Announcement {
+            requests: openai(headers, "requests"),
+            tokens: openai(headers, "tokens"),
+            ..Announcement::default()
+        },
+        HeaderFamily::Anthropic => Announcement {
+            requests: anthropic(headers, "requests", now),
+            tokens: anthropic(headers, "tokens", now),
+            input_tokens: anthropic(headers, "input-tokens", now),
+            output_tokens: anthropic(headers, "output-tokens", now),
+        },
+        HeaderFamily::Ietf => Announcement {
+            requests: first([ietf(headers), ietf_draft(headers)]),
+            ..Announcement::default()
+        },
+    }
+}
+
+fn first<const N: usize>(candidates: [Announced; N]) -> Announced {
+    candidates
+        .into_iter()
+        .find(|a| !a.is_empty())
+        .unwrap_or_default()
+}
+
+/// `x-ratelimit-{limit,remaining,reset}-{unit}`.
+fn openai(headers: &HeaderMap, unit: &str) -> Announced {
+    let get = |what: &str| {
+        HeaderName::try_from(format!("x-ratelimit-{what}-{unit}"))
+            .ok()
+            .and_then(|name| text(headers, &name).map(str::to_owned))
+    };
+    let said = Announced {
+        limit: get("limit").as_deref().and_then(count),
+        remaining: get("remaining").as_deref().and_then(count),
+        reset: get("reset").as_deref().and_then(go_duration),
+        window: None,
+    };
+    per_minute(said)
+}
+
+/// `anthropic-ratelimit-{unit}-{limit,remaining,reset}`.
+fn anthropic(headers: &HeaderMap, unit: &str, now: SystemTime) -> Announced {
+    let get = |what: &str| {
+        HeaderName::try_from(format!("anthropic-ratelimit-{unit}-{what}"))
+            .ok()
+            .and_then(|name| text(headers, &name).map(str::to_owned))
+    };
+    let said = Announced {
+        limit: get("limit").as_deref().and_then(count),
+        remaining: get("remaining").as_deref().and_then(count),
+        reset: get("reset")
+            .as_deref()
+            .and_then(rfc3339_nanos)
+            .map(|at| until(at, now)),
+        window: None,
+    };
+    per_minute(said)
+}
+
+fn per_minute(said: Announced) -> Announced {
+    if said.is_empty() {
+        return said;
+    }
+    Announced {
+        window: Some(PROVIDER_WINDOW),
+        ..said
+    }
+}
+
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// One member of a structured field: its first item and its parameters.
+struct Member<'a> {
+    item: &'a str,
+    params: Vec<(&'a str, &'a str)>,
+}
+
+impl<'a> Member<'a> {
+    fn parse(member: &'a str) -> Self {
+        let mut pieces = split_outside_quotes(member, b';');
+        let item = pieces.next().map_or("", sp_trim);
+        let params = pieces
+            .take(MAX_MEMBERS)
+            .filter_map(|p| p.split_once('='))
+            .map(|(k, v)| (sp_trim(k), sp_trim(v)))
+            .collect();
+        Self { item, params }
+    }
+
+    fn param(&self, key: &str) -> Option<&'a str> {
+        self.params.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+    }
+
+    /// The item as a name: an sf-string's contents, or a token as it is.
+    fn name(&self) -> &'a str {
+        self.item
+            .strip_prefix('"')
+            .and_then(|s| s.strip_suffix('"'))
+            .unwrap_or(self.item)
+    }
+}
+
+/// The members of every line of field `name`, at most [`MAX_MEMBERS`].
+fn members<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Vec<Member<'a>> {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| trimmed(v.as_bytes()))
+        .flat_map(|v| split_outside_quotes(v, b','))
+        .take(MAX_MEMBERS)
+        .map(Member::parse)
+        .collect()
+}
+
+/// `RateLimit-Policy` and `RateLimit` as structured fields (the policy's
+/// first item is a name, not a number).
+fn ietf(headers: &HeaderMap) -> Announced {
+    let policies = members(headers, &RATELIMIT_POLICY);
+    let mut best: Option<(&str, u64, Duration)> = None;
+    for policy in &policies {
+        if count(policy.item).is_some() {
+            continue; // the earlier draft's form
+        }
+        if policy
+            .param("qu")
+            .is_some_and(|u| u.trim_matches('"') != "requests")
+        {
+            continue;
+        }
+        // A quota of zero would always be the lowest rate and hide the
+        // real ones: not a policy anyone can keep to.
+        let (Some(q), Some(w)) = (
+            policy.param("q").and_then(count).filter(|q| *q > 0),
+            policy.param("w").and_then(window),
+        ) else {
+            continue;
+        };
+        // Lowest rate: q/w below b/v, compared as q*v < b*w.
+        let lower = best
+            .is_none_or(|(_, b, v)| u128::from(q) * v.as_nanos() < u128::from(b) * w.as_nanos());
+        if lower {
+            best = Some((policy.name(), q, w));
+        }
+    }
+    let Some((name, limit, w)) = best else {
+        return Announced::default();
+    };
+    let states = members(headers, &RATELIMIT);
+    // The state of the same name; with one policy and one state, that one.
+    let state = states
+        .iter()
+        .find(|s| s.name() == name)
+        .or_else(|| (policies.len() == 1 && states.len() == 1).then(|| &states[0]));
+    Announced {
+        limit: Some(limit),
+        remaining: state.and_then(|s| s.param("r")).and_then(count),
+        reset: state
+            .and_then(|s| s.param("t"))
+            .and_then(|t| decimal(t, NANOS_PER_SEC)),
+        window: Some(w),
+    }
+}
+
+const DRAFT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
+const DRAFT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
+const DRAFT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
+
+/// The earlier draft: `RateLimit-Limit` (its first member), `-Remaining`,
+/// `-Reset`, and the window from the `RateLimit-Policy` member of the same
+/// limit (or its only member).
+fn ietf_draft(headers: &HeaderMap) -> Announced {
+    let first_count =
+        |name: &HeaderName| members(headers, name).first().and_then(|m| count(m.item));
+    let limit = first_count(&DRAFT_LIMIT);
+    let said = Announced {
+        limit,
+        remaining: first_count(&DRAFT_REMAINING),
+        reset: text(headers, &DRAFT_RESET).and_then(|t| decimal(t, NANOS_PER_SEC)),
+        window: None,
+    };
+    if said.is_empty() {
+        return said;
+    }
+    let policies: Vec<Member<'_>> = members(headers, &RATELIMIT_POLICY)
+        .into_iter()
+        .filter(|m| count(m.item).is_some())
+        .collect();
+    let policy = policies
+        .iter()
+        .find(|m| limit.is_some() && count(m.item) == limit)
+        .or_else(|| (policies.len() == 1).then(|| &policies[0]));
+    Announced {
+        window: policy.and_then(|m| m.param("w")).and_then(window),
+        ..said
+    }
+}
+
+/// A window in whole or fractional seconds, above zero.
+fn window(s: &str) -> Option<Duration> {
+    decimal(s, NANOS_PER_SEC).filter(|w| !w.is_zero())
+}
+
+/// A count: ASCII digits only, saturating at `u64::MAX`. Written here for
+/// the same reason as the parser's `decimal`: `str::parse` takes a `+`.
+fn count(s: &str) -> Option<u64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(s.bytes().fold(0u64, |n, b| {
+        n.saturating_mul(10).saturating_add(u64::from(b - b'0'))
+    }))
+}
+
+fn sp_trim(s: &str) -> &str {
+    s.trim_matches(|c| c == ' ' || c == '\t')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(*name, value.parse().unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn anthropic_reset_is_read_against_now() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_709_208_000);
+        let said = announced_limits(
+            &headers(&[
+                ("anthropic-ratelimit-requests-limit", "50"),
+                ("anthropic-ratelimit-requests-remaining", "0"),
+                ("anthropic-ratelimit-requests-reset", "2024-02-29T12:00:30Z"),
+                ("anthropic-ratelimit-output-tokens-limit", "8000"),
+            ]),
+            now,
+        );
+        assert_eq!(said.requests.limit, Some(50));
+        assert_eq!(said.requests.remaining, Some(0));
+        assert_eq!(said.requests.reset, Some(Duration::from_secs(30)));
+        assert_eq!(said.requests.window, Some(PROVIDER_WINDOW));
+        assert_eq!(said.output_tokens.limit, Some(8000));
+        assert!(said.tokens.is_empty());
+    }
+
+    #[test]
+    fn ietf_takes_the_lowest_rate_and_its_state() {
+        let said = announced_limits(
+            &headers(&[
+                (
+                    "ratelimit-policy",
+                    "\"burst\";q=100;w=60, \"day\";q=1000;w=86400",
+                ),
+                ("ratelimit-policy", "\"bytes\";q=1;w=1;qu=\"content-bytes\""),
+                ("ratelimit", "\"burst\";r=50;t=30, \"day\";r=7;t=600"),
+            ]),
+            SystemTime::now(),
+        );
+        assert_eq!(said.requests.limit, Some(1000));
+        assert_eq!(said.requests.window, Some(Duration::from_secs(86_400)));
+        assert_eq!(said.requests.remaining, Some(7));
+        assert_eq!(said.requests.reset, Some(Duration::from_secs(600)));
+    }
+
+    #[test]
+    fn ietf_draft_takes_the_window_of_its_limit() {
+        let said = announced_limits(
+            &headers(&[
+                ("ratelimit-limit", "100"),
+                ("ratelimit-remaining", "0"),
+                ("ratelimit-reset", "12"),
+                ("ratelimit-policy", "10;w=1, 100;w=60"),
+            ]),
+            SystemTime::now(),
+        );
+        assert_eq!(said.requests.limit, Some(100));
+        assert_eq!(said.requests.remaining, Some(0));
+        assert_eq!(said.requests.reset, Some(Duration::from_secs(12)));
+        assert_eq!(said.requests.window, Some(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn garbage_says_nothing() {
+        let huge = "9".repeat(60);
+        let said = announced_limits(
+            &headers(&[
+                ("x-ratelimit-limit-requests", "-5"),
+                ("x-ratelimit-remaining-requests", "1e3"),
+                ("x-ratelimit-reset-requests", "soon"),
+                ("anthropic-ratelimit-requests-limit", "+5"),
+                ("anthropic-ratelimit-requests-reset", "yesterday"),
+                ("ratelimit-policy", "\"p\";q=10;w=0, \"q\";q=nan;w=60"),
+                ("ratelimit", "\"p\";r=0;t=1"),
+                ("ratelimit-limit", "five"),
+                ("x-ratelimit-limit-tokens", &huge),
+            ]),
+            SystemTime::now(),
+        );
+        assert!(said.requests.is_empty(), "{said:?}");
+        assert_eq!(said.tokens.limit, Some(u64::MAX), "saturates");
+    }
+}
