@@ -13,9 +13,6 @@
 //! Numbers in `benches/RESULTS.md`; the goals: admission p50 ≤ 1.3× the
 //! PING's, throughput ≥ 50% of redis-benchmark's.
 
-#[path = "../tests/support/redis.rs"]
-mod redis_server;
-
 use std::convert::Infallible;
 use std::future::{Ready, ready};
 use std::time::{Duration, Instant};
@@ -212,7 +209,7 @@ fn report(url: &str, port: u16, runtime: &tokio::runtime::Runtime) {
 }
 
 fn main() {
-    let Some(server) = redis_server::RedisServer::start("benches/redis.rs") else {
+    let Some(server) = testkit::redis::RedisServer::start("benches/redis.rs") else {
         return;
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -27,11 +27,10 @@ use tower_throttle::key::{ClientIpKey, HeaderKey, JsonFieldKey, PathPrefixKey};
 use tower_throttle::rate_limit::{KeyPattern, Quota, RateLimitLayer, Rule};
 use tower_throttle::respond::{RateLimitHeaders, ThrottleResponseLayer};
 
-#[allow(dead_code)] // the proxy's; not every item is used here
-#[path = "proxy/serve.rs"]
-pub mod serve;
-#[path = "proxy/signal.rs"]
-mod signal;
+// The programs' serving code (`examples/serving`): capped, timed
+// connections and graceful stop.
+pub use serving::serve;
+use serving::signal;
 
 /// Serve a small API behind per-IP and per-API-key limits.
 #[derive(Debug, Parser)]

@@ -1,17 +1,10 @@
 //! Every fuzz target's committed corpus and seeds, replayed through the
 //! target's own checks (`fuzz/checks/`, shared by `#[path]`): the inputs
 //! the fuzzer found interesting, re-checked on stable by every `cargo
-//! test`. ratecheck's inference is replayed by `fuzz_corpora_ratecheck.rs`
-//! (its modules and the proxy's both want the crate root). See
-//! `fuzz/README.md`.
+//! test`. The proxy's and ratecheck's targets are replayed by their own
+//! crates' tests (`examples/*/tests/fuzz_corpus.rs`). See `fuzz/README.md`.
 
-#[macro_use]
-#[path = "support/proxy_modules.rs"]
-mod proxy_modules;
-proxy_modules!();
-
-#[path = "support/fuzz_replay.rs"]
-mod fuzz_replay;
+use testkit::fuzz_replay;
 
 #[path = "../fuzz/checks/client_ip.rs"]
 mod client_ip;
@@ -23,8 +16,6 @@ mod identity_urls;
 mod json_field;
 #[path = "../fuzz/checks/key_patterns.rs"]
 mod key_patterns;
-#[path = "../fuzz/checks/proxy_config.rs"]
-mod proxy_config;
 #[path = "../fuzz/checks/stack_config.rs"]
 mod stack_config;
 
@@ -38,11 +29,6 @@ fn cooldown_headers_corpus_passes_its_checks() {
 #[test]
 fn stack_config_corpus_passes_its_checks() {
     replay("stack_config", stack_config::check);
-}
-
-#[test]
-fn proxy_config_corpus_passes_its_checks() {
-    replay("proxy_config", proxy_config::check);
 }
 
 #[test]

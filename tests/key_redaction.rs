@@ -3,8 +3,7 @@
 //! a log line: only its fingerprint does. Keys that are not secret (model
 //! names) are shown as they are, and each extractor can be told otherwise.
 
-#[path = "support/capture.rs"]
-mod capture;
+use testkit::capture;
 
 #[allow(dead_code)]
 #[path = "../examples/axum_server.rs"]

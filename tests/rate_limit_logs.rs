@@ -3,8 +3,7 @@
 //! must not fill the log). One test in its own binary: the captured log is
 //! the whole process's.
 
-#[path = "support/capture.rs"]
-mod capture;
+use testkit::capture;
 
 use capture::{capture_logs, log_text};
 use tower_throttle::key::GlobalKey;

@@ -4,7 +4,8 @@ mod support;
 
 use std::time::Duration;
 
-use support::{ALGORITHMS, Inner, Lcg, most_in_any_window, quota, request};
+use support::{ALGORITHMS, Inner, Lcg, quota, request};
+use testkit::windows::most_in_any_window;
 use tokio::time::{self, Instant};
 use tokio_test::{assert_pending, assert_ready, assert_ready_ok, task};
 use tower::{Layer, Service, ServiceExt};

@@ -1,8 +1,7 @@
 //! Backoff429Layer with its cooldowns in Redis: two layers standing for
 //! two replicas of a gateway share each route's cooldown and 429 streak.
 
-#[path = "support/redis.rs"]
-mod redis_server;
+use testkit::redis as redis_server;
 mod support;
 
 use std::convert::Infallible;

@@ -2,8 +2,7 @@
 //! one timeout, not one per call. Each test starts a `redis-server` of its
 //! own (see `support/redis.rs`).
 
-#[path = "support/redis.rs"]
-mod redis_server;
+use testkit::redis as redis_server;
 
 use std::convert::Infallible;
 use std::time::Duration;

@@ -3,8 +3,7 @@
 //! tag, so each script touches one slot, while different keys spread over
 //! the masters.
 
-#[path = "support/redis.rs"]
-mod redis_server;
+use testkit::redis as redis_server;
 mod support;
 
 use std::collections::HashMap;

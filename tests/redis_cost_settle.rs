@@ -2,8 +2,7 @@
 //! on a rate limiter whose state is in Redis. Each test starts a
 //! `redis-server` of its own (see `support/redis.rs`).
 
-#[path = "support/redis.rs"]
-mod redis_server;
+use testkit::redis as redis_server;
 
 use std::convert::Infallible;
 use std::sync::Arc;

@@ -2,10 +2,8 @@
 //! its scripts: every request ends within the timeout (plus a little), as
 //! the chosen fail mode says, and limiting resumes by itself.
 
-#[path = "support/capture.rs"]
-mod capture;
-#[path = "support/redis.rs"]
-mod redis_server;
+use testkit::capture;
+use testkit::redis as redis_server;
 mod support;
 
 use std::time::Duration;

@@ -7,8 +7,7 @@
 //! (`with_test_clock`), which they move by hand, in place of Redis's
 //! `TIME`. The others run on Redis's clock.
 
-#[path = "support/redis.rs"]
-mod redis_server;
+use testkit::redis as redis_server;
 mod support;
 
 use std::sync::Arc;

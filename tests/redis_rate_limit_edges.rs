@@ -2,10 +2,8 @@
 //! methods after `with_store`, and replies no script of ours gives. Each
 //! test starts a `redis-server` of its own (see `support/redis.rs`).
 
-#[path = "support/capture.rs"]
-mod capture;
-#[path = "support/redis.rs"]
-mod redis_server;
+use testkit::capture;
+use testkit::redis as redis_server;
 mod support;
 
 use std::sync::Arc;

@@ -2,8 +2,7 @@
 //! flood of made-up keys cannot take over, and key text that reaches no
 //! error, stats name or log line with a raw control character in it.
 
-#[path = "support/capture.rs"]
-mod capture;
+use testkit::capture;
 
 use std::convert::Infallible;
 use std::time::Duration;

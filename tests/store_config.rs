@@ -2,8 +2,7 @@
 //! is, never showing its secrets, and building layers that keep their
 //! state in Redis.
 
-#[path = "support/redis.rs"]
-mod redis_server;
+use testkit::redis as redis_server;
 mod support;
 
 use redis_server::RedisServer;

@@ -1,17 +1,16 @@
-//! The proxy example's config TOML (`examples/proxy/config.rs`): any text
+//! The proxy example's config TOML (`examples/proxy/src/config.rs`): any text
 //! gives settings or an error, the same each time; an error names its
 //! field, shows no hidden character and never an API key read from the
 //! environment; settings build every layer of their stack, a reload of the
 //! same text changes nothing that needs a restart, and `Debug` never shows
 //! an API key.
 //!
-//! Needs the proxy's modules at the crate root (`crate::config`).
-//! Shared by the fuzz target and `tests/fuzz_corpora.rs` (by `#[path]`).
+//! Needs the `proxy` crate. Shared by the fuzz target and
+//! `examples/proxy/tests/fuzz_corpus.rs` (by `#[path]`).
 
+use proxy::config::Settings;
 use tower_throttle::key::GlobalKey;
 use tower_throttle::redact::is_hidden;
-
-use crate::config::Settings;
 
 /// What every environment variable holds, except those whose name says
 /// `MISSING`: a secret that must never be shown.

@@ -1,4 +1,4 @@
-//! ratecheck's inference (`examples/ratecheck/inference.rs`) over arbitrary
+//! ratecheck's inference (`examples/ratecheck/src/inference.rs`) over arbitrary
 //! response timelines: any phases, send times in any order, latencies,
 //! statuses (2xx, 429, others, no answer) and hints. It never panics, gives
 //! the same verdict twice and after the timeline's JSON round trip, and
@@ -9,13 +9,13 @@
 //! to 1 (to their rounding); a measured limit and window within their
 //! ranges; burst counts and shares consistent; every number finite.
 //!
-//! Needs ratecheck's modules at the crate root (`crate::inference`, ...).
-//! Shared by the fuzz target and `tests/fuzz_corpora_ratecheck.rs`.
+//! Needs the `ratecheck` crate.
+//! Shared by the fuzz target and `examples/ratecheck/tests/fuzz_corpus.rs`.
 
-use crate::inference::{Limiter, infer};
-use crate::models::DESIGNS;
-use crate::schedule::Phase;
-use crate::timeline::{Request, Timeline};
+use ratecheck::inference::{Limiter, infer};
+use ratecheck::models::DESIGNS;
+use ratecheck::schedule::Phase;
+use ratecheck::timeline::{Request, Timeline};
 
 const PHASES: [Phase; 7] = [
     Phase::Sustained,

@@ -1,0 +1,344 @@
+//! Token accounting: what a request is charged at admission (an estimate),
+//! and the `usage` its answer reports, which settles the charge.
+//!
+//! Only requests to the endpoints of the provider's `kind` that answer with
+//! a usage (`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
+//! `/v1/responses`; Anthropic's `/v1/messages`) are charged an estimate;
+//! any other request costs one token.
+//!
+//! **The estimate** is the request's `max_tokens` (or
+//! `max_completion_tokens`, or the Responses API's `max_output_tokens`),
+//! plus one token per 4 bytes of its body for the prompt, an image sent
+//! inline (a base64 `data:` URL) counting [`IMAGE_TOKENS`] instead of its
+//! bytes. The body's bytes
+//! count its JSON too, so the prompt estimate errs high for English text; a
+//! request naming no maximum is charged its prompt only. Either way the
+//! answer's usage corrects it.
+//!
+//! **The usage** is read from the answer: a JSON body's `usage` object, or,
+//! streamed (server-sent events), the events that carry one: OpenAI's last
+//! chunk with `stream_options.include_usage`, Anthropic's `message_start`
+//! (input tokens) and `message_delta` (output tokens so far), the Responses
+//! API's `response.completed`. The real cost is `total_tokens` when given,
+//! else `input_tokens + output_tokens`. An answer with no usage (an error,
+//! a stream without `include_usage`, a client that left early) leaves the
+//! estimate standing.
+//!
+//! The answer streams through untouched: a JSON body's last 16 KiB and each
+//! event line (up to 64 KiB) are looked at as they pass, never the whole
+//! answer.
+
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use axum::body::Body;
+use bytes::{Bytes, BytesMut};
+use http::HeaderMap;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use serde::Deserialize;
+use serde_json::Value;
+use tower_throttle::rate_limit::Settlement;
+
+/// What a request is charged at admission, put in its extensions by the
+/// handler and read by the rate limiter's cost function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenEstimate(pub u32);
+
+/// The rate limiter's cost of a request: its [`TokenEstimate`], else 1.
+pub fn estimated_cost(req: &http::Request<Bytes>) -> u32 {
+    req.extensions().get::<TokenEstimate>().map_or(1, |e| e.0)
+}
+
+/// The fields of a request body the estimate reads; the rest is skipped.
+#[derive(Deserialize)]
+struct Limits {
+    max_tokens: Option<u64>,
+    max_completion_tokens: Option<u64>,
+    max_output_tokens: Option<u64>,
+}
+
+/// What an image sent inline (a base64 `data:` URL) is charged, instead of
+/// a token per 4 of its bytes: providers charge images by their size in
+/// pixels, up to about this for a large one, far below their base64 length.
+pub const IMAGE_TOKENS: u64 = 1_500;
+
+/// The estimate for a request with `body` (see the module docs).
+pub fn estimate(body: &[u8]) -> TokenEstimate {
+    let (images, image_bytes) = inline_images(body);
+    let prompt = (body.len().saturating_sub(image_bytes) as u64)
+        .div_ceil(4)
+        .saturating_add(images.saturating_mul(IMAGE_TOKENS));
+    // A body that is not a JSON object names no maximum.
+    let answer = serde_json::from_slice::<Limits>(body)
+        .ok()
+        .and_then(|l| {
+            l.max_completion_tokens
+                .or(l.max_tokens)
+                .or(l.max_output_tokens)
+        })
+        .unwrap_or(0);
+    let total = prompt.saturating_add(answer).max(1);
+    TokenEstimate(u32::try_from(total).unwrap_or(u32::MAX))
+}
+
+/// The inline images of a JSON body (`"data:...;base64,...` up to the
+/// string's end): how many, and their bytes.
+fn inline_images(body: &[u8]) -> (u64, usize) {
+    let (mut count, mut bytes) = (0, 0);
+    let mut from = 0;
+    while let Some(at) = memchr::memmem::find(&body[from..], b"\"data:") {
+        let start = from + at + 1;
+        // Base64 has no quote or backslash: the string ends at the next
+        // quote. Not an image unless it says base64 before that.
+        let end = memchr::memchr(b'"', &body[start..]).map_or(body.len(), |e| start + e);
+        if memchr::memmem::find(&body[start..end], b";base64,").is_some() {
+            count += 1;
+            bytes += end - start;
+        }
+        from = end;
+    }
+    (count, bytes)
+}
+
+/// Tokens an answer reports, gathered as it passes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    total: Option<u64>,
+    input: Option<u64>,
+    output: Option<u64>,
+}
+
+impl Usage {
+    /// The real cost, when the answer said enough to tell.
+    pub fn tokens(&self) -> Option<u64> {
+        self.total.or(match (self.input, self.output) {
+            (None, None) => None,
+            (input, output) => Some(input.unwrap_or(0).saturating_add(output.unwrap_or(0))),
+        })
+    }
+
+    /// Take in what one JSON value (a body, or an event's data) reports.
+    pub fn read(&mut self, value: &Value) {
+        let nested = [
+            value.get("usage"),
+            // Anthropic's `message_start`.
+            value.get("message").and_then(|m| m.get("usage")),
+            // The Responses API's `response.completed`.
+            value.get("response").and_then(|r| r.get("usage")),
+        ];
+        for usage in nested.into_iter().flatten() {
+            let field = |name: &str| usage.get(name).and_then(Value::as_u64);
+            // Later events repeat or grow the counts (Anthropic's output
+            // tokens so far): the largest seen is the answer's.
+            let keep = |kept: &mut Option<u64>, seen: Option<u64>| {
+                if let Some(seen) = seen {
+                    *kept = Some(kept.map_or(seen, |k| k.max(seen)));
+                }
+            };
+            keep(&mut self.total, field("total_tokens"));
+            keep(
+                &mut self.input,
+                field("input_tokens").or(field("prompt_tokens")),
+            );
+            keep(
+                &mut self.output,
+                field("output_tokens").or(field("completion_tokens")),
+            );
+        }
+    }
+}
+
+/// The most of a JSON answer's end kept to find its usage in.
+const JSON_TAIL: usize = 16 << 10;
+/// The longest event line looked at; longer ones pass unread.
+const MAX_LINE: usize = 64 << 10;
+
+/// How an answer is read for its usage.
+#[derive(Debug)]
+enum Reader {
+    /// A JSON body: its last [`JSON_TAIL`] bytes.
+    Json(BytesMut),
+    /// Server-sent events: the line being received, and whether it is too
+    /// long to read.
+    Events { line: BytesMut, skipping: bool },
+}
+
+impl Reader {
+    fn take(&mut self, data: &[u8], usage: &mut Usage) {
+        match self {
+            Self::Json(tail) => {
+                tail.extend_from_slice(data);
+                if tail.len() > JSON_TAIL {
+                    let excess = tail.len() - JSON_TAIL;
+                    let _ = tail.split_to(excess);
+                }
+            }
+            Self::Events { line, skipping } => {
+                for piece in data.split_inclusive(|&b| b == b'\n') {
+                    let ends = piece.last() == Some(&b'\n');
+                    if !*skipping {
+                        if line.len() + piece.len() > MAX_LINE {
+                            *skipping = true;
+                            line.clear();
+                        } else {
+                            line.extend_from_slice(piece);
+                        }
+                    }
+                    if ends {
+                        if !*skipping {
+                            event_line(line, usage);
+                        }
+                        line.clear();
+                        *skipping = false;
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self, usage: &mut Usage) {
+        match self {
+            Self::Json(tail) => json_tail(tail, usage),
+            Self::Events { line, skipping } => {
+                if !*skipping {
+                    event_line(line, usage);
+                }
+            }
+        }
+    }
+}
+
+/// One line of an event stream: a `data:` line whose JSON mentions usage.
+fn event_line(line: &[u8], usage: &mut Usage) {
+    let Some(data) = line.strip_prefix(b"data:") else {
+        return;
+    };
+    if memchr::memmem::find(data, b"\"usage\"").is_none() {
+        return;
+    }
+    if let Ok(value) = serde_json::from_slice::<Value>(data.trim_ascii()) {
+        usage.read(&value);
+    }
+}
+
+/// The end of a JSON answer: the whole body when it fits, else the last
+/// `"usage"` object in it, read on its own.
+fn json_tail(tail: &[u8], usage: &mut Usage) {
+    if let Ok(value) = serde_json::from_slice::<Value>(tail) {
+        usage.read(&value);
+        return;
+    }
+    let Some(at) = memchr::memmem::rfind(tail, b"\"usage\"") else {
+        return;
+    };
+    let Some(open) = tail[at..].iter().position(|&b| b == b'{') else {
+        return;
+    };
+    // The object after the name, and nothing after it: the stream
+    // deserializer stops at its end.
+    let mut objects = serde_json::Deserializer::from_slice(&tail[at + open..]).into_iter::<Value>();
+    if let Some(Ok(object)) = objects.next() {
+        usage.read(&serde_json::json!({ "usage": object }));
+    }
+}
+
+/// The usage an answer with `headers` reports, given in `chunks`: what
+/// [`UsageBody`] reads, for tests (the crate's own and `tests/`).
+pub fn read_answer(headers: &HeaderMap, chunks: &[&[u8]]) -> Usage {
+    let mut reader = reader_for(headers);
+    let mut usage = Usage::default();
+    for chunk in chunks {
+        reader.take(chunk, &mut usage);
+    }
+    reader.finish(&mut usage);
+    usage
+}
+
+/// How an answer with `headers` is read.
+fn reader_for(headers: &HeaderMap) -> Reader {
+    let events = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+    if events {
+        Reader::Events {
+            line: BytesMut::new(),
+            skipping: false,
+        }
+    } else {
+        Reader::Json(BytesMut::new())
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// An answer's body passed through untouched, settling its request's
+    /// charge at its end with the usage it reported.
+    pub struct UsageBody {
+        #[pin]
+        inner: Body,
+        reader: Reader,
+        usage: Usage,
+        settlement: Option<Settlement>,
+    }
+}
+
+impl UsageBody {
+    /// Read `inner`, an answer with `headers`, and settle `settlement` at
+    /// its end.
+    pub fn new(inner: Body, headers: &HeaderMap, settlement: Settlement) -> Self {
+        Self {
+            inner,
+            reader: reader_for(headers),
+            usage: Usage::default(),
+            settlement: Some(settlement),
+        }
+    }
+}
+
+/// The body has ended: settle at the usage it reported, if it did.
+fn settle(reader: &mut Reader, usage: &mut Usage, settlement: &mut Option<Settlement>) {
+    if let Some(settlement) = settlement.take() {
+        reader.finish(usage);
+        if let Some(tokens) = usage.tokens() {
+            settlement.settle(u32::try_from(tokens).unwrap_or(u32::MAX));
+        }
+    }
+}
+
+impl HttpBody for UsageBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let mut this = self.project();
+        let frame = ready!(this.inner.as_mut().poll_frame(cx));
+        match &frame {
+            Some(Ok(frame)) => {
+                if let (Some(data), Some(_)) = (frame.data_ref(), &this.settlement) {
+                    this.reader.take(data, this.usage);
+                }
+                // The server may not poll a body that says it has ended,
+                // or that it has no bytes left (an HTTP/2 answer whose end
+                // comes in a frame of its own).
+                if this.inner.is_end_stream() || this.inner.size_hint().exact() == Some(0) {
+                    settle(this.reader, this.usage, this.settlement);
+                }
+            }
+            // A body cut short: the estimate stands.
+            Some(Err(_)) => *this.settlement = None,
+            None => settle(this.reader, this.usage, this.settlement),
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,399 @@
+//! The `proxy` example under denial-of-service attempts and signals: the
+//! connection cap, the header read timeout (also the idle keep-alive
+//! timeout), the header size cap, `/events` clients that never read, and
+//! SIGTERM (sent to the proxy running in a child process). Each test runs
+//! on its own ephemeral loopback ports; only events (a socket closed, a
+//! response, an exit) are waited for, with generous bounds as hang guards.
+
+// Signals are sent with `nix`, on Unix.
+#![cfg(unix)]
+
+mod support;
+
+use testkit::capture;
+
+use testkit::child;
+
+use proxy::{app, cli, config, gateway, serve, signal, stats};
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use clap::Parser as _;
+use nix::sys::signal::Signal;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::config::Settings;
+use crate::gateway::Running;
+use capture::{capture_logs, log_text};
+
+/// Hang guard for anything awaited.
+const BOUND: Duration = Duration::from_secs(10);
+
+/// A fast simulator and its provider, then `extra`.
+fn config(extra: &str) -> String {
+    format!(
+        r#"
+[simulator]
+latency = "0ms"
+
+[[providers]]
+name = "sim"
+base_url = "simulator"
+{extra}"#
+    )
+}
+
+async fn start(toml: &str) -> Running {
+    capture_logs();
+    let settings = Settings::from_toml(toml, &|_| None).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn chat(client: &reqwest::Client, url: &str) -> reqwest::Response {
+    client
+        .post(format!("{url}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(r#"{"model":"sim-small","messages":[]}"#)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Everything `stream` receives until the other end closes it (bounded).
+async fn read_to_close(stream: &mut TcpStream) -> String {
+    let mut received = Vec::new();
+    tokio::time::timeout(BOUND, stream.read_to_end(&mut received))
+        .await
+        .expect("the server closed the connection")
+        .ok();
+    String::from_utf8_lossy(&received).into_owned()
+}
+
+/// Poll `check` until it holds (bounded).
+async fn until(what: &str, check: impl Fn() -> bool) {
+    let wait = async {
+        while !check() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(BOUND, wait)
+        .await
+        .unwrap_or_else(|_| panic!("gave up waiting for {what}"));
+}
+
+fn head(host: &str, path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nhost: {host}\r\n\r\n")
+}
+
+// ------------------------------------------------------------ connections
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_server_keeps_new_connections_waiting_until_an_idle_one_times_out() {
+    let gw = start(&config(
+        "[gateway]\nmax_connections = 4\nheader_read_timeout = \"300ms\"\n",
+    ))
+    .await;
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        idle.push(TcpStream::connect(gw.addr).await.unwrap());
+    }
+    until("4 connections accepted", || gw.connections.open() == 4).await;
+
+    // A fifth waits in the backlog: it is served once an idle one is
+    // closed for sending nothing within header_read_timeout.
+    let client = reqwest::Client::new();
+    let url = gw.url();
+    let request = tokio::spawn(async move { chat(&client, &url).await.status() });
+    for stream in &mut idle {
+        assert_eq!(read_to_close(stream).await, "", "closed without an answer");
+    }
+    let status = tokio::time::timeout(BOUND, request).await.unwrap().unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        gw.connections.peak() <= 4,
+        "{} open at once",
+        gw.connections.peak()
+    );
+    assert!(!log_text().contains("accept error"), "{}", log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_sent_head_and_an_idle_keep_alive_connection_are_closed_after_the_header_timeout() {
+    let gw = start(&config("[gateway]\nheader_read_timeout = \"300ms\"\n")).await;
+    let host = gw.addr.to_string();
+
+    let mut half = TcpStream::connect(gw.addr).await.unwrap();
+    half.write_all(format!("GET /stats HTTP/1.1\r\nhost: {host}\r\n").as_bytes())
+        .await
+        .unwrap();
+    assert!(!read_to_close(&mut half).await.contains("200 OK"));
+
+    // A connection that was answered and then says nothing more is closed
+    // by the same timer.
+    let mut kept = TcpStream::connect(gw.addr).await.unwrap();
+    kept.write_all(head(&host, "/stats").as_bytes())
+        .await
+        .unwrap();
+    let answered = read_to_close(&mut kept).await;
+    assert!(answered.starts_with("HTTP/1.1 200"), "{answered}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_head_above_max_header_bytes_gets_431() {
+    let gw = start(&config("[gateway]\nmax_header_bytes = 16384\n")).await;
+    let client = reqwest::Client::new();
+    let stats = |size: usize| {
+        client
+            .get(format!("{}/stats", gw.url()))
+            .header("x-padding", "a".repeat(size))
+            .send()
+    };
+    assert_eq!(stats(4 << 10).await.unwrap().status(), 200);
+    assert_eq!(stats(32 << 10).await.unwrap().status(), 431);
+    // The server is still there for the next one.
+    assert_eq!(stats(0).await.unwrap().status(), 200);
+}
+
+// ----------------------------------------------------------------- events
+
+/// A client on `/events` that sends its request and never reads, with a
+/// small receive buffer so the gateway's writes back up quickly.
+async fn silent_event_client(gw: &Running) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(gw.addr).await.unwrap();
+    stream
+        .write_all(head(&gw.addr.to_string(), "/events").as_bytes())
+        .await
+        .unwrap();
+    stream
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_clients_that_never_read_hold_bounded_memory_and_the_one_past_the_cap_gets_503() {
+    // Many providers with long base paths: a snapshot of about 300 KB, so
+    // that a few unread events fill the sockets' buffers.
+    let mut providers = String::new();
+    for i in 0..100 {
+        let base = "b".repeat(3000);
+        providers.push_str(&format!(
+            "[[providers]]\nname = \"p{i}\"\nbase_url = \"http://127.0.0.1:9/{base}\"\n"
+        ));
+    }
+    let gw = start(&config(&format!(
+        "default = true\n{providers}[gateway]\nmax_event_clients = 4\n"
+    )))
+    .await;
+    let gateway = gw.gateway.clone();
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(silent_event_client(&gw).await);
+    }
+    until("4 event clients", || {
+        gateway.event_clients().load(Ordering::Relaxed) == 4
+    })
+    .await;
+
+    let client = reqwest::Client::new();
+    let refused = client
+        .get(format!("{}/events", gw.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 503);
+    let body: serde_json::Value = serde_json::from_slice(&refused.bytes().await.unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], "too_many_event_clients");
+
+    // Publish until the gateway holds unsent snapshot bytes (the sockets
+    // are full), then many more: what it holds stays bounded.
+    let url = gw.url();
+    let json_len = serde_json::to_string(&stats::snapshot(&gateway, 0))
+        .unwrap()
+        .len();
+    let bound = 4 * (serve::MAX_BUF + 2 * (json_len + 100));
+    let held = || gateway.event_bytes().load(Ordering::Relaxed);
+    let mut most = 0;
+    let mut after_backlog = 0;
+    for _ in 0..300 {
+        assert_eq!(chat(&client, &url).await.status(), 200);
+        stats::publish(&gateway);
+        most = most.max(held());
+        if most > json_len {
+            after_backlog += 1;
+        }
+        if after_backlog == 10 {
+            break;
+        }
+    }
+    assert_eq!(after_backlog, 10, "the clients' sockets never filled");
+    assert!(most <= bound, "held {most} bytes, bound {bound}");
+
+    // Gone: nothing is held for them any more.
+    drop(silent);
+    until("event clients gone", || {
+        gateway.event_clients().load(Ordering::Relaxed) == 0
+    })
+    .await;
+    until("their bytes freed", || held() == 0).await;
+    let again = client
+        .get(format!("{}/events", gw.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 200);
+}
+
+// ---------------------------------------------------------------- signals
+
+/// The child's side: the proxy as `main` runs it, on the config file named
+/// by `PROXY_CONFIG`, with real signal handlers; prints `READY <url>` and
+/// exits with the proxy's exit code.
+#[test]
+#[ignore = "run by the signal tests in a child process"]
+fn proxy_child() {
+    if child::role().as_deref() != Some("proxy") {
+        return;
+    }
+    let Ok(path) = std::env::var("PROXY_CONFIG") else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let code = runtime.block_on(async {
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .init();
+        let signals = signal::StopSignals::listen().unwrap();
+        let cli = cli::Cli::try_parse_from(["proxy", "--config", &path, "--listen", "127.0.0.1:0"])
+            .unwrap();
+        let (ready, url) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            if let Ok(url) = url.await {
+                println!("READY {url}");
+            }
+        });
+        app::run(cli, signals.stopped("shutting down"), Some(ready)).await
+    });
+    std::process::exit(i32::from(code));
+}
+
+/// Wait until `/stats` counts `n` requests in flight (bounded).
+async fn until_in_flight(client: &reqwest::Client, url: &str, n: u64) {
+    let in_flight = || async {
+        let body = client
+            .get(format!("{url}/stats"))
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        let stats: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        stats["aggregate"]["concurrency"]["in_flight"].as_u64()
+    };
+    let wait = async {
+        while in_flight().await != Some(n) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(BOUND, wait)
+        .await
+        .unwrap_or_else(|_| panic!("{n} requests never were in flight"));
+}
+
+/// The proxy in a child process on `toml`, and its URL once it serves.
+async fn proxy_process(name: &str, toml: &str) -> (child::Running, String, std::path::PathBuf) {
+    let path =
+        std::env::temp_dir().join(format!("tower-throttle-{}-{name}.toml", std::process::id()));
+    std::fs::write(&path, toml).unwrap();
+    let running = child::spawn(
+        "proxy_child",
+        "proxy",
+        &[("PROXY_CONFIG", path.to_str().unwrap())],
+    );
+    let line = running.stdout_line("READY ").await;
+    let url = line.trim_start_matches("READY ").trim().to_owned();
+    (running, url, path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_requests_in_flight_finish_and_exits_0() {
+    let toml = config("[gateway]\nshutdown_grace = \"30s\"\n")
+        .replace("latency = \"0ms\"", "latency = \"1s\"");
+    let (mut proxy, url, path) = proxy_process("in-flight", &toml).await;
+    let client = reqwest::Client::new();
+    let requests: Vec<_> = (0..20)
+        .map(|_| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move { chat(&client, &url).await.status() })
+        })
+        .collect();
+    // All 20 are with the simulator (its latency holds them there).
+    until_in_flight(&client, &url, 20).await;
+
+    proxy.signal(Signal::SIGTERM);
+    for request in requests {
+        let status = tokio::time::timeout(BOUND, request).await.unwrap().unwrap();
+        assert_eq!(status, 200);
+    }
+    assert_eq!(proxy.exit_code(BOUND).await, Some(0), "{}", proxy.stderr());
+    assert!(
+        !proxy.stderr().contains("after shutdown_grace"),
+        "{}",
+        proxy.stderr()
+    );
+    let _ = std::fs::remove_file(path);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_does_not_wait_for_connections_that_never_sent_a_complete_request() {
+    // Neither the grace nor the header timeout would end before the bound.
+    let toml = config("[gateway]\nshutdown_grace = \"60s\"\nheader_read_timeout = \"60s\"\n");
+    let (mut proxy, url, path) = proxy_process("half-sent", &toml).await;
+    let host = url.trim_start_matches("http://").to_owned();
+    let mut half = TcpStream::connect(&host).await.unwrap();
+    half.write_all(format!("GET /stats HTTP/1.1\r\nhost: {host}\r\n").as_bytes())
+        .await
+        .unwrap();
+    let _idle = TcpStream::connect(&host).await.unwrap();
+    // Accepted in order: once this is answered, so are those two.
+    let client = reqwest::Client::new();
+    let stats = client.get(format!("{url}/stats")).send().await.unwrap();
+    assert_eq!(stats.status(), 200);
+
+    proxy.signal(Signal::SIGTERM);
+    assert_eq!(proxy.exit_code(BOUND).await, Some(0), "{}", proxy.stderr());
+    assert!(!read_to_close(&mut half).await.contains("200 OK"));
+    assert!(!proxy.stderr().contains("in flight"), "{}", proxy.stderr());
+    let _ = std::fs::remove_file(path);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_quits_at_once_with_130() {
+    let toml = config("[gateway]\nshutdown_grace = \"60s\"\n")
+        .replace("latency = \"0ms\"", "latency = \"60s\"");
+    let (mut proxy, url, path) = proxy_process("second", &toml).await;
+    let client = reqwest::Client::new();
+    let url2 = url.clone();
+    let request = tokio::spawn(async move { chat(&client, &url).await });
+    until_in_flight(&reqwest::Client::new(), &url2, 1).await;
+    proxy.signal(Signal::SIGTERM);
+    proxy.stderr_line("SIGTERM: shutting down").await;
+    proxy.signal(Signal::SIGTERM);
+    assert_eq!(
+        proxy.exit_code(BOUND).await,
+        Some(130),
+        "{}",
+        proxy.stderr()
+    );
+    request.abort();
+    let _ = std::fs::remove_file(path);
+}

@@ -1,0 +1,167 @@
+//! Two gateways sharing one Redis, in front of one upstream: the proxy
+//! example run as three processes (the simulator alone, and two gateways
+//! with `--redis`), as a fleet runs it. A burst split over both gateways
+//! reaches the upstream no more often than the route's limit, and a 429
+//! through one gateway cools the route on the other.
+
+// Signals are sent with `nix`, on Unix.
+#![cfg(unix)]
+
+mod support;
+
+use testkit::child;
+use testkit::redis as redis_server;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use redis_server::{RedisServer, free_port};
+
+/// Hang guard for anything awaited.
+const BOUND: Duration = Duration::from_secs(20);
+
+/// The child's side: the proxy as `main` runs it, with the arguments in
+/// `PROXY_ARGS` (split on spaces).
+#[test]
+#[ignore = "run by the tests below in a child process"]
+fn proxy_redis_child() {
+    if child::role().as_deref() != Some("proxy-redis") {
+        return;
+    }
+    support::run_proxy_main_from_env();
+}
+
+/// A file removed when dropped (a failing test too).
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// One upstream on `sim_port` with an unlimited model `m` and a model
+/// `tight` that takes one request per 10 s (429 with `Retry-After`
+/// beyond); gateways refusing beyond 3 per minute per route.
+fn config(sim_port: u16) -> Scratch {
+    let text = format!(
+        r#"
+[simulator]
+latency = "0ms"
+models = [
+    {{ name = "m", limit = 0, period = "1s" }},
+    {{ name = "tight", limit = 1, period = "10s" }},
+]
+
+[[providers]]
+name = "sim"
+base_url = "http://127.0.0.1:{sim_port}"
+
+[rate_limit]
+mode = "reject"
+quotas = [{{ limit = 3, period = "1m", algorithm = "sliding_window" }}]
+
+[backoff]
+mode = "reject"
+"#
+    );
+    let path = std::env::temp_dir().join(format!(
+        "tower-throttle-proxy-redis-{}-{sim_port}.toml",
+        std::process::id()
+    ));
+    std::fs::write(&path, text).unwrap();
+    Scratch(path)
+}
+
+fn start(args: &str) -> child::Running {
+    child::spawn("proxy_redis_child", "proxy-redis", &[("PROXY_ARGS", args)])
+}
+
+/// The URL on the first stdout line containing `needle`.
+async fn url_after(child: &child::Running, needle: &str) -> String {
+    let line = child.stdout_line(needle).await;
+    line.split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no URL in {line:?}"))
+        .to_owned()
+}
+
+async fn chat(client: &reqwest::Client, gateway: &str, model: &str) -> u16 {
+    client
+        .post(format!("{gateway}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(format!(r#"{{"model":"{model}","messages":[]}}"#))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+async fn stop(child: &mut child::Running) {
+    child.signal(Signal::SIGTERM);
+    child.stderr_line("stopped").await;
+    child.exit_code(BOUND).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_one_redis_hold_one_limit_and_share_a_cooldown() {
+    let Some(redis) = RedisServer::start("two_gateways_on_one_redis") else {
+        return;
+    };
+    let sim_port = free_port();
+    let file = config(sim_port);
+    let config = file.0.display().to_string();
+    let mut sim = start(&format!(
+        "--config {config} --simulator-only --listen 127.0.0.1:{sim_port}"
+    ));
+    url_after(&sim, "  simulator ").await;
+    let gateway = |_: usize| {
+        start(&format!(
+            "--config {config} --listen 127.0.0.1:0 --redis {}",
+            redis.url()
+        ))
+    };
+    let (mut a, mut b) = (gateway(0), gateway(1));
+    let urls = [
+        url_after(&a, "  gateway ").await,
+        url_after(&b, "  gateway ").await,
+    ];
+    let client = reqwest::Client::new();
+
+    // Ten at once, five through each gateway: the route's 3 per minute
+    // hold across both.
+    let burst: Vec<_> = (0..10)
+        .map(|i| {
+            let (client, url) = (client.clone(), urls[i % 2].clone());
+            tokio::spawn(async move { chat(&client, &url, "m").await })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for call in burst {
+        statuses.push(call.await.unwrap());
+    }
+    statuses.sort();
+    assert_eq!(statuses, [200, 200, 200, 429, 429, 429, 429, 429, 429, 429]);
+
+    // The upstream takes one `tight` request per 10 s: the second, through
+    // gateway a, draws its 429; gateway b then refuses the route itself
+    // (503, cooling down) without asking the upstream.
+    assert_eq!(chat(&client, &urls[0], "tight").await, 200);
+    assert_eq!(chat(&client, &urls[0], "tight").await, 429);
+    let res = client
+        .post(format!("{}/v1/chat/completions", urls[1]))
+        .header("content-type", "application/json")
+        .body(r#"{"model":"tight","messages":[]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 503);
+    let body = res.text().await.unwrap();
+    assert!(body.contains("cooling_down"), "{body}");
+
+    stop(&mut a).await;
+    stop(&mut b).await;
+    stop(&mut sim).await;
+}

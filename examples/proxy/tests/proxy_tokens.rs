@@ -1,0 +1,389 @@
+//! The `proxy` example's token quotas: each request is charged an estimate
+//! at admission and settled to the usage its answer reports, in a JSON body
+//! or in the last events of a stream (OpenAI's `include_usage` chunk,
+//! Anthropic's `message_start` and `message_delta`). Over real sockets, with
+//! a fake upstream on 127.0.0.1.
+
+mod support;
+
+use proxy::{config, gateway, usage};
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Response, header};
+use axum::routing::post;
+
+use crate::config::Settings;
+use crate::gateway::Running;
+use crate::usage::{TokenEstimate, Usage, estimate};
+
+/// What the fake upstream answers with.
+#[derive(Clone, Copy)]
+enum Answer {
+    /// `{"usage": {"total_tokens": n}}`.
+    Json(u64),
+    /// OpenAI chunks, the last with `usage.total_tokens = n`, then `[DONE]`.
+    OpenAiStream(u64),
+    /// Anthropic events: `message_start` with input tokens, `message_delta`s
+    /// with output tokens so far.
+    AnthropicStream { input: u64, output: u64 },
+    /// A JSON body with no usage.
+    NoUsage,
+}
+
+fn answer(kind: Answer) -> Response<Body> {
+    let (content_type, body) = match kind {
+        Answer::Json(n) => (
+            "application/json",
+            format!(
+                r#"{{"id":"x","choices":[{{"message":{{"content":"hi"}}}}],"usage":{{"prompt_tokens":1,"completion_tokens":{},"total_tokens":{n}}}}}"#,
+                n - 1
+            ),
+        ),
+        Answer::OpenAiStream(n) => (
+            "text/event-stream",
+            format!(
+                "data: {{\"choices\":[{{\"delta\":{{\"content\":\"hi\"}}}}]}}\n\n\
+                 data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":1,\"completion_tokens\":{},\"total_tokens\":{n}}}}}\n\n\
+                 data: [DONE]\n\n",
+                n - 1
+            ),
+        ),
+        Answer::AnthropicStream { input, output } => (
+            "text/event-stream",
+            format!(
+                "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"usage\":{{\"input_tokens\":{input},\"output_tokens\":1}}}}}}\n\n\
+                 event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"delta\":{{\"text\":\"hi\"}}}}\n\n\
+                 event: message_delta\ndata: {{\"type\":\"message_delta\",\"usage\":{{\"output_tokens\":{}}}}}\n\n\
+                 event: message_delta\ndata: {{\"type\":\"message_delta\",\"usage\":{{\"output_tokens\":{output}}}}}\n\n\
+                 event: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n",
+                output / 2
+            ),
+        ),
+        Answer::NoUsage => ("application/json", r#"{"id":"x"}"#.to_owned()),
+    };
+    Response::builder()
+        .header(header::CONTENT_TYPE, content_type)
+        .body(Body::from(body))
+        .unwrap()
+}
+
+/// A fake upstream answering every POST with `kind`; counts what it serves.
+async fn upstream(kind: Answer) -> (SocketAddr, Arc<AtomicUsize>) {
+    let served = Arc::new(AtomicUsize::new(0));
+    let count = served.clone();
+    let app = Router::new().fallback(post(move || {
+        count.fetch_add(1, Ordering::SeqCst);
+        async move { answer(kind) }
+    }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, served)
+}
+
+/// A gateway before `upstream` holding every route to `quotas` (TOML).
+async fn start_gateway(upstream: SocketAddr, quotas: &str) -> Running {
+    let toml = format!(
+        r#"
+[[providers]]
+name = "up"
+base_url = "http://{upstream}"
+
+[rate_limit]
+quotas = {quotas}
+"#
+    );
+    let settings = Settings::from_toml(&toml, &|_| None).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A chat request estimated at exactly `tokens` (its `max_tokens` makes up
+/// what its size does not).
+fn body_estimated_at(tokens: u32) -> String {
+    body_with(tokens, r#""model":"m""#)
+}
+
+/// A chat request with `fields`, estimated at exactly `tokens`.
+fn body_with(tokens: u32, fields: &str) -> String {
+    let shape = |max: u32| format!(r#"{{{fields},"max_tokens":{max:>5},"messages":[]}}"#);
+    let prompt = (shape(0).len() as u32).div_ceil(4);
+    let body = shape(tokens - prompt);
+    assert_eq!(estimate(body.as_bytes()), TokenEstimate(tokens));
+    body
+}
+
+/// Send requests estimated at `tokens` until one is refused; how many went.
+async fn admitted(gateway: &Running, tokens: u32) -> usize {
+    admitted_with(gateway, "up", body_estimated_at(tokens)).await
+}
+
+/// Send `body` to `provider` until it is refused; how many went.
+async fn admitted_with(gateway: &Running, provider: &str, body: String) -> usize {
+    let client = reqwest::Client::new();
+    let url = format!("{}/{provider}/v1/chat/completions", gateway.url());
+    for sent in 0..40 {
+        let response = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        // Read to the end: the answer settles its charge at its end.
+        let text = response.text().await.unwrap();
+        if status == 429 {
+            return sent;
+        }
+        assert_eq!(status, 200, "{text}");
+    }
+    panic!("never refused");
+}
+
+// A sliding window, so that nothing comes back while the test runs.
+const THOUSAND_TOKENS: &str =
+    r#"[{ limit = 1000, period = "1m", unit = "tokens", algorithm = "sliding_window" }]"#;
+
+#[tokio::test]
+async fn an_overestimate_is_settled_to_the_usage_a_json_answer_reports() {
+    let (addr, served) = upstream(Answer::Json(100)).await;
+    let gateway = start_gateway(addr, THOUSAND_TOKENS).await;
+    // Estimated at 300, using 100: each is admitted on its estimate, so the
+    // 8th fits (700 + 300) and the 9th does not (800 + 300); unsettled, 3.
+    assert_eq!(admitted(&gateway, 300).await, 8);
+    assert_eq!(served.load(Ordering::SeqCst), 8);
+    gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_underestimate_is_charged_the_difference() {
+    let (addr, _) = upstream(Answer::Json(300)).await;
+    let gateway = start_gateway(addr, THOUSAND_TOKENS).await;
+    // Estimated at 100, using 300: 300, 600, 900, then 1,000 with the 4th
+    // on its estimate; unsettled, 10.
+    assert_eq!(admitted(&gateway, 100).await, 4);
+    gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_answer_without_usage_leaves_the_estimate() {
+    let (addr, _) = upstream(Answer::NoUsage).await;
+    let gateway = start_gateway(addr, THOUSAND_TOKENS).await;
+    assert_eq!(admitted(&gateway, 300).await, 3);
+    gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_streamed_answer_is_settled_by_its_last_usage_chunk() {
+    let (addr, _) = upstream(Answer::OpenAiStream(100)).await;
+    let gateway = start_gateway(addr, THOUSAND_TOKENS).await;
+    assert_eq!(admitted(&gateway, 300).await, 8);
+    gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_anthropic_stream_is_settled_by_its_input_and_output_tokens() {
+    // 40 in, 60 out: 100, as above.
+    let (addr, _) = upstream(Answer::AnthropicStream {
+        input: 40,
+        output: 60,
+    })
+    .await;
+    let gateway = start_gateway(addr, THOUSAND_TOKENS).await;
+    assert_eq!(admitted(&gateway, 300).await, 8);
+    gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn token_and_request_quotas_are_judged_together() {
+    let (addr, served) = upstream(Answer::Json(100)).await;
+    // 2 requests, and 1,000 tokens: the requests run out first.
+    let quotas = r#"[
+        { limit = 2, period = "1m", algorithm = "sliding_window" },
+        { limit = 1000, period = "1m", unit = "tokens", algorithm = "sliding_window" },
+    ]"#;
+    let gateway = start_gateway(addr, quotas).await;
+    assert_eq!(admitted(&gateway, 300).await, 2);
+    assert_eq!(served.load(Ordering::SeqCst), 2);
+    gateway.shutdown().await;
+}
+
+#[test]
+fn a_quota_unit_other_than_requests_or_tokens_is_refused() {
+    let toml = r#"
+[[providers]]
+name = "up"
+base_url = "http://127.0.0.1:9"
+
+[[rate_limit.rules]]
+provider = "up"
+quotas = [{ limit = 1, period = "1s", unit = "cost" }]
+"#;
+    let err = Settings::from_toml(toml, &|_| None).expect_err("refused");
+    assert_eq!(err.field, "rate_limit.rules[0].quotas[0].unit");
+    assert!(err.to_string().contains("\"tokens\""), "{err}");
+}
+
+#[test]
+fn the_estimate_is_the_maximum_answer_plus_a_token_per_four_bytes() {
+    let body = br#"{"model":"m","max_completion_tokens":1000,"max_tokens":5}"#;
+    // max_completion_tokens wins over the older max_tokens.
+    assert_eq!(
+        estimate(body),
+        TokenEstimate(1000 + (body.len() as u32).div_ceil(4))
+    );
+    let body = br#"{"model":"m","max_output_tokens":50}"#;
+    assert_eq!(
+        estimate(body),
+        TokenEstimate(50 + (body.len() as u32).div_ceil(4))
+    );
+    // No maximum, or not JSON: the prompt only.
+    assert_eq!(estimate(b"not json at all!"), TokenEstimate(4));
+    assert_eq!(estimate(b""), TokenEstimate(1));
+    // An inline image counts a flat 1,500, not a token per 4 of its bytes.
+    let image = format!(
+        r#"{{"messages":[{{"content":[{{"type":"image_url","image_url":{{"url":"data:image/png;base64,{}"}}}}]}}]}}"#,
+        "A".repeat(400_000)
+    );
+    let url_len = "data:image/png;base64,".len() + 400_000;
+    let rest = (image.len() - url_len) as u32;
+    assert_eq!(
+        estimate(image.as_bytes()),
+        TokenEstimate(rest.div_ceil(4) + 1_500)
+    );
+    // A data URL that is not base64 is text, and an unclosed one ends the body.
+    assert_eq!(estimate(br#"{"u":"data:text/plain,hi"}"#), TokenEstimate(7));
+    assert_eq!(
+        estimate(br#"{"u":"data:x;base64,AAAA"#),
+        TokenEstimate(1_500 + 2)
+    );
+    // Hostile numbers saturate.
+    let body = br#"{"max_tokens":18446744073709551615}"#;
+    assert_eq!(estimate(body), TokenEstimate(u32::MAX));
+}
+
+#[test]
+fn usage_is_read_in_every_shape_and_garbage_is_ignored() {
+    let read = |json: &str| {
+        let mut usage = Usage::default();
+        usage.read(&serde_json::from_str(json).unwrap());
+        usage.tokens()
+    };
+    assert_eq!(read(r#"{"usage":{"total_tokens":7}}"#), Some(7));
+    assert_eq!(
+        read(r#"{"usage":{"prompt_tokens":3,"completion_tokens":4}}"#),
+        Some(7)
+    );
+    assert_eq!(
+        read(r#"{"usage":{"input_tokens":3,"output_tokens":4}}"#),
+        Some(7)
+    );
+    assert_eq!(
+        read(r#"{"response":{"usage":{"total_tokens":9}}}"#),
+        Some(9)
+    );
+    assert_eq!(read(r#"{"usage":{"total_tokens":-1}}"#), None);
+    assert_eq!(read(r#"{"usage":"lots"}"#), None);
+    assert_eq!(read(r#"{"usage":{"total_tokens":"7"}}"#), None);
+    assert_eq!(read(r#"[1,2]"#), None);
+}
+
+#[test]
+fn usage_is_found_at_the_end_of_a_long_answer_and_across_chunk_edges() {
+    use crate::usage::read_answer;
+    let json =
+        http::HeaderMap::from_iter([(header::CONTENT_TYPE, "application/json".parse().unwrap())]);
+    let events = http::HeaderMap::from_iter([(
+        header::CONTENT_TYPE,
+        "text/event-stream; charset=utf-8".parse().unwrap(),
+    )]);
+    // 100 KB of answer, the usage last: found in the tail.
+    let long = format!(
+        r#"{{"choices":[{{"message":{{"content":"{}"}}}}],"usage":{{"total_tokens":123}}}}"#,
+        "x".repeat(100_000)
+    );
+    let chunks: Vec<&[u8]> = long.as_bytes().chunks(7_777).collect();
+    assert_eq!(read_answer(&json, &chunks).tokens(), Some(123));
+    // A usage object far from the end is not looked for: the estimate stands.
+    let early = format!(
+        r#"{{"usage":{{"total_tokens":5}},"content":"{}"}}"#,
+        "x".repeat(100_000)
+    );
+    assert_eq!(read_answer(&json, &[early.as_bytes()]).tokens(), None);
+    // Events split at every byte still read whole.
+    let stream =
+        "data: {\"choices\":[]}\n\ndata: {\"usage\":{\"total_tokens\":42}}\n\ndata: [DONE]\n\n";
+    let bytes: Vec<&[u8]> = stream.as_bytes().chunks(1).collect();
+    assert_eq!(read_answer(&events, &bytes).tokens(), Some(42));
+    // A line longer than the limit is skipped, and the next read again.
+    let huge = format!(
+        "data: {{\"usage\":{{\"total_tokens\":1}},\"pad\":\"{}\"}}\ndata: {{\"usage\":{{\"completion_tokens\":9}}}}\n",
+        "x".repeat(70_000)
+    );
+    assert_eq!(read_answer(&events, &[huge.as_bytes()]).tokens(), Some(9));
+    // Garbage reads as nothing.
+    assert_eq!(
+        read_answer(&events, &[b"data: {\"usage\": nope\n\xff\xfe"]).tokens(),
+        None
+    );
+    assert_eq!(read_answer(&json, &[b"\"usage\" {{{{"]).tokens(), None);
+}
+
+#[tokio::test]
+async fn the_simulator_reports_streamed_usage_when_asked() {
+    let toml = r#"
+[simulator]
+latency = "0ms"
+stream_chunks = 2
+stream_interval = "0ms"
+models = [{ name = "sim-small", limit = 0, period = "1s" }]
+
+[[providers]]
+name = "sim"
+base_url = "simulator"
+
+[rate_limit]
+quotas = [{ limit = 1000, period = "1m", unit = "tokens", algorithm = "sliding_window" }]
+"#;
+    let settings = Settings::from_toml(toml, &|_| None).unwrap_or_else(|e| panic!("{e}"));
+    let gateway = gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Its answers use 22 tokens (8 of prompt, 14 words): estimated at 500,
+    // the 23rd fits (22 × 22 + 500) and the 24th does not. Unsettled, 2.
+    let fields = r#""model":"sim-small","stream":true,"stream_options":{"include_usage":true}"#;
+    assert_eq!(
+        admitted_with(&gateway, "sim", body_with(500, fields)).await,
+        23
+    );
+    gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn only_endpoints_that_answer_with_usage_are_charged_an_estimate() {
+    let (addr, _) = upstream(Answer::Json(100)).await;
+    let gateway = start_gateway(addr, THOUSAND_TOKENS).await;
+    let client = reqwest::Client::new();
+    // 4 KB to an endpoint with no usage (an upload, say): a token each,
+    // where an estimate would be over 1,000.
+    let big = format!(r#"{{"model":"m","data":"{}"}}"#, "x".repeat(4_000));
+    for _ in 0..5 {
+        let response = client
+            .post(format!("{}/up/v1/files", gateway.url()))
+            .body(big.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    // 5 spent: 5 + 6 × 100 + 300 fits, 5 + 7 × 100 + 300 does not.
+    assert_eq!(admitted(&gateway, 300).await, 7);
+    gateway.shutdown().await;
+}

@@ -1,0 +1,30 @@
+//! Helpers the proxy's tests share; those shared with the library's and
+//! ratecheck's tests are in `testkit`.
+#![allow(dead_code, unreachable_pub)]
+
+pub mod fake_upstream;
+pub mod prometheus;
+
+/// The proxy as `main` runs it, with the arguments in `PROXY_ARGS` (split
+/// on spaces): what a test's child process runs. Exits with the proxy's
+/// exit code.
+pub fn run_proxy_main_from_env() -> ! {
+    use clap::Parser as _;
+    use proxy::{app, cli, signal};
+    let args = std::env::var("PROXY_ARGS").unwrap_or_default();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let code = runtime.block_on(async {
+        app::init_logs(Some("info")).unwrap();
+        let signals = signal::StopSignals::listen().unwrap();
+        let cli = cli::Cli::try_parse_from(
+            std::iter::once("proxy").chain(args.split(' ').filter(|a| !a.is_empty())),
+        )
+        .unwrap();
+        app::run(cli, signals.stopped("shutting down"), None).await
+    });
+    std::process::exit(i32::from(code));
+}

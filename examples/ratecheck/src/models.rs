@@ -1,0 +1,531 @@
+//! The limiter designs diagnose knows, each as a small simulation that
+//! replays a run's requests at the instants they were sent and predicts
+//! which were admitted; and the fit that finds, for each design, the limit
+//! and window that predict the run best.
+//!
+//! Written here rather than taken from a crate: the point is a plain,
+//! literal model of each design as deployed (a Redis `INCR` + `EXPIRE`
+//! counter, Cloudflare's weighted counter), not an efficient limiter.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+use serde::Serialize;
+
+use crate::schedule::Phase;
+use crate::timeline::Timeline;
+
+/// A limiter design.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Limiter {
+    /// Token bucket, GCRA, or a leaky bucket that refuses (nginx
+    /// `limit_req ... nodelay`): a burst, then a steady refill.
+    TokenBucket,
+    /// Counter reset at multiples of the window on the clock.
+    FixedWindow,
+    /// Counter that starts with the first request after the last window
+    /// ended (`INCR` + `EXPIRE`).
+    FixedWindowAnchored,
+    /// Exact sliding window: at most the limit in any rolling window (a log
+    /// of admissions).
+    SlidingWindow,
+    /// The current clock-aligned window's count plus the previous one's,
+    /// weighted by the part of it still inside the rolling window.
+    SlidingWindowCounter,
+    /// Refuses while the limit's number of requests is in flight.
+    Concurrency,
+    /// None of them, or more than one, fits.
+    Unknown,
+}
+
+/// Every design a run is fitted against.
+pub const DESIGNS: [Limiter; 6] = [
+    Limiter::TokenBucket,
+    Limiter::FixedWindow,
+    Limiter::FixedWindowAnchored,
+    Limiter::SlidingWindow,
+    Limiter::SlidingWindowCounter,
+    Limiter::Concurrency,
+];
+
+impl Limiter {
+    /// The name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Limiter::TokenBucket => "token_bucket",
+            Limiter::FixedWindow => "fixed_window",
+            Limiter::FixedWindowAnchored => "fixed_window_anchored",
+            Limiter::SlidingWindow => "sliding_window",
+            Limiter::SlidingWindowCounter => "sliding_window_counter",
+            Limiter::Concurrency => "concurrency",
+            Limiter::Unknown => "unknown",
+        }
+    }
+
+    /// Whether its windows fall on multiples of the window since the epoch:
+    /// only such windows are tried for it.
+    fn clock_aligned(self) -> bool {
+        matches!(self, Limiter::FixedWindow | Limiter::SlidingWindowCounter)
+    }
+}
+
+/// A request as a simulation sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Seen {
+    /// When it reached the limiter, seconds from the start of the run.
+    pub t: f64,
+    /// The same, in seconds since the Unix epoch.
+    pub unix: f64,
+    /// When the endpoint finished with it (its answer's end less the way
+    /// back), seconds from the start.
+    pub end: f64,
+    /// When it reached the limiter as a concurrency limit sees it: an
+    /// admitted probe's end less the fastest admitted answer, a refused
+    /// one's end less the way back; a batch's requests, like `t`, all at
+    /// once. Slow answers vary by more than the network's delay, and what
+    /// counts for a concurrency limit is how many ended before this one
+    /// arrived.
+    pub arrived: f64,
+    pub admitted: bool,
+}
+
+/// The requests that were admitted or refused, in the order they reached
+/// the limiter. Others (another status, no answer) are left out: whether
+/// the limiter saw them is not known.
+///
+/// A request reaches the limiter some time after it was sent: half the
+/// fastest answer of the run is taken as that one-way delay. Replaying at
+/// the sending instants instead would put every request a little early,
+/// and a design whose windows open exactly when a probe is sent would be
+/// found to refuse what it admitted.
+pub fn seen(timeline: &Timeline) -> Vec<Seen> {
+    let one_way = timeline
+        .requests
+        .iter()
+        .filter(|r| r.admitted().is_some())
+        .map(|r| r.latency_s.max(0.0))
+        .fold(f64::INFINITY, f64::min)
+        / 2.0;
+    let one_way = if one_way.is_finite() { one_way } else { 0.0 };
+    let fastest_admitted = timeline
+        .requests
+        .iter()
+        .filter(|r| r.admitted() == Some(true))
+        .map(|r| r.latency_s.max(0.0))
+        .fold(f64::INFINITY, f64::min);
+    // A batch is sent at one instant, but leaves over a few milliseconds
+    // on many connections and reaches the limiter in any order: all its
+    // requests, and any probe that left while it was leaving or as long
+    // again after (plus a millisecond), are taken to arrive when the first
+    // was sent.
+    let span = |phase: Phase| {
+        let sent = timeline
+            .requests
+            .iter()
+            .filter(|r| r.phase == phase)
+            .map(|r| r.sent_s);
+        let first = sent.clone().fold(f64::INFINITY, f64::min);
+        let last = sent.fold(f64::NEG_INFINITY, f64::max);
+        (first, last + (last - first) + 0.001)
+    };
+    let batches: Vec<(f64, f64)> = [
+        Phase::Burst,
+        Phase::BoundaryBefore,
+        Phase::BoundaryAfter,
+        Phase::LateBatch,
+    ]
+    .into_iter()
+    .map(span)
+    .filter(|(first, last)| first <= last)
+    .collect();
+    let mut seen: Vec<Seen> = timeline
+        .requests
+        .iter()
+        .filter_map(|r| {
+            let admitted = r.admitted()?;
+            let batch = batches
+                .iter()
+                .find(|(first, last)| (*first..=*last).contains(&r.sent_s));
+            let sent = batch.map_or(r.sent_s, |&(first, _)| first);
+            let t = sent.max(0.0) + one_way;
+            // When the endpoint finished with it: its answer then still
+            // had the way back to go.
+            let end = (r.sent_s.max(0.0) + r.latency_s.max(0.0) - one_way).max(t);
+            let in_batch = batch.is_some();
+            let arrived = if in_batch {
+                t
+            } else if admitted {
+                (end - fastest_admitted + 2.0 * one_way).max(t)
+            } else {
+                end
+            };
+            Some(Seen {
+                t,
+                unix: timeline.start_unix_s + t,
+                end,
+                arrived,
+                admitted,
+            })
+        })
+        .collect();
+    // Which requests of a batch were admitted says nothing, only how many:
+    // those admitted are put first, as if they had come first.
+    seen.sort_by(|a, b| a.t.total_cmp(&b.t).then(b.admitted.cmp(&a.admitted)));
+    seen
+}
+
+/// Room for float rounding in comparisons.
+const EPS: f64 = 1e-9;
+
+/// One design with one limit and window, replaying requests one by one.
+enum Sim {
+    TokenBucket {
+        capacity: f64,
+        rate: f64,
+        tokens: f64,
+        last: Option<f64>,
+    },
+    FixedWindow {
+        limit: u32,
+        window: f64,
+        index: Option<i64>,
+        count: u32,
+    },
+    Anchored {
+        limit: u32,
+        window: f64,
+        anchor: Option<f64>,
+        count: u32,
+    },
+    Log {
+        limit: usize,
+        window: f64,
+        admitted: VecDeque<f64>,
+    },
+    Counter {
+        limit: f64,
+        window: f64,
+        index: Option<i64>,
+        previous: f64,
+        current: f64,
+    },
+    Concurrency {
+        limit: usize,
+        /// Ends of the admitted requests in flight, in microseconds.
+        in_flight: BinaryHeap<Reverse<u64>>,
+    },
+}
+
+impl Sim {
+    fn new(design: Limiter, limit: u32, window: f64) -> Sim {
+        match design {
+            Limiter::TokenBucket => Sim::TokenBucket {
+                capacity: f64::from(limit),
+                rate: f64::from(limit) / window,
+                tokens: f64::from(limit),
+                last: None,
+            },
+            Limiter::FixedWindow => Sim::FixedWindow {
+                limit,
+                window,
+                index: None,
+                count: 0,
+            },
+            Limiter::FixedWindowAnchored => Sim::Anchored {
+                limit,
+                window,
+                anchor: None,
+                count: 0,
+            },
+            Limiter::SlidingWindowCounter => Sim::Counter {
+                limit: f64::from(limit),
+                window,
+                index: None,
+                previous: 0.0,
+                current: 0.0,
+            },
+            Limiter::Concurrency => Sim::Concurrency {
+                limit: limit as usize,
+                in_flight: BinaryHeap::new(),
+            },
+            Limiter::SlidingWindow | Limiter::Unknown => Sim::Log {
+                limit: limit as usize,
+                window,
+                admitted: VecDeque::new(),
+            },
+        }
+    }
+
+    /// Whether the design admits `r`; records it if so.
+    fn admit(&mut self, r: &Seen) -> bool {
+        match self {
+            Sim::TokenBucket {
+                capacity,
+                rate,
+                tokens,
+                last,
+            } => {
+                if let Some(last) = *last {
+                    *tokens = (*tokens + (r.t - last).max(0.0) * *rate).min(*capacity);
+                }
+                *last = Some(r.t);
+                let ok = *tokens >= 1.0 - EPS;
+                if ok {
+                    *tokens -= 1.0;
+                }
+                ok
+            }
+            Sim::FixedWindow {
+                limit,
+                window,
+                index,
+                count,
+            } => {
+                let now = (r.unix / *window).floor() as i64;
+                if *index != Some(now) {
+                    *index = Some(now);
+                    *count = 0;
+                }
+                let ok = *count < *limit;
+                *count += u32::from(ok);
+                ok
+            }
+            Sim::Anchored {
+                limit,
+                window,
+                anchor,
+                count,
+            } => {
+                // Refused requests may be counted too: it changes nothing,
+                // since the window ends at a time set by its first request.
+                if anchor.is_none_or(|a| r.t >= a + *window - EPS) {
+                    *anchor = Some(r.t);
+                    *count = 0;
+                }
+                let ok = *count < *limit;
+                *count += u32::from(ok);
+                ok
+            }
+            Sim::Log {
+                limit,
+                window,
+                admitted,
+            } => {
+                while admitted.front().is_some_and(|&a| a + *window <= r.t + EPS) {
+                    admitted.pop_front();
+                }
+                let ok = admitted.len() < *limit;
+                if ok {
+                    admitted.push_back(r.t);
+                }
+                ok
+            }
+            Sim::Counter {
+                limit,
+                window,
+                index,
+                previous,
+                current,
+            } => {
+                let now = (r.unix / *window).floor() as i64;
+                if *index != Some(now) {
+                    *previous = if index.is_some_and(|i| i + 1 == now) {
+                        *current
+                    } else {
+                        0.0
+                    };
+                    *current = 0.0;
+                    *index = Some(now);
+                }
+                let into = (r.unix - now as f64 * *window) / *window;
+                let estimate = *previous * (1.0 - into).clamp(0.0, 1.0) + *current;
+                // Admitted while the estimate is under the limit, as
+                // Cloudflare and Upstash describe theirs.
+                let ok = estimate + EPS < *limit;
+                if ok {
+                    *current += 1.0;
+                }
+                ok
+            }
+            Sim::Concurrency { limit, in_flight } => {
+                let now = (r.arrived * 1e6) as u64;
+                while in_flight.peek().is_some_and(|Reverse(end)| *end <= now) {
+                    in_flight.pop();
+                }
+                let ok = in_flight.len() < *limit;
+                if ok {
+                    in_flight.push(Reverse((r.end * 1e6) as u64));
+                }
+                ok
+            }
+        }
+    }
+}
+
+/// How many of `seen` the design gets wrong, or `None` once more than
+/// `give_up` are wrong (the fit only wants the best).
+fn mismatches(
+    design: Limiter,
+    limit: u32,
+    window: f64,
+    seen: &[Seen],
+    give_up: usize,
+) -> Option<usize> {
+    let mut sim = Sim::new(design, limit, window);
+    let mut wrong = 0;
+    for r in seen {
+        if sim.admit(r) != r.admitted {
+            wrong += 1;
+            if wrong > give_up {
+                return None;
+            }
+        }
+    }
+    Some(wrong)
+}
+
+/// The best a design does on a run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Fit {
+    pub limiter: Limiter,
+    /// Requests whose answer it predicts wrongly, at best.
+    pub mismatches: usize,
+    /// The limit (for a token bucket, its burst; for a concurrency limit,
+    /// the requests in flight) of the best fit.
+    pub limit: u32,
+    /// Every limit that fits as well.
+    pub limit_range: (u32, u32),
+    /// The window in seconds (for a token bucket: the time to refill the
+    /// burst); none for a concurrency limit.
+    pub window_s: Option<f64>,
+    /// Every window that fits as well (of those tried).
+    pub window_range_s: Option<(f64, f64)>,
+}
+
+/// Windows tried for designs whose windows may start anywhere: a quarter of
+/// the hint to four times it, 1% apart.
+fn free_windows(hint: f64) -> Vec<f64> {
+    (-139..=139).map(|i| hint * 1.01f64.powi(i)).collect()
+}
+
+/// Windows tried for clock-aligned designs: boundaries fall on multiples of
+/// the window, so only windows that are simple fractions or multiples of
+/// the hint, or round lengths, can line up with what was seen.
+fn aligned_windows(hint: f64) -> Vec<f64> {
+    const ROUND: [f64; 14] = [
+        0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 3600.0,
+    ];
+    let mut all: Vec<f64> = (1..=4u32)
+        .flat_map(|k| [hint * f64::from(k), hint / f64::from(k)])
+        .chain(
+            ROUND
+                .iter()
+                .copied()
+                .filter(|w| (hint / 4.5..=hint * 4.5).contains(w)),
+        )
+        .collect();
+    all.sort_by(f64::total_cmp);
+    all.dedup_by(|a, b| (*a - *b).abs() < 1e-9);
+    all
+}
+
+/// Limits tried: around what the burst got through, which is the limit of
+/// every design when the probe starts from idle.
+fn limits(design: Limiter, burst_admitted: u32) -> Vec<u32> {
+    let b = burst_admitted.max(1);
+    if design == Limiter::Concurrency {
+        return (1..=b.saturating_add(2).min(5_000)).collect();
+    }
+    let spread = (b / 25).max(2);
+    let step = (spread / 4).max(1);
+    let low = b.saturating_sub(spread).max(1);
+    (low..=b.saturating_add(spread))
+        .step_by(step as usize)
+        .chain([b])
+        .collect()
+}
+
+/// The best limit and window for `design` on `seen`: the candidates with
+/// the fewest mismatches; their spread is how sure the fit is.
+pub fn fit(design: Limiter, seen: &[Seen], burst_admitted: u32, window_hint: f64) -> Fit {
+    // A concurrency limit sees requests in the order they arrived.
+    let mut by_arrival;
+    let seen = if design == Limiter::Concurrency {
+        by_arrival = seen.to_vec();
+        by_arrival.sort_by(|a, b| {
+            a.arrived
+                .total_cmp(&b.arrived)
+                .then(b.admitted.cmp(&a.admitted))
+        });
+        &by_arrival[..]
+    } else {
+        seen
+    };
+    let windows = if design == Limiter::Concurrency {
+        vec![window_hint]
+    } else if design.clock_aligned() {
+        aligned_windows(window_hint)
+    } else {
+        free_windows(window_hint)
+    };
+    // Nearest the burst and the hint first: the best is usually there, and
+    // once it is known every worse candidate is given up early.
+    let mut windows = windows;
+    windows.sort_by(|a, b| {
+        (a / window_hint)
+            .ln()
+            .abs()
+            .total_cmp(&(b / window_hint).ln().abs())
+    });
+    let mut limits = limits(design, burst_admitted);
+    limits.sort_by_key(|l| l.abs_diff(burst_admitted));
+    let mut best = usize::MAX;
+    let mut ties: Vec<(u32, f64)> = Vec::new();
+    for limit in limits {
+        for &window in &windows {
+            let Some(wrong) = mismatches(design, limit, window, seen, best) else {
+                continue;
+            };
+            if wrong < best {
+                best = wrong;
+                ties.clear();
+            }
+            if wrong == best {
+                ties.push((limit, window));
+            }
+        }
+    }
+    // The middle of the windows that fit best; of its limits, the one
+    // nearest the burst's.
+    ties.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+    ties.dedup();
+    let (mut limit, window) = ties
+        .get(ties.len() / 2)
+        .copied()
+        .unwrap_or((burst_admitted, window_hint));
+    if let Some(&(l, _)) = ties
+        .iter()
+        .filter(|t| (t.1 - window).abs() < EPS)
+        .min_by_key(|t| t.0.abs_diff(burst_admitted))
+    {
+        limit = l;
+    }
+    let limit_range = (
+        ties.iter().map(|t| t.0).min().unwrap_or(limit),
+        ties.iter().map(|t| t.0).max().unwrap_or(limit),
+    );
+    let window_range = (
+        ties.iter().map(|t| t.1).fold(f64::INFINITY, f64::min),
+        ties.iter().map(|t| t.1).fold(f64::NEG_INFINITY, f64::max),
+    );
+    let has_window = design != Limiter::Concurrency;
+    Fit {
+        limiter: design,
+        mismatches: if best == usize::MAX { seen.len() } else { best },
+        limit,
+        limit_range,
+        window_s: has_window.then_some(window),
+        window_range_s: (has_window && window_range.0.is_finite()).then_some(window_range),
+    }
+}

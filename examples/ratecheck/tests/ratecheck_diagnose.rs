@@ -1,0 +1,398 @@
+//! End to end: `ratecheck --mode diagnose` against a server for each
+//! limiter design, started here on 127.0.0.1:0 — this crate's token bucket,
+//! fixed window and sliding window; an anchored fixed window that counts
+//! refused requests (Redis `INCR` + `EXPIRE`), a weighted sliding-window
+//! counter (Cloudflare's, Upstash's) and a slow endpoint behind a
+//! concurrency limit; and a real nginx `limit_req`. Each must be named,
+//! with its limit and window within 10%.
+//!
+//! Windows are 2 s, and the diagnoses run at once (each against its own
+//! server), so the file takes one diagnose: up to a window to line up with
+//! the clock, two windows of probes and the end batch — about 7 s.
+
+use testkit::local_server;
+
+use ratecheck::{cli, inference, probe, report};
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::error_handling::HandleErrorLayer;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use parking_lot::Mutex;
+use tower::ServiceBuilder;
+use tower_throttle::concurrency::ConcurrencyLayer;
+use tower_throttle::error::{BoxError, QueueFull, RateLimited};
+use tower_throttle::key::GlobalKey;
+use tower_throttle::rate_limit::{Quota, RateLimitLayer};
+
+use crate::cli::Config;
+use crate::inference::{Inference, Limiter};
+use crate::local_server::Server;
+
+/// Every limit here is 10 per 2 s (or 4 in flight).
+const LIMIT: u32 = 10;
+const WINDOW: Duration = Duration::from_secs(2);
+const IN_FLIGHT: usize = 4;
+/// How long the slow endpoint takes: not a multiple of the probes' spacing.
+const SLOW: Duration = Duration::from_millis(230);
+
+/// Refusals of the crate's layers as `429`; anything else is a 500.
+async fn refused(err: BoxError) -> Response {
+    if err.is::<RateLimited>() || err.is::<QueueFull>() {
+        StatusCode::TOO_MANY_REQUESTS.into_response()
+    } else {
+        (StatusCode::INTERNAL_SERVER_ERROR, "unexpected error").into_response()
+    }
+}
+
+/// "ok", behind the crate's `quota` on one global key.
+fn crate_limiter(quota: Quota) -> Router {
+    Router::new()
+        .route("/v1/chat", any(|| async { "ok" }))
+        .layer(
+            ServiceBuilder::new()
+                .layer(HandleErrorLayer::new(refused))
+                .layer(RateLimitLayer::new(quota, GlobalKey)),
+        )
+}
+
+/// A slow "ok", at most [`IN_FLIGHT`] at once; more are refused at once.
+fn concurrency_limited() -> Router {
+    let layer = ConcurrencyLayer::new(IN_FLIGHT, GlobalKey)
+        .expect("valid limit")
+        .with_max_queue(0);
+    Router::new()
+        .route(
+            "/v1/chat",
+            any(|| async {
+                tokio::time::sleep(SLOW).await;
+                "ok"
+            }),
+        )
+        .layer(
+            ServiceBuilder::new()
+                .layer(HandleErrorLayer::new(refused))
+                .layer(layer),
+        )
+}
+
+/// A route whose every request asks `admit`.
+fn fixture(admit: impl FnMut() -> bool + Send + 'static) -> Router {
+    let admit = Arc::new(Mutex::new(admit));
+    Router::new().route(
+        "/v1/chat",
+        any(move || {
+            let ok = (admit.lock())();
+            async move {
+                if ok {
+                    (StatusCode::OK, "ok")
+                } else {
+                    (StatusCode::TOO_MANY_REQUESTS, "slow down")
+                }
+            }
+        }),
+    )
+}
+
+/// A hand-written Redis limiter: `INCR key`, `EXPIRE key window` on the
+/// first, refused above the limit. Refused requests are counted too.
+fn anchored_fixed_window() -> Router {
+    let mut count = 0u32;
+    let mut expires: Option<Instant> = None;
+    fixture(move || {
+        let now = Instant::now();
+        if expires.is_none_or(|e| now >= e) {
+            count = 0;
+            expires = None;
+        }
+        count = count.saturating_add(1);
+        if count == 1 {
+            expires = Some(now + WINDOW);
+        }
+        count <= LIMIT
+    })
+}
+
+/// Cloudflare's and Upstash's sliding-window counter: the current
+/// clock-aligned window's count plus the previous one's, weighted by the
+/// share of it still inside the rolling window.
+fn weighted_counter() -> Router {
+    let w = WINDOW.as_secs_f64();
+    let mut window: Option<u64> = None;
+    let (mut previous, mut current) = (0.0f64, 0.0f64);
+    fixture(move || {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        let index = (now / w) as u64;
+        if window != Some(index) {
+            previous = if window.is_some_and(|i| i + 1 == index) {
+                current
+            } else {
+                0.0
+            };
+            current = 0.0;
+            window = Some(index);
+        }
+        let left = 1.0 - (now - index as f64 * w) / w;
+        let ok = previous * left + current < f64::from(LIMIT);
+        if ok {
+            current += 1.0;
+        }
+        ok
+    })
+}
+
+/// What diagnose made of a run, and the run (as JSON: when a check fails
+/// it is printed, to be judged again or kept as a fixture).
+struct Diagnosis {
+    inference: Inference,
+    timeline: String,
+}
+
+/// Diagnose `url` with the hint 10 per 2 s.
+async fn diagnose(url: &str) -> Diagnosis {
+    let config = Config::from_args([
+        "ratecheck",
+        "--url",
+        url,
+        "--mode",
+        "diagnose",
+        "--rpm",
+        "10",
+        "--window",
+        "2s",
+    ])
+    .expect("valid command line");
+    let run = probe::run(&config, false, std::future::pending())
+        .await
+        .expect("the run starts");
+    let detail = report::build(&config, &run)
+        .mode_detail
+        .expect("diagnose has details");
+    Diagnosis {
+        inference: detail.inference.expect("diagnose infers"),
+        timeline: serde_json::to_string(&detail.timeline).expect("the timeline serializes"),
+    }
+}
+
+/// Whether `got` names `want` and measures `limit` (and `window`) within
+/// 10%; what is wrong, if not.
+fn check(
+    what: &str,
+    got: &Diagnosis,
+    want: Limiter,
+    limit: u32,
+    window: Option<f64>,
+) -> Option<String> {
+    let i = &got.inference;
+    let summary = format!(
+        "{what}: {} (confidence {:.2}), {:?}",
+        i.likely_limiter.name(),
+        i.confidence,
+        i.measured
+    );
+    println!("{summary}");
+    let within = |got: f64, want: f64| ((got - want) / want).abs() <= 0.1;
+    let ok = i.likely_limiter == want
+        && i.confidence >= 0.6
+        && i.measured.as_ref().is_some_and(|m| {
+            within(f64::from(m.limit), f64::from(limit))
+                && window.is_none_or(|w| m.window_s.is_some_and(|got| within(got, w)))
+        });
+    (!ok).then(|| {
+        format!(
+            "{summary}\nreasons:\n  {}\ntimeline: {}",
+            i.reasons.join("\n  "),
+            got.timeline
+        )
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diagnose_names_and_measures_every_limiter_design() {
+    let started = Instant::now();
+    let quota = Quota::new(LIMIT, WINDOW).expect("valid quota");
+    let w = Some(WINDOW.as_secs_f64());
+    let cases = [
+        (
+            "token bucket",
+            crate_limiter(quota.token_bucket()),
+            Limiter::TokenBucket,
+            LIMIT,
+            w,
+        ),
+        (
+            "fixed window",
+            crate_limiter(quota.fixed_window()),
+            Limiter::FixedWindow,
+            LIMIT,
+            w,
+        ),
+        (
+            "sliding window",
+            crate_limiter(quota.sliding_window()),
+            Limiter::SlidingWindow,
+            LIMIT,
+            w,
+        ),
+        (
+            "anchored fixed window",
+            anchored_fixed_window(),
+            Limiter::FixedWindowAnchored,
+            LIMIT,
+            w,
+        ),
+        (
+            "weighted counter",
+            weighted_counter(),
+            Limiter::SlidingWindowCounter,
+            LIMIT,
+            w,
+        ),
+        (
+            "slow endpoint",
+            concurrency_limited(),
+            Limiter::Concurrency,
+            IN_FLIGHT as u32,
+            None,
+        ),
+    ];
+    let mut servers = Vec::new();
+    let mut runs = Vec::new();
+    for (what, app, want, limit, window) in cases {
+        let server = Server::start(app).await;
+        let url = server.url("/v1/chat");
+        servers.push(server);
+        runs.push(async move { (what, diagnose(&url).await, want, limit, window) });
+    }
+    let results = futures::future::join_all(runs).await;
+    for server in servers {
+        server.stop().await;
+    }
+    let failures: Vec<String> = results
+        .iter()
+        .filter_map(|(what, got, want, limit, window)| check(what, got, *want, *limit, *window))
+        .collect();
+    println!("all diagnoses in {:.1} s", started.elapsed().as_secs_f64());
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// `nginx` on the PATH, or where Debian puts it.
+fn nginx() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/usr/local/sbin".into()])
+        .map(|dir| dir.join("nginx"))
+        .find(|p| p.is_file())
+}
+
+/// nginx in the foreground, as a child of the test, killed when dropped.
+struct Nginx {
+    child: tokio::process::Child,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl Nginx {
+    /// Starts `binary` with `limit_req` at 5 r/s and a burst of 9, nodelay:
+    /// 10 at once, then one every 200 ms (10 per 2 s), refused with 429.
+    async fn start(binary: &PathBuf) -> Nginx {
+        let dir = std::env::temp_dir().join(format!("ratecheck-nginx-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("html")).expect("temp dir");
+        std::fs::write(dir.join("html").join("ok.txt"), "ok").expect("write the page");
+        // A port that was free a moment ago.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let d = dir.display();
+        let conf = format!(
+            "daemon off;
+master_process off;
+worker_processes 1;
+pid {d}/nginx.pid;
+error_log {d}/error.log;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    client_body_temp_path {d}/body;
+    proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fastcgi;
+    uwsgi_temp_path {d}/uwsgi;
+    scgi_temp_path {d}/scgi;
+    limit_req_zone $binary_remote_addr zone=probe:1m rate=5r/s;
+    limit_req_status 429;
+    server {{
+        listen 127.0.0.1:{port};
+        root {d}/html;
+        location / {{
+            limit_req zone=probe burst=9 nodelay;
+        }}
+    }}
+}}
+"
+        );
+        std::fs::write(dir.join("nginx.conf"), conf).expect("write nginx.conf");
+        let child = tokio::process::Command::new(binary)
+            .arg("-p")
+            .arg(&dir)
+            .arg("-e")
+            .arg(dir.join("error.log"))
+            .arg("-c")
+            .arg(dir.join("nginx.conf"))
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start nginx");
+        let nginx = Nginx { child, dir, port };
+        // Ready once it accepts connections (a hang guard, not a timing).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(
+                Instant::now() < deadline,
+                "nginx did not start: {}",
+                std::fs::read_to_string(nginx.dir.join("error.log")).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        nginx
+    }
+
+    async fn stop(mut self) {
+        let _ = self.child.kill().await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diagnose_names_and_measures_nginx_limit_req() {
+    let Some(binary) = nginx() else {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("nginx is not installed; CI must install it (apt-get install nginx-light)");
+        }
+        eprintln!("skipping the nginx test: nginx is not installed (apt-get install nginx-light)");
+        return;
+    };
+    let nginx = Nginx::start(&binary).await;
+    let got = diagnose(&format!("http://127.0.0.1:{}/ok.txt", nginx.port)).await;
+    nginx.stop().await;
+    let wrong = check(
+        "nginx limit_req",
+        &got,
+        Limiter::TokenBucket,
+        LIMIT,
+        Some(WINDOW.as_secs_f64()),
+    );
+    assert!(wrong.is_none(), "{}", wrong.unwrap_or_default());
+}

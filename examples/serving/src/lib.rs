@@ -1,0 +1,7 @@
+//! How the example programs serve (the `proxy` gateway, the
+//! `agent_messaging` service, the `axum_server` example) and stop
+//! (`ratecheck` too): one copy of the edge's connection limits and of the
+//! signal handling, used by each program.
+
+pub mod serve;
+pub mod signal;
