@@ -33,8 +33,8 @@ pub const STREAM_CHUNKS: [&str; 4] = [
     "data: [DONE]\n\n",
 ];
 
-/// A CA made for one test, and a certificate it signed for `127.0.0.1` and
-/// `localhost`.
+/// A CA made for one test, and a certificate it signed (by default for
+/// `127.0.0.1` and `localhost`, valid now).
 pub struct TestCa {
     /// The CA's certificate, PEM.
     pub ca_pem: String,
@@ -44,6 +44,20 @@ pub struct TestCa {
 
 impl TestCa {
     pub fn new() -> TestCa {
+        Self::make(&["127.0.0.1", "localhost"], false)
+    }
+
+    /// A CA whose certificate for `127.0.0.1` and `localhost` expired in 2021.
+    pub fn expired() -> TestCa {
+        Self::make(&["127.0.0.1", "localhost"], true)
+    }
+
+    /// A CA whose certificate names only `names`.
+    pub fn for_names(names: &[&str]) -> TestCa {
+        Self::make(names, false)
+    }
+
+    fn make(names: &[&str], expired: bool) -> TestCa {
         let ca_key = KeyPair::generate().expect("CA key");
         let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
         ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -57,8 +71,14 @@ impl TestCa {
         let ca_cert = ca.self_signed(&ca_key).expect("CA certificate");
         let issuer = Issuer::new(ca, ca_key);
         let leaf_key = KeyPair::generate().expect("leaf key");
-        let leaf = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-            .expect("leaf params")
+        let mut params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .expect("leaf params");
+        if expired {
+            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        }
+        let leaf = params
             .signed_by(&leaf_key, &issuer)
             .expect("leaf certificate");
         TestCa {

@@ -151,6 +151,7 @@ pub async fn run(
         return simulator_only(loaded.settings, cli.listen, stop).await;
     }
     let mut loaded = loaded;
+    loaded.settings.allow_insecure = cli.allow_insecure;
     if let Some(url) = &cli.redis {
         loaded.settings = match loaded.settings.with_redis(url) {
             Ok(settings) => settings,

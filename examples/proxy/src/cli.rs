@@ -60,6 +60,12 @@ pub struct Cli {
     #[arg(long, value_name = "URL", conflicts_with_all = ["bench", "simulator_only"])]
     pub redis: Option<String>,
 
+    /// Let `insecure_skip_verify = true` apply to a provider that is not on
+    /// a loopback address (without it, such a provider is refused at start
+    /// and on reload). Its certificate is then not checked: for tests only.
+    #[arg(long)]
+    pub allow_insecure: bool,
+
     /// Run the built-in simulator alone (the file's `[simulator]`) on
     /// --listen, so that several gateways can share one upstream.
     #[arg(long, requires = "listen", conflicts_with_all = ["bench", "demo"])]

@@ -203,6 +203,11 @@ pub struct Settings {
     pub providers: Vec<Provider>,
     /// The layers' sections, checked.
     pub stack: Stack,
+    /// `--allow-insecure`: `insecure_skip_verify` may apply to a provider
+    /// that is not on a loopback address. Never from the file, so that an
+    /// edit alone cannot turn verification off for a remote provider; kept
+    /// across reloads.
+    pub allow_insecure: bool,
 }
 
 impl fmt::Debug for Settings {
@@ -445,7 +450,34 @@ impl Settings {
             simulator,
             providers,
             stack,
+            allow_insecure: false,
         })
+    }
+
+    /// Refuse `insecure_skip_verify` on a provider whose host is not a
+    /// loopback address unless the process was started with
+    /// `--allow-insecure`: skipping verification is for a test upstream on
+    /// this machine, and a file edit alone must not do it for a remote one.
+    pub fn check_insecure(&self) -> Result<(), ConfigError> {
+        if self.allow_insecure {
+            return Ok(());
+        }
+        for (i, p) in self.providers.iter().enumerate() {
+            if let Upstream::Https { authority, tls, .. } = &p.upstream {
+                if tls.insecure_skip_verify && !is_loopback_host(authority.host()) {
+                    return Err(ConfigError::new(
+                        format!("providers[{i}].insecure_skip_verify"),
+                        format!(
+                            "refused for `{}`, which is not a loopback address: anyone on the \
+                             path could read and change its traffic, API key included; use \
+                             ca_file for a private CA, or start with --allow-insecure",
+                            authority.host()
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The fields that differ between `self` and `new` and only take
@@ -498,6 +530,20 @@ impl Settings {
     pub fn default_provider(&self) -> Option<&Provider> {
         self.providers.iter().find(|p| p.default)
     }
+}
+
+/// Whether `host` (an authority's host: a name, an IPv4 address or a
+/// bracketed IPv6 one) is this machine's loopback: `localhost` or a
+/// loopback address. Any other name may resolve anywhere.
+pub fn is_loopback_host(host: &str) -> bool {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    host.eq_ignore_ascii_case("localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The crate's sections of `file`, with `store`.

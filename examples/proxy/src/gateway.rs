@@ -422,6 +422,8 @@ struct Target {
     limit_headers: LimitHeaders,
     usage_format: UsageFormat,
     aliases: Arc<Aliases>,
+    /// `insecure_skip_verify = true`: its certificate is not checked.
+    insecure: bool,
 }
 
 impl fmt::Debug for Target {
@@ -454,6 +456,10 @@ pub struct ProviderInfo {
     pub limit_headers: LimitHeaders,
     /// Where its answers state their token usage.
     pub usage_format: UsageFormat,
+    /// `insecure_skip_verify = true`: its TLS certificate is NOT checked
+    /// (shown so that an operator sees it on `/stats`, not only in the
+    /// start log).
+    pub insecure_skip_verify: bool,
 }
 
 /// The configuration in force, swapped whole by a reload.
@@ -623,8 +629,11 @@ impl Gateway {
     /// spent, waiting requests keep their turns, requests in flight their
     /// permits), the rest by swapping the client stack, whose stateful
     /// layers are clones of the running ones. Nothing changes on error.
-    pub fn apply(&self, settings: Settings) -> Result<Applied, ConfigError> {
+    pub fn apply(&self, mut settings: Settings) -> Result<Applied, ConfigError> {
         let old = self.current();
+        // `--allow-insecure` is the command line's, not the file's: a
+        // reload keeps what the process was started with.
+        settings.allow_insecure = old.settings.allow_insecure;
         let restart_only = old.settings.restart_only_changes(&settings);
         let generation = old.generation + 1;
         // Everything that can fail is done before anything changes.
@@ -736,6 +745,7 @@ impl Gateway {
                 kind: t.kind,
                 limit_headers: t.limit_headers,
                 usage_format: t.usage_format,
+                insecure_skip_verify: t.insecure,
             })
             .collect()
     }
@@ -776,9 +786,9 @@ fn build(
                 (Scheme::HTTP, authority, String::new())
             }
         };
-        let https = match &p.upstream {
-            UpstreamKind::Https { .. } => https.next(),
-            _ => None,
+        let (https, insecure) = match &p.upstream {
+            UpstreamKind::Https { tls, .. } => (https.next(), tls.insecure_skip_verify),
+            _ => (None, false),
         };
         targets.push(Target {
             name: p.name.clone(),
@@ -793,6 +803,7 @@ fn build(
             limit_headers: p.limit_headers,
             usage_format: p.usage_format,
             aliases: p.aliases.clone(),
+            insecure,
         });
     }
     let rate_wait = settings
@@ -848,6 +859,7 @@ fn build(
 /// provider that skips verification is warned about here: at start and on
 /// every reload.
 fn https_clients(tls: &TlsClients, settings: &Settings) -> Result<Vec<HttpsClient>, ConfigError> {
+    settings.check_insecure()?;
     let mut wanted = Vec::new();
     for p in &settings.providers {
         if let UpstreamKind::Https { tls, .. } = &p.upstream {

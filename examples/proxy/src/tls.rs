@@ -270,12 +270,36 @@ impl UpstreamTls {
         while let Some(e) = next {
             if let Some(tls) = e.downcast_ref::<rustls::Error>() {
                 return Some(Self {
-                    detail: tls.to_string(),
+                    detail: format!("{} ({tls})", reason(tls)),
                 });
             }
             next = inner(e);
         }
         None
+    }
+}
+
+/// What an operator needs to hear of a TLS failure, in plain words; rustls's
+/// own text follows it in the message.
+fn reason(e: &rustls::Error) -> &'static str {
+    use rustls::CertificateError as C;
+    match e {
+        rustls::Error::InvalidCertificate(c) => match c {
+            C::Expired | C::ExpiredContext { .. } => "the certificate has expired",
+            C::NotValidYet | C::NotValidYetContext { .. } => "the certificate is not valid yet",
+            C::UnknownIssuer => {
+                "unknown issuer: no trusted CA signed the certificate (a private CA needs ca_file)"
+            }
+            C::NotValidForName | C::NotValidForNameContext { .. } => {
+                "name mismatch: the certificate is not for this host"
+            }
+            C::Revoked => "the certificate is revoked",
+            _ => "the certificate is not accepted",
+        },
+        rustls::Error::NoApplicationProtocol | rustls::Error::PeerIncompatible(_) => {
+            "no protocol or cipher in common with the upstream"
+        }
+        _ => "the TLS handshake failed",
     }
 }
 

@@ -156,6 +156,7 @@ async fn an_untrusted_certificate_is_a_502_upstream_tls_and_one_log_line_naming_
     assert_eq!(lines.len(), 1, "{lines:#?}");
     assert!(lines[0].contains("WARN"), "{}", lines[0]);
     assert!(lines[0].contains("TLS"), "{}", lines[0]);
+    assert!(lines[0].contains("unknown issuer"), "{}", lines[0]);
     assert!(!logs.contains(KEY), "the key is never logged");
     assert!(!logs.contains("query-secret"), "the query is never logged");
     running.shutdown().await;
@@ -293,4 +294,141 @@ fn tls_field_problems_are_config_errors_naming_the_field() {
         &format!("ca_file = {}", ca_file.toml()),
     ));
     settings(&config("p", https, ""));
+}
+
+#[tokio::test]
+async fn insecure_skip_verify_on_a_remote_host_is_refused_unless_the_command_line_allows_it() {
+    let remote = config(
+        "remote",
+        "https://api.example.com",
+        "insecure_skip_verify = true",
+    );
+    // At start: refused, naming the field and the way out.
+    let error = match gateway::start(settings(&remote), ([127, 0, 0, 1], 0).into(), "test").await {
+        Ok(_) => panic!("started"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        error.contains("providers[0].insecure_skip_verify")
+            && error.contains("api.example.com")
+            && error.contains("--allow-insecure"),
+        "{error}"
+    );
+    // On reload: refused, and the running configuration stays.
+    let ca = TestCa::new();
+    let upstream = TlsUpstream::start(&ca, Alpn::Http1).await;
+    let local = config("local", &upstream.url(), "insecure_skip_verify = true");
+    let running = start(&local).await;
+    let error = running.gateway.apply(settings(&remote)).unwrap_err();
+    assert!(error.to_string().contains("--allow-insecure"), "{error}");
+    assert_eq!(post(&running, "/v1/chat/completions", CHAT).await.0, 200);
+    running.shutdown().await;
+
+    // With --allow-insecure: taken at start, and still on a reload.
+    let mut allowed = settings(&remote);
+    allowed.allow_insecure = true;
+    let running = gateway::start(allowed, ([127, 0, 0, 1], 0).into(), "test")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    running
+        .gateway
+        .apply(settings(&remote))
+        .expect("the command line's allowance outlives a reload");
+    running.shutdown().await;
+}
+
+#[tokio::test]
+async fn stats_show_a_provider_whose_certificate_is_not_checked() {
+    let ca = TestCa::new();
+    let upstream = TlsUpstream::start(&ca, Alpn::Http1).await;
+    let ca_file = ca.ca_file();
+    let toml = format!(
+        "{}{}",
+        config("unchecked", &upstream.url(), "insecure_skip_verify = true"),
+        config(
+            "checked",
+            &upstream.url(),
+            &format!("ca_file = {}", ca_file.toml())
+        ),
+    );
+    let running = start(&toml).await;
+    let text = reqwest::get(format!("{}/stats", running.url()))
+        .await
+        .expect("stats answer")
+        .text()
+        .await
+        .expect("a whole body");
+    let stats: Value = serde_json::from_str(&text).expect("stats are JSON");
+    let flag = |name: &str| {
+        stats["providers"]
+            .as_array()
+            .expect("providers")
+            .iter()
+            .find(|p| p["name"] == name)
+            .map(|p| p["insecure_skip_verify"].clone())
+    };
+    assert_eq!(flag("unchecked"), Some(Value::Bool(true)));
+    assert_eq!(flag("checked"), Some(Value::Bool(false)));
+    running.shutdown().await;
+}
+
+#[test]
+fn loopback_hosts_are_named_or_numeric_loopback_only() {
+    use proxy::config::is_loopback_host;
+    for host in ["127.0.0.1", "127.8.9.10", "[::1]", "localhost", "LOCALHOST"] {
+        assert!(is_loopback_host(host), "{host}");
+    }
+    for host in [
+        "api.openai.com",
+        "10.0.0.1",
+        "[::2]",
+        "localhost.example.com",
+        "127.0.0.1.nip.io",
+        "0.0.0.0",
+        "[::ffff:127.0.0.1]",
+    ] {
+        assert!(!is_loopback_host(host), "{host}");
+    }
+}
+
+/// A 502 `upstream_tls` for `ca`'s upstream, trusted through its CA, and
+/// the one log line naming the provider, which must say `reason`.
+async fn refused_with_reason(ca: TestCa, provider: &str, reason: &str) {
+    capture_logs();
+    let upstream = TlsUpstream::start(&ca, Alpn::Http1).await;
+    let ca_file = ca.ca_file();
+    let running = start(&config(
+        provider,
+        &upstream.url(),
+        &format!("ca_file = {}", ca_file.toml()),
+    ))
+    .await;
+    let (status, body) = post(&running, "/v1/chat/completions", CHAT).await;
+    assert_eq!(status, 502, "{body}");
+    let json: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!(json["error"]["code"], "upstream_tls", "{body}");
+    assert!(upstream.versions().is_empty(), "nothing was sent");
+    let logs = log_text();
+    let lines: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains(provider) && l.contains("WARN"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains(reason), "{}", lines[0]);
+    running.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_expired_certificate_is_a_502_upstream_tls_saying_it_expired() {
+    refused_with_reason(TestCa::expired(), "expired-upstream", "expired").await;
+}
+
+#[tokio::test]
+async fn a_certificate_for_another_name_is_a_502_upstream_tls_saying_name_mismatch() {
+    refused_with_reason(
+        TestCa::for_names(&["other.example"]),
+        "misnamed-upstream",
+        "name mismatch",
+    )
+    .await;
 }

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::io::{self, BufWriter, Write};
 
 use crate::cli::{Cli, Config, Out};
-use crate::probe::{self, Class};
+use crate::probe::{self, Class, TransportKind};
 use crate::report;
 
 /// The run could not start, or its report could not be written.
@@ -97,11 +97,37 @@ pub async fn run(cli: Cli, progress: bool, stop: impl Future<Output = ()>) -> u8
     // Stopped before the first request: nothing failed to answer.
     let nothing_sent = run.interrupted && run.outcomes.is_empty();
     if !answered && !nothing_sent {
-        eprintln!(
-            "error: none of the {} requests sent got an HTTP answer",
-            run.outcomes.len()
-        );
+        eprintln!("error: {}", no_answer(&run.outcomes));
         return EXIT_NO_ANSWER;
     }
     0
+}
+
+/// The one line said when no request got an HTTP answer: how many were
+/// sent and why most failed, so that an untrusted certificate reads as
+/// one, not as an endpoint that refused everything.
+pub fn no_answer(outcomes: &[probe::Outcome]) -> String {
+    let mut counts = std::collections::BTreeMap::new();
+    for o in outcomes {
+        if let Class::Transport(kind) = o.class {
+            *counts.entry(kind).or_insert(0usize) += 1;
+        }
+    }
+    let sent = outcomes.len();
+    let Some((&kind, &n)) = counts.iter().max_by_key(|&(_, n)| *n) else {
+        return format!("none of the {sent} requests sent got an HTTP answer");
+    };
+    let why = match kind {
+        TransportKind::Tls => {
+            "the TLS handshake failed: the certificate is not trusted (a private CA \
+             needs --ca-file), has expired, or names another host"
+        }
+        TransportKind::Connect => "no connection could be made",
+        TransportKind::Timeout => "no complete answer within --timeout",
+        _ => "the request or its answer broke off",
+    };
+    format!(
+        "none of the {sent} requests sent got an HTTP answer; {n} failed with `{}`: {why}",
+        kind.name()
+    )
 }

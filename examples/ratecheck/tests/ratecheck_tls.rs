@@ -79,3 +79,42 @@ fn ratecheck_refuses_a_ca_file_that_is_not_pem() {
     let error = Config::from_args(args).expect_err("refused");
     assert!(error.0.contains("--ca-file"), "{error}");
 }
+
+#[tokio::test]
+async fn an_untrusted_certificate_exits_3_with_a_one_line_reason() {
+    use clap::Parser as _;
+    let ca = TestCa::new();
+    let upstream = TlsUpstream::start(&ca, Alpn::Http1).await;
+    let url = format!("{}/v1/chat", upstream.url());
+    let out = std::env::temp_dir().join(format!("ratecheck-tls-{}.json", std::process::id()));
+    let mut args = vec!["ratecheck".to_owned()];
+    args.extend(burst(&url));
+    args.extend(["--out".to_owned(), out.display().to_string()]);
+    let cli = ratecheck::cli::Cli::try_parse_from(args).expect("valid command line");
+    let code = tokio::time::timeout(
+        Duration::from_secs(20),
+        ratecheck::app::run(cli, false, std::future::pending()),
+    )
+    .await
+    .expect("the run ends within 20 s");
+    let _ = std::fs::remove_file(&out);
+    assert_eq!(code, ratecheck::app::EXIT_NO_ANSWER);
+
+    // The line it prints says why, for these outcomes.
+    let run = probe::run(
+        &Config::from_args({
+            let mut a = vec!["ratecheck".to_owned()];
+            a.extend(burst(&url));
+            a
+        })
+        .expect("valid command line"),
+        false,
+        std::future::pending(),
+    )
+    .await
+    .expect("the run starts");
+    let line = ratecheck::app::no_answer(&run.outcomes);
+    assert!(!line.contains('\n'), "{line}");
+    assert!(line.contains("3 failed with `tls`"), "{line}");
+    assert!(line.contains("--ca-file"), "{line}");
+}
