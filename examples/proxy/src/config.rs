@@ -157,6 +157,9 @@ pub struct ProviderSection {
     /// "gpt-4o-2024-08-06"`, or `"*" = "NAME"` for every model): a route is
     /// counted under the model it resolves to.
     pub aliases: Option<BTreeMap<String, String>>,
+    /// Send the model an alias resolves to in the body's `"model"` instead
+    /// of the name the client wrote; default off (the body goes as sent).
+    pub rewrite_model: Option<bool>,
 }
 
 /// `[simulator]`: an OpenAI-compatible upstream in this process.
@@ -294,6 +297,9 @@ pub struct Provider {
     pub usage_format: UsageFormat,
     /// Model names the upstream resolves to others.
     pub aliases: Arc<Aliases>,
+    /// `rewrite_model`: the body upstream names the model an alias
+    /// resolved to.
+    pub rewrite_model: bool,
 }
 
 /// Where a provider is.
@@ -972,6 +978,13 @@ impl ProviderSection {
             Some(table) => Aliases::check(table)?,
             None => Aliases::default(),
         };
+        let rewrite_model = self.rewrite_model.unwrap_or(false);
+        if rewrite_model && self.aliases.as_ref().is_none_or(BTreeMap::is_empty) {
+            return Err(ConfigError::new(
+                "rewrite_model",
+                "there is nothing to rewrite without `aliases`; add them or remove this",
+            ));
+        }
         Ok(Provider {
             name: Arc::from(name),
             upstream,
@@ -983,6 +996,7 @@ impl ProviderSection {
             limit_headers: self.limit_headers.unwrap_or(kind.limit_headers()),
             usage_format: kind.usage_format(),
             aliases: Arc::new(aliases),
+            rewrite_model,
         })
     }
 

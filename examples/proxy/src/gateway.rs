@@ -422,6 +422,8 @@ struct Target {
     limit_headers: LimitHeaders,
     usage_format: UsageFormat,
     aliases: Arc<Aliases>,
+    /// `rewrite_model`: the body names the model an alias resolved to.
+    rewrite_model: bool,
     /// `insecure_skip_verify = true`: its certificate is not checked.
     insecure: bool,
 }
@@ -803,6 +805,7 @@ fn build(
             limit_headers: p.limit_headers,
             usage_format: p.usage_format,
             aliases: p.aliases.clone(),
+            rewrite_model: p.rewrite_model,
             insecure,
         });
     }
@@ -1113,9 +1116,17 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
     if let Some(problem) = named.as_deref().and_then(edge::model_problem) {
         return json_error(StatusCode::BAD_REQUEST, "bad_model", problem);
     }
-    // Counted under the model the upstream serves; the body goes as sent.
+    // Counted under the model the upstream serves; the body goes as sent
+    // unless the provider rewrites it to name that model.
     let model = match (reads_body, target.aliases.resolve(named.as_deref())) {
-        (true, Some(resolved)) => resolved.clone(),
+        (true, Some(resolved)) => {
+            if target.rewrite_model && named.as_deref() != Some(&**resolved) {
+                if let Some(body) = preset::rewrite_model(out.body(), resolved) {
+                    *out.body_mut() = body;
+                }
+            }
+            resolved.clone()
+        }
         _ => Arc::from(named.as_deref().unwrap_or(NO_MODEL)),
     };
     let route = Route {

@@ -282,3 +282,63 @@ pub fn check_version(text: &str) -> Result<HeaderValue, ConfigError> {
         )
     })
 }
+
+/// `body` (a JSON object) with its top-level `"model"` set to `model`, for
+/// `rewrite_model`; every other member is copied as written (numbers keep
+/// their spelling, members their order), which re-serializing a parsed
+/// `Value` would not do. `None` when `body` is not a JSON object naming a
+/// model: it then goes as sent.
+pub fn rewrite_model(body: &[u8], model: &str) -> Option<bytes::Bytes> {
+    use serde_json::value::RawValue;
+    // Members in order; a `Vec` rather than a map, so none is reordered.
+    // A repeated `"model"` never gets here: the model key refuses it.
+    let members: Members<'_> = serde_json::from_slice(body).ok()?;
+    if !members.0.iter().any(|(name, _)| name == MODEL_FIELD) {
+        return None;
+    }
+    let model = serde_json::to_string(model).ok()?;
+    let mut out = Vec::with_capacity(body.len() + model.len());
+    out.push(b'{');
+    for (i, (name, value)) in members.0.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(serde_json::to_string(name).ok()?.as_bytes());
+        out.push(b':');
+        let value: &RawValue = value;
+        let text = if name == MODEL_FIELD {
+            &model
+        } else {
+            value.get()
+        };
+        out.extend_from_slice(text.as_bytes());
+    }
+    out.push(b'}');
+    Some(out.into())
+}
+
+/// A JSON object's members as written, in order.
+struct Members<'a>(Vec<(std::borrow::Cow<'a, str>, &'a serde_json::value::RawValue)>);
+
+impl<'de> Deserialize<'de> for Members<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut members = Vec::new();
+                while let Some(entry) = map.next_entry()? {
+                    members.push(entry);
+                }
+                Ok(Members(members))
+            }
+        }
+        deserializer.deserialize_map(Visit)
+    }
+}

@@ -709,3 +709,56 @@ fn the_commented_provider_fields_of_proxy_toml_load_uncommented() {
         ]
     );
 }
+
+#[tokio::test]
+async fn rewrite_model_sends_the_model_an_alias_resolves_to_and_nothing_else_changes() {
+    let upstream = FakeUpstream::start().await;
+    let gw = start(&limited(
+        &upstream,
+        "aliases = { \"gpt-4o\" = \"gpt-4o-2024-08-06\" }\nrewrite_model = true",
+        10,
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/chat/completions", gw.url());
+    let written = r#"{"temperature":1.50,"model":"gpt-4o","messages":[{"role":"user","content":"hi \u00e9"}],"n":1e0}"#;
+    assert_eq!(post(&client, &url, written.to_owned()).await.status(), 200);
+    // A model without an alias, and the resolved name itself, go as sent.
+    let plain = chat("gpt-4o-mini");
+    assert_eq!(post(&client, &url, plain.clone()).await.status(), 200);
+    let exact = chat("gpt-4o-2024-08-06");
+    assert_eq!(post(&client, &url, exact.clone()).await.status(), 200);
+
+    let received = upstream.received();
+    assert_eq!(received.len(), 3);
+    assert_eq!(
+        String::from_utf8_lossy(&received[0].body),
+        r#"{"temperature":1.50,"model":"gpt-4o-2024-08-06","messages":[{"role":"user","content":"hi \u00e9"}],"n":1e0}"#,
+        "only the model changed; every other member as written, in order"
+    );
+    assert_eq!(received[1].body, plain.as_bytes());
+    assert_eq!(received[2].body, exact.as_bytes());
+    gw.shutdown().await;
+    upstream.stop().await;
+}
+
+#[test]
+fn rewrite_model_leaves_what_is_not_an_object_naming_a_model_alone() {
+    use proxy::preset::rewrite_model;
+    assert_eq!(rewrite_model(br#"{"messages":[]}"#, "m"), None);
+    assert_eq!(rewrite_model(br#"[{"model":"a"}]"#, "m"), None);
+    assert_eq!(rewrite_model(b"not json", "m"), None);
+    assert_eq!(
+        rewrite_model(br#" { "model" : "a" , "x" : {"model":"a"} } "#, "m\"q").as_deref(),
+        Some(&br#"{"model":"m\"q","x":{"model":"a"}}"#[..]),
+        "only the top-level model, its new name escaped"
+    );
+}
+
+#[test]
+fn rewrite_model_without_aliases_is_a_config_error() {
+    let toml =
+        "[[providers]]\nname = \"p\"\nbase_url = \"http://127.0.0.1:9\"\nrewrite_model = true\n";
+    let error = Settings::from_toml(toml, &env).unwrap_err().to_string();
+    assert!(error.contains("providers[0].rewrite_model"), "{error}");
+}
