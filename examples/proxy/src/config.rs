@@ -23,7 +23,7 @@ use tower_throttle::rate_limit::{Limits, QuotaConfig, RateLimitConfig, Unit};
 use tower_throttle::redact::Escaped;
 
 use crate::edge::{AllowedHost, AllowedOrigin};
-use crate::preset::{Aliases, Kind, LimitHeaders, UsageFormat, check_version};
+use crate::preset::{self, Aliases, Kind, LimitHeaders, UsageFormat, check_version};
 use crate::serve;
 use crate::tls::{self, TlsSettings};
 
@@ -151,6 +151,9 @@ pub struct ProviderSection {
     /// `anthropic-version` sent when the client sends none; default
     /// `2023-06-01` for `kind = "anthropic"`, none otherwise.
     pub anthropic_version: Option<String>,
+    /// `api-version` added to a query that has none; default `2024-10-21`
+    /// for `kind = "azure_openai"`, none otherwise.
+    pub api_version: Option<String>,
     /// The rate-limit headers its answers carry; default from `kind`.
     pub limit_headers: Option<LimitHeaders>,
     /// Model names the upstream resolves to others (`"gpt-4o" =
@@ -300,6 +303,8 @@ pub struct Provider {
     /// `rewrite_model`: the body upstream names the model an alias
     /// resolved to.
     pub rewrite_model: bool,
+    /// `api-version` added to a query without one (Azure OpenAI).
+    pub api_version: Option<String>,
 }
 
 /// Where a provider is.
@@ -978,6 +983,10 @@ impl ProviderSection {
             Some(table) => Aliases::check(table)?,
             None => Aliases::default(),
         };
+        let api_version = match &self.api_version {
+            Some(text) => Some(preset::check_api_version(text)?),
+            None => kind.api_version().map(str::to_owned),
+        };
         let rewrite_model = self.rewrite_model.unwrap_or(false);
         if rewrite_model && self.aliases.as_ref().is_none_or(BTreeMap::is_empty) {
             return Err(ConfigError::new(
@@ -997,6 +1006,7 @@ impl ProviderSection {
             usage_format: kind.usage_format(),
             aliases: Arc::new(aliases),
             rewrite_model,
+            api_version,
         })
     }
 

@@ -424,6 +424,8 @@ struct Target {
     aliases: Arc<Aliases>,
     /// `rewrite_model`: the body names the model an alias resolved to.
     rewrite_model: bool,
+    /// `api-version` added to a query without one (Azure OpenAI).
+    api_version: Option<String>,
     /// `insecure_skip_verify = true`: its certificate is not checked.
     insecure: bool,
 }
@@ -806,6 +808,7 @@ fn build(
             usage_format: p.usage_format,
             aliases: p.aliases.clone(),
             rewrite_model: p.rewrite_model,
+            api_version: p.api_version.clone(),
             insecure,
         });
     }
@@ -1064,9 +1067,14 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
         Ok(bytes) => bytes,
         Err(refused) => return refused,
     };
-    let path_and_query = match parts.uri.query() {
-        Some(q) => format!("{}{rest}?{q}", target.base_path),
-        None => format!("{}{rest}", target.base_path),
+    let path_and_query = match (parts.uri.query(), &target.api_version) {
+        // A client's own api-version is kept: its body is written for it.
+        (Some(q), Some(v)) if !has_param(q, "api-version") => {
+            format!("{}{rest}?{q}&api-version={v}", target.base_path)
+        }
+        (Some(q), _) => format!("{}{rest}?{q}", target.base_path),
+        (None, Some(v)) => format!("{}{rest}?api-version={v}", target.base_path),
+        (None, None) => format!("{}{rest}", target.base_path),
     };
     let uri = Uri::builder()
         .scheme(target.scheme.clone())
@@ -1104,7 +1112,14 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
     // Only a body that is sent somewhere names a model: a GET with a body
     // naming one would count against (and track) a route it does not use.
     let reads_body = matches!(out.method(), &Method::POST | &Method::PUT | &Method::PATCH);
+    // On an Azure deployment path the deployment is the model, whatever
+    // the body says (Azure serves what is deployed under that name).
+    let deployment = match target.kind {
+        Kind::AzureOpenAi => preset::deployment(out.uri().path()).map(str::to_owned),
+        _ => None,
+    };
     let named = match key_parts(&gateway.inner.model_key, &out) {
+        _ if deployment.is_some() => deployment,
         _ if !reads_body => None,
         Ok(mut parts) => parts.pop(),
         // The limiter could count another model than the upstream serves.
@@ -1173,6 +1188,14 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
         "forwarded"
     );
     Response::from_parts(parts, body)
+}
+
+/// Whether query `q` has parameter `name` (as written: a client that
+/// encodes the name differently gets one added, which Azure refuses
+/// loudly rather than guessing).
+fn has_param(q: &str, name: &str) -> bool {
+    q.split('&')
+        .any(|pair| pair.split('=').next() == Some(name))
 }
 
 fn too_large(max: usize) -> Response<Body> {

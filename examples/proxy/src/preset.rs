@@ -1,6 +1,6 @@
 //! Provider presets and model aliases: what `kind = "openai" | "anthropic" |
-//! "openai_compatible"` on a `[[providers]]` entry sets, and the entry's
-//! `aliases` table, checked.
+//! "azure_openai" | "openai_compatible"` on a `[[providers]]` entry sets,
+//! and the entry's `aliases` table, checked.
 //!
 //! A preset is defaults only: `api_key_header`, `anthropic_version` and
 //! `limit_headers` written in the entry win over it.
@@ -9,10 +9,13 @@
 //! |---|---|---|---|---|
 //! | `openai`, `openai_compatible` (default) | `Authorization: Bearer KEY` | | `x-ratelimit-*` | final chunk's `usage` (`stream_options.include_usage`) |
 //! | `anthropic` | `x-api-key: KEY` | `anthropic-version: 2023-06-01` unless the client sends one | `anthropic-ratelimit-*` | `message_delta`'s `usage` |
+//! | `azure_openai` | `api-key: KEY` | `api-version=2024-10-21` in the query unless the client gives one | `x-ratelimit-*` | as `openai` |
 //!
 //! Every kind finds the model in the JSON body's `"model"` ([`MODEL_FIELD`]),
-//! on every path (the gateway reads it for any `POST`, `PUT` or `PATCH`);
-//! [`Kind::endpoint`] says which of a kind's paths answer with token usage.
+//! on every path (the gateway reads it for any `POST`, `PUT` or `PATCH`),
+//! except on Azure's deployment paths (`/openai/deployments/NAME/...`),
+//! where the deployment is the model ([`deployment`]); [`Kind::endpoint`]
+//! says which of a kind's paths answer with token usage.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -77,6 +80,10 @@ pub enum Kind {
     /// api.anthropic.com.
     #[serde(rename = "anthropic")]
     Anthropic,
+    /// Azure OpenAI (`https://RESOURCE.openai.azure.com/openai/...`): the key
+    /// in `api-key`, an `api-version` query, the deployment in the path.
+    #[serde(rename = "azure_openai")]
+    AzureOpenAi,
     /// A server speaking OpenAI's API (vLLM, llama.cpp, Ollama, OpenRouter):
     /// what a provider without `kind` is.
     #[default]
@@ -90,6 +97,11 @@ pub const MODEL_FIELD: &str = "model";
 /// The `anthropic-version` an `anthropic` provider sends unless
 /// `anthropic_version` says otherwise (or the client sends its own).
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// The `api-version` an `azure_openai` provider adds to a request whose
+/// query has none, unless `api_version` says otherwise: the latest GA
+/// version of Azure OpenAI's data-plane API when this was written.
+pub const AZURE_API_VERSION: &str = "2024-10-21";
 
 /// One path of a kind's API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,13 +144,40 @@ const ANTHROPIC_ENDPOINTS: &[Endpoint] = &[
     },
 ];
 
+// Azure's paths end like OpenAI's after `/openai/deployments/NAME` (or
+// `/openai/v1`), so they are matched by their end alone.
+const AZURE_ENDPOINTS: &[Endpoint] = &[
+    Endpoint {
+        path: "/chat/completions",
+        usage: true,
+    },
+    Endpoint {
+        path: "/completions",
+        usage: true,
+    },
+    Endpoint {
+        path: "/embeddings",
+        usage: true,
+    },
+    Endpoint {
+        path: "/responses",
+        usage: true,
+    },
+];
+
 impl Kind {
     /// The header the key goes in unless `api_key_header` says.
     pub fn key_header(self) -> HeaderName {
         match self {
             Self::OpenAi | Self::OpenAiCompatible => http::header::AUTHORIZATION,
             Self::Anthropic => HeaderName::from_static("x-api-key"),
+            Self::AzureOpenAi => HeaderName::from_static("api-key"),
         }
+    }
+
+    /// The `api-version` query added unless `api_version` says.
+    pub fn api_version(self) -> Option<&'static str> {
+        (self == Self::AzureOpenAi).then_some(AZURE_API_VERSION)
     }
 
     /// The `anthropic-version` sent unless `anthropic_version` says.
@@ -149,7 +188,7 @@ impl Kind {
     /// The rate-limit headers read unless `limit_headers` says.
     pub fn limit_headers(self) -> LimitHeaders {
         match self {
-            Self::OpenAi | Self::OpenAiCompatible => LimitHeaders::OpenAi,
+            Self::OpenAi | Self::OpenAiCompatible | Self::AzureOpenAi => LimitHeaders::OpenAi,
             Self::Anthropic => LimitHeaders::Anthropic,
         }
     }
@@ -157,7 +196,7 @@ impl Kind {
     /// Where its answers state their usage.
     pub fn usage_format(self) -> UsageFormat {
         match self {
-            Self::OpenAi | Self::OpenAiCompatible => UsageFormat::OpenAi,
+            Self::OpenAi | Self::OpenAiCompatible | Self::AzureOpenAi => UsageFormat::OpenAi,
             Self::Anthropic => UsageFormat::Anthropic,
         }
     }
@@ -167,6 +206,7 @@ impl Kind {
         match self {
             Self::OpenAi | Self::OpenAiCompatible => OPENAI_ENDPOINTS,
             Self::Anthropic => ANTHROPIC_ENDPOINTS,
+            Self::AzureOpenAi => AZURE_ENDPOINTS,
         }
     }
 
@@ -181,6 +221,34 @@ impl Kind {
             .copied()
             .find(|e| path.ends_with(e.path))
     }
+}
+
+/// The deployment an Azure OpenAI path names
+/// (`.../openai/deployments/NAME/chat/completions`): Azure serves the model
+/// deployed under that name whatever the body says, so it is the route's
+/// model. `None` for any other path (`/openai/v1/...` names the model in
+/// the body).
+pub fn deployment(upstream_path: &str) -> Option<&str> {
+    let (_, after) = upstream_path.split_once("/openai/deployments/")?;
+    let name = after.split('/').next()?;
+    (!name.is_empty()).then_some(name)
+}
+
+/// `api_version`, checked: what a query value can carry unescaped.
+pub fn check_api_version(text: &str) -> Result<String, ConfigError> {
+    let text = text.trim();
+    if text.is_empty()
+        || text.len() > 64
+        || !text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+    {
+        return Err(ConfigError::new(
+            "api_version",
+            "write a version such as \"2024-10-21\" (letters, digits, '-', '.', '_')",
+        ));
+    }
+    Ok(text.to_owned())
 }
 
 /// A provider's `aliases`, checked: the model a route is counted under

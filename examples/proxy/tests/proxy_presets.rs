@@ -30,12 +30,14 @@ use crate::preset::{Aliases, Kind, LimitHeaders, UsageFormat};
 const OPENAI_KEY: &str = "sk-openai-gateway-7Hq2";
 const ANTHROPIC_KEY: &str = "sk-ant-gateway-Yp4c";
 const CLIENT_KEY: &str = "sk-clients-own-Rw9d";
+const AZURE_KEY: &str = "azure-gateway-key-Lm3x";
 
 /// The gateway's environment: one key per provider.
 fn env(name: &str) -> Option<String> {
     match name {
         "OPENAI_API_KEY" => Some(OPENAI_KEY.to_owned()),
         "ANTHROPIC_API_KEY" => Some(ANTHROPIC_KEY.to_owned()),
+        "AZURE_OPENAI_API_KEY" => Some(AZURE_KEY.to_owned()),
         _ => None,
     }
 }
@@ -649,7 +651,7 @@ fn the_readmes_provider_configs_load() {
         .skip(1)
         .map(|b| b.split("```").next().unwrap())
         .collect();
-    assert_eq!(blocks.len(), 3, "OpenAI, Anthropic, a local server");
+    assert_eq!(blocks.len(), 4, "OpenAI, Anthropic, Azure, a local server");
     let mut kinds = Vec::new();
     for toml in blocks {
         let settings = Settings::from_toml(toml, &env).unwrap_or_else(|e| panic!("{e}\n{toml}"));
@@ -657,7 +659,12 @@ fn the_readmes_provider_configs_load() {
     }
     assert_eq!(
         kinds,
-        [Kind::OpenAi, Kind::Anthropic, Kind::OpenAiCompatible]
+        [
+            Kind::OpenAi,
+            Kind::Anthropic,
+            Kind::AzureOpenAi,
+            Kind::OpenAiCompatible
+        ]
     );
 }
 
@@ -761,4 +768,127 @@ fn rewrite_model_without_aliases_is_a_config_error() {
         "[[providers]]\nname = \"p\"\nbase_url = \"http://127.0.0.1:9\"\nrewrite_model = true\n";
     let error = Settings::from_toml(toml, &env).unwrap_err().to_string();
     assert!(error.contains("providers[0].rewrite_model"), "{error}");
+}
+
+#[tokio::test]
+async fn azure_gets_its_api_key_an_api_version_and_is_limited_per_deployment() {
+    let openai = FakeUpstream::start().await;
+    let azure = FakeUpstream::start().await;
+    let toml = format!(
+        r#"
+[[providers]]
+name = "openai"
+kind = "openai"
+base_url = "{}"
+api_key_env = "OPENAI_API_KEY"
+
+[[providers]]
+name = "azure"
+kind = "azure_openai"
+base_url = "{}"
+api_key_env = "AZURE_OPENAI_API_KEY"
+
+[rate_limit]
+mode = "reject"
+quotas = [{{ limit = 1, period = "1m" }}]
+"#,
+        openai.base_url(),
+        azure.base_url()
+    );
+    let gw = start(&toml).await;
+    let client = reqwest::Client::new();
+    let url = gw.url();
+    let send = |path: &str, model: &str| {
+        client
+            .post(format!("{url}{path}"))
+            .header("authorization", format!("Bearer {CLIENT_KEY}"))
+            .header("api-key", CLIENT_KEY)
+            .header("content-type", "application/json")
+            .body(chat(model))
+            .send()
+    };
+    let deployments = "/azure/openai/deployments";
+    // The deployment is the model, whatever the body names; the default
+    // api-version is added.
+    let first = send(&format!("{deployments}/gpt4o-prod/chat/completions"), "x").await;
+    assert_eq!(first.unwrap().status(), 200);
+    // The same deployment, another body model: the same route, refused.
+    let again = send(&format!("{deployments}/gpt4o-prod/chat/completions"), "y").await;
+    assert_eq!(again.unwrap().status(), 429);
+    // Another deployment, with the client's own api-version, kept.
+    let other = send(
+        &format!("{deployments}/gpt4o-mini/chat/completions?api-version=2025-01-01-preview"),
+        "x",
+    )
+    .await;
+    assert_eq!(other.unwrap().status(), 200);
+    let plain = send("/openai/v1/chat/completions", "gpt-4o").await;
+    assert_eq!(plain.unwrap().status(), 200);
+
+    let to_azure = azure.received();
+    assert_eq!(to_azure.len(), 2);
+    assert_eq!(
+        to_azure[0].path,
+        "/openai/deployments/gpt4o-prod/chat/completions?api-version=2024-10-21"
+    );
+    assert_eq!(
+        to_azure[1].path,
+        "/openai/deployments/gpt4o-mini/chat/completions?api-version=2025-01-01-preview"
+    );
+    for r in &to_azure {
+        assert_eq!(r.values("api-key"), [AZURE_KEY]);
+        assert!(r.values("authorization").is_empty(), "{:?}", r.headers);
+        assert_no_secret(r, &[OPENAI_KEY, CLIENT_KEY]);
+    }
+    let to_openai = openai.received();
+    assert_eq!(to_openai.len(), 1);
+    assert_eq!(to_openai[0].path, "/v1/chat/completions");
+    assert_eq!(
+        to_openai[0].values("authorization"),
+        [format!("Bearer {OPENAI_KEY}")]
+    );
+    assert!(to_openai[0].values("api-key").is_empty());
+    assert_no_secret(&to_openai[0], &[AZURE_KEY, CLIENT_KEY]);
+
+    let shown = stats(&client, &url).await;
+    let names = route_names(&shown);
+    assert!(names.iter().any(|n| n == "azure/gpt4o-prod"), "{names:?}");
+    assert!(names.iter().any(|n| n == "azure/gpt4o-mini"), "{names:?}");
+    assert_eq!(shown["providers"][1]["kind"], "azure_openai");
+    assert!(!shown.to_string().contains(AZURE_KEY));
+    gw.shutdown().await;
+    openai.stop().await;
+    azure.stop().await;
+}
+
+#[test]
+fn azure_deployments_and_api_versions_are_read_and_checked() {
+    use proxy::preset::deployment;
+    assert_eq!(
+        deployment("/openai/deployments/d1/chat/completions"),
+        Some("d1")
+    );
+    assert_eq!(
+        deployment("/base/openai/deployments/d1/embeddings"),
+        Some("d1")
+    );
+    assert_eq!(deployment("/openai/deployments//chat/completions"), None);
+    assert_eq!(deployment("/openai/v1/chat/completions"), None);
+    let with = |version: &str| {
+        format!(
+            "[[providers]]\nname = \"a\"\nkind = \"azure_openai\"\nbase_url = \"http://127.0.0.1:9\"\napi_version = {version:?}\n"
+        )
+    };
+    assert_eq!(
+        settings(&with("2025-01-01-preview")).providers[0]
+            .api_version
+            .as_deref(),
+        Some("2025-01-01-preview")
+    );
+    for bad in ["", "2024&x=1", "a b", "2024#"] {
+        let error = Settings::from_toml(&with(bad), &env)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("providers[0].api_version"), "{bad}: {error}");
+    }
 }
