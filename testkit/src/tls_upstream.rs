@@ -154,6 +154,7 @@ pub struct TlsUpstream {
     pub addr: SocketAddr,
     handshakes: Arc<AtomicUsize>,
     versions: Arc<Mutex<Vec<http::Version>>>,
+    bodies: Arc<Mutex<Vec<Bytes>>>,
     task: JoinHandle<()>,
 }
 
@@ -162,6 +163,7 @@ type Answer = http::Response<BoxBody<Bytes, Infallible>>;
 async fn answer(
     req: http::Request<Incoming>,
     versions: Arc<Mutex<Vec<http::Version>>>,
+    bodies: Arc<Mutex<Vec<Bytes>>>,
 ) -> Result<Answer, Infallible> {
     let version = req.version();
     versions.lock().push(version);
@@ -171,7 +173,12 @@ async fn answer(
         .await
         .map(|b| b.to_bytes())
         .unwrap_or_default();
-    let streamed = String::from_utf8_lossy(&body).contains("\"stream\":true");
+    // Parsed, not searched: clients space their JSON differently.
+    let streamed = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("stream")?.as_bool())
+        == Some(true);
+    bodies.lock().push(body.clone());
     let response = if streamed {
         let frames = STREAM_CHUNKS
             .iter()
@@ -198,18 +205,19 @@ impl TlsUpstream {
         let addr = listener.local_addr().expect("local address");
         let handshakes = Arc::new(AtomicUsize::new(0));
         let versions = Arc::new(Mutex::new(Vec::new()));
-        let (h, v) = (handshakes.clone(), versions.clone());
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let (h, v, b) = (handshakes.clone(), versions.clone(), bodies.clone());
         let task = tokio::spawn(async move {
             // Dropped with the accept loop: every connection ends with it.
             let mut connections = tokio::task::JoinSet::new();
             while let Ok((tcp, _)) = listener.accept().await {
-                let (acceptor, h, v) = (acceptor.clone(), h.clone(), v.clone());
+                let (acceptor, h, v, b) = (acceptor.clone(), h.clone(), v.clone(), b.clone());
                 connections.spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
                     };
                     h.fetch_add(1, Ordering::SeqCst);
-                    let service = service_fn(move |req| answer(req, v.clone()));
+                    let service = service_fn(move |req| answer(req, v.clone(), b.clone()));
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(tls), service)
                         .await;
@@ -220,6 +228,7 @@ impl TlsUpstream {
             addr,
             handshakes,
             versions,
+            bodies,
             task,
         }
     }
@@ -237,6 +246,11 @@ impl TlsUpstream {
     /// The protocol of every request seen, in order.
     pub fn versions(&self) -> Vec<http::Version> {
         self.versions.lock().clone()
+    }
+
+    /// The body of each request, in order.
+    pub fn bodies(&self) -> Vec<Bytes> {
+        self.bodies.lock().clone()
     }
 }
 
