@@ -628,7 +628,15 @@ fn toml_error(text: &str, e: &toml::de::Error) -> ConfigError {
     let mut table = String::new();
     let mut arrays: Vec<(String, usize)> = Vec::new();
     let lines: Vec<&str> = text.lines().collect();
-    for line in lines.iter().take(line_no.saturating_sub(1)) {
+    let here = lines.get(line_no - 1).map(|l| l.trim()).unwrap_or("");
+    // An error on a table's own header (`[nonsense]`: an unknown table) is
+    // about that table, not the one before it.
+    let upto = if here.starts_with('[') {
+        line_no
+    } else {
+        line_no - 1
+    };
+    for line in lines.iter().take(upto) {
         let t = line.trim();
         if let Some(name) = t.strip_prefix("[[").and_then(|t| t.split("]]").next()) {
             let name = name.trim().to_owned();
@@ -647,7 +655,6 @@ fn toml_error(text: &str, e: &toml::de::Error) -> ConfigError {
             table = name.trim().to_owned();
         }
     }
-    let here = lines.get(line_no - 1).map(|l| l.trim()).unwrap_or("");
     let key = match here.split_once('=') {
         Some((key, _)) if !here.starts_with('[') => key.trim().trim_matches('"').to_owned(),
         _ => String::new(),

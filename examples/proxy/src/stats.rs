@@ -570,9 +570,8 @@ struct Prom {
 /// escaped as `\\`, `\"` and `\n`. The format lets every other character
 /// through raw; a control character (CR, ESC, NUL, …) is written as the text
 /// of its Rust escape instead (the value then reads `\u{1b}`), so none
-/// reaches a scraper or a terminal. Route names come escaped from the layers
-/// already; this holds for every other label too (provider names come from
-/// the file).
+/// reaches a scraper or a terminal. For raw text; a route's provider and
+/// model come escaped from the layers and go through [`route_label_value`].
 ///
 /// Written here rather than with `prometheus-client`: that crate writes
 /// OpenMetrics (`# EOF`, counter families named without `_total`), which
@@ -596,6 +595,38 @@ pub fn label_value(value: &str) -> String {
     out
 }
 
+/// A route's provider or model, as the layers name it (already
+/// [escaped](tower_throttle::redact::Escaped): backslashes doubled, hidden
+/// characters as the text of their escapes), as a label value a scraper
+/// reads back as the name itself: a doubled backslash is one backslash,
+/// `\n` a line feed, `"` a quote, and every other escape stays the text it
+/// is (`\u{1b}`). Escaping the escaped text again would double every
+/// backslash a model name holds.
+pub fn route_label_value(label: &str) -> String {
+    let mut out = String::with_capacity(label.len());
+    let mut chars = label.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.peek() {
+                Some('\\') => {
+                    chars.next();
+                    out.push_str("\\\\");
+                }
+                Some('n') => {
+                    chars.next();
+                    out.push_str("\\n");
+                }
+                // The start of an escape's text (`\r`, `\0`, `\u{1b}`):
+                // its backslash shown as one.
+                _ => out.push_str("\\\\"),
+            },
+            // Never in an escaped label; written safely all the same.
+            c => out.push_str(&label_value(c.encode_utf8(&mut [0; 4]))),
+        }
+    }
+    out
+}
+
 impl Prom {
     fn family(&mut self, name: &str, kind: &str, help: &str) {
         let _ = writeln!(self.out, "# HELP {name} {help}");
@@ -603,14 +634,34 @@ impl Prom {
     }
 
     fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        self.route_sample(name, None, labels, value);
+    }
+
+    /// A sample labelled with `route`'s provider and model (escaped names,
+    /// see [`route_label_value`]) first, then `labels` (raw text).
+    fn route_sample(
+        &mut self,
+        name: &str,
+        route: Option<&RouteStats>,
+        labels: &[(&str, &str)],
+        value: f64,
+    ) {
         self.out.push_str(name);
-        if !labels.is_empty() {
+        let route = route.map(|r| {
+            [
+                ("provider", route_label_value(&r.provider)),
+                ("model", route_label_value(&r.model)),
+            ]
+        });
+        let raw = labels.iter().map(|(k, v)| (*k, label_value(v)));
+        let all: Vec<(&str, String)> = route.into_iter().flatten().chain(raw).collect();
+        if !all.is_empty() {
             self.out.push('{');
-            for (i, (k, v)) in labels.iter().enumerate() {
+            for (i, (k, v)) in all.iter().enumerate() {
                 if i > 0 {
                     self.out.push(',');
                 }
-                let _ = write!(self.out, "{k}=\"{}\"", label_value(v));
+                let _ = write!(self.out, "{k}=\"{v}\"");
             }
             self.out.push('}');
         }
@@ -629,7 +680,7 @@ impl Prom {
         self.family(name, kind, help);
         for r in routes {
             if let Some(v) = value(r) {
-                self.sample(name, &[("provider", &r.provider), ("model", &r.model)], v);
+                self.route_sample(name, Some(r), &[], v);
             }
         }
     }
@@ -765,13 +816,10 @@ pub fn prometheus(s: &Snapshot) -> String {
             ("4xx", u.client_errors),
             ("5xx", u.server_errors),
         ] {
-            p.sample(
+            p.route_sample(
                 "proxy_upstream_responses_total",
-                &[
-                    ("provider", &x.provider),
-                    ("model", &x.model),
-                    ("class", class),
-                ],
+                Some(x),
+                &[("class", class)],
                 v as f64,
             );
         }
@@ -842,12 +890,7 @@ fn learned_families(p: &mut Prom, routes: &[RouteStats]) {
             let Some(learned) = &r.learned else { continue };
             for (unit, info) in learned.units() {
                 if let Some(v) = info.and_then(value) {
-                    let labels = [
-                        ("provider", &*r.provider),
-                        ("model", &*r.model),
-                        ("unit", unit),
-                    ];
-                    p.sample(name, &labels, v);
+                    p.route_sample(name, Some(r), &[("unit", unit)], v);
                 }
             }
         }

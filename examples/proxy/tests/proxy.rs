@@ -848,6 +848,17 @@ fn a_bad_configuration_is_one_error_naming_the_field() {
     }
 }
 
+#[test]
+fn an_unknown_table_is_named_itself_not_the_table_before_it() {
+    let toml = "[simulator]\n[[providers]]\nname = \"sim\"\nbase_url = \"simulator\"\n\
+                [concurrency]\nmax_in_flight = 1\n\n[nonsense]\nx = 1\n";
+    let error = Settings::from_toml(toml, &|_: &str| None).expect_err(toml);
+    assert!(
+        error.to_string().starts_with("invalid `nonsense`:"),
+        "{error}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_program_exits_2_on_a_bad_config_and_0_after_a_graceful_stop() {
     let bad = temp_path("bad.toml");

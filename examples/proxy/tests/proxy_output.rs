@@ -243,12 +243,15 @@ quotas = [{ limit = 1, period = "1m" }]
 #[test]
 fn prometheus_label_values_escape_quotes_backslashes_line_feeds_and_control_characters() {
     let model = "we\"ird\\name\nwith\r\u{1b}[2J\0\u{7f}·é";
+    // As the layers name it: escaped (backslashes doubled, hidden
+    // characters as their escapes' text).
+    let label = tower_throttle::redact::Escaped(model).to_string();
     let mut rate = KeyStats::default();
     rate.admitted = 3;
     let route = stats::RouteStats {
-        route: format!("sim/{model}"),
+        route: format!("sim/{label}"),
         provider: "sim".to_owned(),
-        model: model.to_owned(),
+        model: label.clone(),
         rate_limit: rate.clone(),
         concurrency: KeyStats::default(),
         backoff: KeyStats::default(),

@@ -6,6 +6,7 @@
 //! afterwards by [`Config::from_cli`], whose messages never repeat them.
 
 use std::fmt;
+use std::io::Read as _;
 use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -18,6 +19,9 @@ use rustls::pki_types::CertificateDer;
 use serde::Serialize;
 
 use crate::schedule::{MAX_REQUESTS, Params, TooManyRequests, planned_requests};
+
+/// The largest `--body-file` read: 16 MiB.
+pub const MAX_BODY_FILE: u64 = 16 << 20;
 
 /// Longest `--window`, `--duration` or probe span accepted.
 const MAX_SPAN: Duration = Duration::from_secs(86_400);
@@ -56,7 +60,7 @@ pub struct Cli {
     #[arg(long = "header", short = 'H', value_name = "'K: V'")]
     pub headers: Vec<String>,
 
-    /// Send the contents of this file as the request body.
+    /// Send the contents of this file as the request body (at most 16 MiB).
     #[arg(long, value_name = "FILE")]
     pub body_file: Option<PathBuf>,
 
@@ -397,9 +401,22 @@ impl Config {
         let body = match &cli.body_file {
             None => None,
             Some(path) => {
-                let bytes = std::fs::read(path).map_err(|e| {
-                    usage(format!("cannot read --body-file {}: {e}", path.display()))
-                })?;
+                // Read at most one byte past the cap: `/dev/zero` or a
+                // mistaken multi-gigabyte file is refused, not read into
+                // memory until it runs out.
+                let mut bytes = Vec::new();
+                std::fs::File::open(path)
+                    .and_then(|f| f.take(MAX_BODY_FILE + 1).read_to_end(&mut bytes))
+                    .map_err(|e| {
+                        usage(format!("cannot read --body-file {}: {e}", path.display()))
+                    })?;
+                if bytes.len() as u64 > MAX_BODY_FILE {
+                    return Err(usage(format!(
+                        "--body-file {} is larger than {MAX_BODY_FILE} bytes (16 MiB); \
+                         a request body that large is not what a rate probe should send",
+                        path.display()
+                    )));
+                }
                 Some(Body(Bytes::from(bytes)))
             }
         };

@@ -319,3 +319,40 @@ async fn an_unreachable_target_is_reported_as_transport_failures() {
     assert_eq!(report.errors.transport["connect"], 3);
     assert!(report.summary.latency_ms.is_none());
 }
+
+#[test]
+fn a_body_file_past_16_mib_is_refused_without_reading_it_all() {
+    let args = |file: &str| {
+        [
+            "ratecheck",
+            "--url",
+            "http://127.0.0.1:9/",
+            "--mode",
+            "burst",
+            "--rpm",
+            "3",
+            "--body-file",
+            file,
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+    // An endless file: refused at the cap, not read until memory runs out.
+    #[cfg(unix)]
+    {
+        let error = Config::from_args(args("/dev/zero")).expect_err("refused");
+        assert!(
+            error.0.contains("--body-file") && error.0.contains("16 MiB"),
+            "{error}"
+        );
+    }
+    let path = std::env::temp_dir().join(format!("ratecheck-big-body-{}", std::process::id()));
+    let file = std::fs::File::create(&path).expect("a temporary file");
+    file.set_len(cli::MAX_BODY_FILE + 1).expect("a sparse file");
+    let error = Config::from_args(args(path.to_str().expect("utf-8"))).expect_err("refused");
+    assert!(error.0.contains("larger than"), "{error}");
+    file.set_len(cli::MAX_BODY_FILE).expect("a sparse file");
+    let config = Config::from_args(args(path.to_str().expect("utf-8")));
+    let _ = std::fs::remove_file(&path);
+    assert!(config.is_ok(), "exactly the cap is taken");
+}
