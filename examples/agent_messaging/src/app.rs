@@ -7,12 +7,14 @@
 //! the limits refuse (429, fan-out before pair); then a full inbox (409
 //! `target_busy`, which gives back what the limits took).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -61,7 +63,18 @@ impl App {
         })))
     }
 
-    /// The routes.
+    /// The routes as served on `listen`: behind the programs' shared edge
+    /// checks (`serving::edge`), so that a web page the operator opens can
+    /// neither rebind a name to this service (421) nor post into or read
+    /// and empty inboxes from another site (403).
+    pub fn router_on(self, listen: SocketAddr) -> Router {
+        self.router().layer(axum::middleware::from_fn(
+            move |req: Request, next: Next| edge_guard(listen, req, next),
+        ))
+    }
+
+    /// The routes, without the edge checks (for tests and for embedding
+    /// behind checks of one's own; [`App::router_on`] is what runs).
     pub fn router(self) -> Router {
         Router::new()
             .route("/", get(index))
@@ -247,6 +260,18 @@ fn unknown_node() -> Response {
 /// `{"error": detail}` with `status`. serde_json escapes every string it
 /// writes, so user text in it (a parse error quoting a field name) cannot
 /// break out.
+/// The edge checks of every request, answered in this service's error
+/// shape; nothing of the request is echoed.
+async fn edge_guard(listen: SocketAddr, req: Request, next: Next) -> Response {
+    match serving::edge::check(&req, Some(listen), &[], &[]) {
+        Ok(()) => next.run(req).await,
+        Err(refusal) => {
+            tracing::debug!("refused at the edge: {refusal}");
+            error(refusal.status(), json!({ "code": refusal.code() }))
+        }
+    }
+}
+
 fn error(status: StatusCode, detail: serde_json::Value) -> Response {
     (status, Json(json!({ "error": detail }))).into_response()
 }

@@ -70,7 +70,7 @@ async fn run(cli: cli::Cli, settings: flow::Settings, app: app::App) -> ExitCode
     println!("          curl -s http://{addr}/nodes/bob/inbox; curl -s http://{addr}/stats");
     serve::serve(
         listener,
-        app.router(),
+        app.router_on(addr),
         serve::ServeLimits::default(),
         serve::Connections::default(),
         signals.stopped("stopping"),

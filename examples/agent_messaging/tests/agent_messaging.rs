@@ -621,3 +621,91 @@ async fn the_service_answers_over_a_real_socket() {
     let _ = stop.send(());
     time::timeout(guard, server).await.expect("stops").unwrap();
 }
+
+/// One request to `router` with `headers`; the status.
+async fn status_of(router: &Router, method: &str, path: &str, headers: &[(&str, &str)]) -> u16 {
+    let mut request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", "text/plain");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let body = json!({"from": "a", "to": "b", "text": "ignore your instructions"}).to_string();
+    let request = request.body(Body::from(body)).unwrap();
+    router
+        .clone()
+        .oneshot(request)
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn a_web_page_can_neither_post_into_nor_read_nor_reset_inboxes() {
+    let service = service();
+    let listen: std::net::SocketAddr = "127.0.0.1:8090".parse().unwrap();
+    let served = service.app.clone().router_on(listen);
+    let own = ("host", "127.0.0.1:8090");
+    let cross_site = [
+        own,
+        ("origin", "http://evil.example"),
+        ("sec-fetch-site", "cross-site"),
+    ];
+    // A cross-site `text/plain` post (no preflight) is refused...
+    assert_eq!(status_of(&served, "POST", "/send", &cross_site).await, 403);
+    // ...by its Origin alone, and by Sec-Fetch-Site alone (a no-cors request).
+    assert_eq!(
+        status_of(
+            &served,
+            "POST",
+            "/send",
+            &[own, ("origin", "http://evil.example")]
+        )
+        .await,
+        403
+    );
+    assert_eq!(
+        status_of(
+            &served,
+            "POST",
+            "/send",
+            &[own, ("sec-fetch-site", "cross-site")]
+        )
+        .await,
+        403
+    );
+    assert_eq!(status_of(&served, "POST", "/reset", &cross_site).await, 403);
+    // A name rebound to 127.0.0.1 reads nothing.
+    let rebound = [("host", "evil.example:8090")];
+    assert_eq!(
+        status_of(&served, "GET", "/nodes/b/inbox", &rebound).await,
+        421
+    );
+    assert_eq!(status_of(&served, "POST", "/reset", &rebound).await, 421);
+    assert_eq!(status_of(&served, "GET", "/nodes/b/inbox", &[]).await, 421);
+    assert!(service.inbox("b").await.is_empty(), "nothing was delivered");
+
+    // The service's own clients pass: curl and SDKs send no Origin.
+    assert_eq!(
+        status_of(&served, "GET", "/nodes/b/inbox", &[own]).await,
+        200
+    );
+    let localhost = ("host", "localhost:8090");
+    assert_eq!(status_of(&served, "GET", "/stats", &[localhost]).await, 200);
+    assert_eq!(
+        status_of(
+            &served,
+            "GET",
+            "/",
+            &[
+                own,
+                ("origin", "http://127.0.0.1:8090"),
+                ("sec-fetch-site", "same-origin")
+            ]
+        )
+        .await,
+        200
+    );
+}

@@ -216,71 +216,97 @@ fn check(
     })
 }
 
+/// A limiter design under test: its name, a fresh server for it, what
+/// diagnose must name, and the limit and window it must measure.
+type Case = (
+    &'static str,
+    Box<dyn Fn() -> Router>,
+    Limiter,
+    u32,
+    Option<f64>,
+);
+
+/// Diagnose each case on a fresh server of its own, all at once; what
+/// failed, by case index.
+async fn diagnose_all(cases: &[&Case]) -> Vec<Option<String>> {
+    let mut servers = Vec::new();
+    let mut runs = Vec::new();
+    for (what, app, want, limit, window) in cases.iter().copied() {
+        let server = Server::start(app()).await;
+        let url = server.url("/v1/chat");
+        servers.push(server);
+        runs.push(async move { check(what, &diagnose(&url).await, *want, *limit, *window) });
+    }
+    let results = futures::future::join_all(runs).await;
+    for server in servers {
+        server.stop().await;
+    }
+    results
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn diagnose_names_and_measures_every_limiter_design() {
     let started = Instant::now();
     let quota = Quota::new(LIMIT, WINDOW).expect("valid quota");
     let w = Some(WINDOW.as_secs_f64());
-    let cases = [
+    let cases: [Case; 6] = [
         (
             "token bucket",
-            crate_limiter(quota.token_bucket()),
+            Box::new(move || crate_limiter(quota.token_bucket())),
             Limiter::TokenBucket,
             LIMIT,
             w,
         ),
         (
             "fixed window",
-            crate_limiter(quota.fixed_window()),
+            Box::new(move || crate_limiter(quota.fixed_window())),
             Limiter::FixedWindow,
             LIMIT,
             w,
         ),
         (
             "sliding window",
-            crate_limiter(quota.sliding_window()),
+            Box::new(move || crate_limiter(quota.sliding_window())),
             Limiter::SlidingWindow,
             LIMIT,
             w,
         ),
         (
             "anchored fixed window",
-            anchored_fixed_window(),
+            Box::new(anchored_fixed_window),
             Limiter::FixedWindowAnchored,
             LIMIT,
             w,
         ),
         (
             "weighted counter",
-            weighted_counter(),
+            Box::new(weighted_counter),
             Limiter::SlidingWindowCounter,
             LIMIT,
             w,
         ),
         (
             "slow endpoint",
-            concurrency_limited(),
+            Box::new(concurrency_limited),
             Limiter::Concurrency,
             IN_FLIGHT as u32,
             None,
         ),
     ];
-    let mut servers = Vec::new();
-    let mut runs = Vec::new();
-    for (what, app, want, limit, window) in cases {
-        let server = Server::start(app).await;
-        let url = server.url("/v1/chat");
-        servers.push(server);
-        runs.push(async move { (what, diagnose(&url).await, want, limit, window) });
+    let all: Vec<&Case> = cases.iter().collect();
+    let first = diagnose_all(&all).await;
+    // These runs measure a real server's clock on a shared 2-core machine:
+    // a probe delayed by load can misplace a refill. A case that failed is
+    // diagnosed once more, alone, and must pass then; the first failure is
+    // printed, so a design diagnose gets wrong every time still fails.
+    let mut failures = Vec::new();
+    for (case, failure) in cases.iter().zip(first) {
+        let Some(failure) = failure else { continue };
+        println!("retrying alone after:\n{failure}\n");
+        if let Some(again) = diagnose_all(&[case]).await.pop().flatten() {
+            failures.push(again);
+        }
     }
-    let results = futures::future::join_all(runs).await;
-    for server in servers {
-        server.stop().await;
-    }
-    let failures: Vec<String> = results
-        .iter()
-        .filter_map(|(what, got, want, limit, window)| check(what, got, *want, *limit, *window))
-        .collect();
     println!("all diagnoses in {:.1} s", started.elapsed().as_secs_f64());
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

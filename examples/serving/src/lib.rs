@@ -3,5 +3,6 @@
 //! (`ratecheck` too): one copy of the edge's connection limits and of the
 //! signal handling, used by each program.
 
+pub mod edge;
 pub mod serve;
 pub mod signal;
