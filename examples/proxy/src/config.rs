@@ -369,7 +369,17 @@ pub struct SimSettings {
     pub models: Vec<SimModel>,
     /// Largest request body: the gateway's `max_body_bytes` when it starts.
     pub max_body: usize,
+    /// How it serves connections: capped and timed as the gateway's are
+    /// (its `header_read_timeout` and `max_header_bytes`), with a cap of
+    /// its own ([`SIM_MAX_CONNECTIONS`] at most), so that its port cannot
+    /// spend the file descriptors the gateway needs.
+    pub serve: serve::ServeLimits,
 }
+
+/// The most connections the simulator holds open at once: it shares the
+/// process's file descriptors with the gateway, whose own cap is sized from
+/// the whole open-file limit.
+pub const SIM_MAX_CONNECTIONS: usize = 256;
 
 impl fmt::Debug for SimSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -418,6 +428,7 @@ impl SimSettings {
                 },
             ],
             max_body: DEFAULT_MAX_BODY,
+            serve: sim_serve_limits(serve::HEADER_READ_TIMEOUT, serve::MAX_HEADER_BYTES),
         }
     }
 }
@@ -450,6 +461,7 @@ impl Settings {
             // One limit: a body the gateway takes, its simulator takes too.
             .map(|s| SimSettings {
                 max_body: gateway.max_body,
+                serve: sim_serve_limits(gateway.header_read_timeout, gateway.max_header_bytes),
                 ..s
             });
         let providers = check_providers(&file.providers, simulator.is_some(), env)?;
@@ -555,6 +567,15 @@ pub fn is_loopback_host(host: &str) -> bool {
         || bare
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The simulator's connection limits, timed as the gateway's.
+fn sim_serve_limits(header_read_timeout: Duration, max_header_bytes: usize) -> serve::ServeLimits {
+    serve::ServeLimits {
+        max_connections: serve::default_max_connections().min(SIM_MAX_CONNECTIONS),
+        header_read_timeout,
+        max_header_bytes,
+    }
 }
 
 /// The crate's sections of `file`, with `store`.
@@ -849,6 +870,7 @@ impl SimulatorSection {
             },
             models,
             max_body: d.max_body,
+            serve: d.serve,
         })
     }
 }

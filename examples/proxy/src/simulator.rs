@@ -114,14 +114,18 @@ impl Simulator {
             .route("/v1/models", get(list_models))
             .with_state(sim.clone());
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            let serve = axum::serve(listener, app).with_graceful_shutdown(async {
+        // The gateway's serving code: capped, heads timed, so that its
+        // port cannot take the process's file descriptors.
+        let limits = sim.settings.serve;
+        let task = tokio::spawn(crate::serve::serve(
+            listener,
+            app,
+            limits,
+            crate::serve::Connections::default(),
+            async {
                 let _ = stopped.await;
-            });
-            if let Err(e) = serve.await {
-                tracing::warn!(error = %e, "simulator stopped");
-            }
-        });
+            },
+        ));
         Ok(Self {
             addr,
             sim,

@@ -143,6 +143,24 @@ async fn a_half_sent_head_and_an_idle_keep_alive_connection_are_closed_after_the
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_simulators_port_is_capped_and_timed_as_the_gateways() {
+    let toml = config("[gateway]\nheader_read_timeout = \"300ms\"\n");
+    let settings = Settings::from_toml(&toml, &|_| None).unwrap();
+    let sim = settings.simulator.as_ref().unwrap();
+    assert!(sim.serve.max_connections <= config::SIM_MAX_CONNECTIONS);
+    assert_eq!(sim.serve.header_read_timeout, Duration::from_millis(300));
+    let gw = start(&toml).await;
+    let sim = gw.simulator.as_ref().unwrap().addr();
+    // A half-sent head on the simulator's port (printed in the banner) is
+    // closed by the gateway's header timeout, not held for good.
+    let mut half = TcpStream::connect(sim).await.unwrap();
+    half.write_all(format!("POST /v1/chat/completions HTTP/1.1\r\nhost: {sim}\r\n").as_bytes())
+        .await
+        .unwrap();
+    assert!(!read_to_close(&mut half).await.contains("200 OK"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_head_above_max_header_bytes_gets_431() {
     let gw = start(&config("[gateway]\nmax_header_bytes = 16384\n")).await;
     let client = reqwest::Client::new();
