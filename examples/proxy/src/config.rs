@@ -114,6 +114,10 @@ pub struct GatewaySection {
     /// From a complete request head to a complete body (408 beyond);
     /// default `"30s"`.
     pub body_read_timeout: Option<String>,
+    /// How long a response may make no progress (a client that stopped
+    /// reading) before its connection is closed and what it held (a
+    /// concurrency permit) released; default `"30s"`.
+    pub body_write_timeout: Option<String>,
     /// Clients on `/events` at once (503 beyond); default 64.
     pub max_event_clients: Option<i64>,
 }
@@ -253,6 +257,9 @@ pub struct GatewaySettings {
     pub max_header_bytes: usize,
     /// Longest wait for a complete request body once its head is in.
     pub body_read_timeout: Duration,
+    /// Longest a response may make no progress before its connection is
+    /// closed.
+    pub body_write_timeout: Duration,
     /// Clients on `/events` at once.
     pub max_event_clients: usize,
 }
@@ -272,6 +279,7 @@ impl Default for GatewaySettings {
             header_read_timeout: serve::HEADER_READ_TIMEOUT,
             max_header_bytes: serve::MAX_HEADER_BYTES,
             body_read_timeout: Duration::from_secs(30),
+            body_write_timeout: serve::BODY_WRITE_TIMEOUT,
             max_event_clients: 64,
         }
     }
@@ -428,7 +436,7 @@ impl SimSettings {
                 },
             ],
             max_body: DEFAULT_MAX_BODY,
-            serve: sim_serve_limits(serve::HEADER_READ_TIMEOUT, serve::MAX_HEADER_BYTES),
+            serve: sim_serve_limits(&GatewaySettings::default()),
         }
     }
 }
@@ -461,7 +469,7 @@ impl Settings {
             // One limit: a body the gateway takes, its simulator takes too.
             .map(|s| SimSettings {
                 max_body: gateway.max_body,
-                serve: sim_serve_limits(gateway.header_read_timeout, gateway.max_header_bytes),
+                serve: sim_serve_limits(&gateway),
                 ..s
             });
         let providers = check_providers(&file.providers, simulator.is_some(), env)?;
@@ -525,6 +533,9 @@ impl Settings {
         if self.gateway.max_header_bytes != new.gateway.max_header_bytes {
             changed.push("gateway.max_header_bytes");
         }
+        if self.gateway.body_write_timeout != new.gateway.body_write_timeout {
+            changed.push("gateway.body_write_timeout");
+        }
         if a.simulator != b.simulator {
             changed.push("simulator");
         }
@@ -570,11 +581,12 @@ pub fn is_loopback_host(host: &str) -> bool {
 }
 
 /// The simulator's connection limits, timed as the gateway's.
-fn sim_serve_limits(header_read_timeout: Duration, max_header_bytes: usize) -> serve::ServeLimits {
+fn sim_serve_limits(gateway: &GatewaySettings) -> serve::ServeLimits {
     serve::ServeLimits {
         max_connections: serve::default_max_connections().min(SIM_MAX_CONNECTIONS),
-        header_read_timeout,
-        max_header_bytes,
+        header_read_timeout: gateway.header_read_timeout,
+        max_header_bytes: gateway.max_header_bytes,
+        body_write_timeout: gateway.body_write_timeout,
     }
 }
 
@@ -760,6 +772,17 @@ impl GatewaySection {
                 "must be at least 10ms; the default is 10s",
             ));
         }
+        let body_write_timeout = duration(
+            "body_write_timeout",
+            &self.body_write_timeout,
+            d.body_write_timeout,
+        )?;
+        if body_write_timeout < Duration::from_millis(10) {
+            return Err(ConfigError::new(
+                "body_write_timeout",
+                "must be at least 10ms; the default is 30s",
+            ));
+        }
         Ok(GatewaySettings {
             listen: self
                 .listen
@@ -797,6 +820,7 @@ impl GatewaySection {
                 &self.body_read_timeout,
                 d.body_read_timeout,
             )?,
+            body_write_timeout,
             max_event_clients: match self.max_event_clients {
                 Some(n) => bounded("max_event_clients", n, 0, 100_000)?,
                 None => d.max_event_clients,

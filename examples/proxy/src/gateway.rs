@@ -501,6 +501,8 @@ struct Inner {
     model_key: JsonFieldKey,
     /// Where the gateway listens, once it does: the names it answers to.
     listen: OnceLock<SocketAddr>,
+    /// The listener's connection counts, once it serves.
+    connections: OnceLock<serve::Connections>,
 }
 
 /// The gateway's shared state; cheap to clone.
@@ -624,6 +626,7 @@ impl Gateway {
                 started: SystemTime::now(),
                 model_key: JsonFieldKey::new(preset::MODEL_FIELD),
                 listen: OnceLock::new(),
+                connections: OnceLock::new(),
             }),
         })
     }
@@ -696,6 +699,15 @@ impl Gateway {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0)
+    }
+
+    /// Connections closed because their client stopped reading a response
+    /// for `body_write_timeout` (0 before the gateway serves).
+    pub fn write_timeouts(&self) -> u64 {
+        self.inner
+            .connections
+            .get()
+            .map_or(0, serve::Connections::write_timeouts)
     }
 
     /// Where the gateway listens, once it does.
@@ -1279,6 +1291,7 @@ pub async fn start(
     let app = router(gateway.clone());
     let mut stop = gateway.shutdown_signal();
     let connections = serve::Connections::default();
+    let _ = gateway.inner.connections.set(connections.clone());
     let server = tokio::spawn(serve::serve(
         listener,
         app,
@@ -1320,6 +1333,7 @@ fn serve_limits(settings: &GatewaySettings) -> serve::ServeLimits {
         max_connections,
         header_read_timeout: settings.header_read_timeout,
         max_header_bytes: settings.max_header_bytes,
+        body_write_timeout: settings.body_write_timeout,
     }
 }
 

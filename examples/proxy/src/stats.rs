@@ -185,6 +185,9 @@ pub struct Snapshot {
     pub untracked_routes: u64,
     /// Clients on `/events` now.
     pub event_clients: usize,
+    /// Connections closed because their client stopped reading a response
+    /// for `gateway.body_write_timeout` (what they held released).
+    pub write_timeouts: u64,
 }
 
 /// Where the configuration came from, and how often it was reloaded.
@@ -326,6 +329,7 @@ pub fn snapshot(gateway: &Gateway, seq: u64) -> Snapshot {
         routes,
         untracked_routes,
         event_clients: gateway.event_clients().load(Ordering::Relaxed),
+        write_timeouts: gateway.write_timeouts(),
     }
 }
 
@@ -856,6 +860,12 @@ pub fn prometheus(s: &Snapshot) -> String {
     p.sample("proxy_config_generation", &[], s.config.generation as f64);
     p.family("proxy_event_clients", "gauge", "Clients on /events now.");
     p.sample("proxy_event_clients", &[], s.event_clients as f64);
+    p.family(
+        "proxy_write_timeouts_total",
+        "counter",
+        "Connections closed because their client stopped reading a response.",
+    );
+    p.sample("proxy_write_timeouts_total", &[], s.write_timeouts as f64);
     p.out
 }
 

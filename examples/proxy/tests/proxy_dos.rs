@@ -415,3 +415,61 @@ async fn a_second_sigterm_quits_at_once_with_130() {
     request.abort();
     let _ = std::fs::remove_file(path);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_a_large_answer_releases_its_permit_after_the_write_timeout() {
+    // An upstream whose answers are far larger than the socket buffers.
+    let big = axum::body::Bytes::from(vec![b'x'; 24 << 20]);
+    let upstream = testkit::local_server::Server::start(axum::Router::new().fallback(move || {
+        let big = big.clone();
+        async move { big }
+    }))
+    .await;
+    let toml = format!(
+        "[gateway]\nbody_write_timeout = \"300ms\"\n\n[[providers]]\nname = \"big\"\n\
+         base_url = \"http://{}\"\n\n[concurrency]\nmax_in_flight = 1\nmax_queue = 4\n\
+         queue_timeout = \"20s\"\n",
+        upstream.addr
+    );
+    let gw = start(&toml).await;
+    let host = gw.addr.to_string();
+    let body = r#"{"model":"m","messages":[]}"#;
+    // Asks, then never reads: the answer stops at the full socket buffers.
+    let mut stalled = TcpStream::connect(gw.addr).await.unwrap();
+    stalled
+        .write_all(
+            format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\n\
+                 content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    until("the stalled answer's connection to be closed", || {
+        gw.gateway.write_timeouts() == 1
+    })
+    .await;
+    // Its permit came back: the route's one slot serves the next request.
+    let client = reqwest::Client::new();
+    let answer = tokio::time::timeout(BOUND, chat(&client, &gw.url()))
+        .await
+        .expect("the next request is served");
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.bytes().await.unwrap().len(), 24 << 20);
+    let stats: serde_json::Value = serde_json::from_str(
+        &client
+            .get(format!("{}/stats", gw.url()))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(stats["write_timeouts"], 1, "{stats}");
+    drop(stalled);
+    upstream.stop().await;
+}

@@ -286,6 +286,7 @@ fn prometheus_label_values_escape_quotes_backslashes_line_feeds_and_control_char
         routes: vec![route],
         untracked_routes: 0,
         event_clients: 0,
+        write_timeouts: 0,
     };
     let text = stats::prometheus(&snapshot);
     assert_eq!(stray_controls(&text), [], "{text:?}");

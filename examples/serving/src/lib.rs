@@ -6,3 +6,4 @@
 pub mod edge;
 pub mod serve;
 pub mod signal;
+pub mod write_timeout;

@@ -27,7 +27,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -43,8 +43,13 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tower::ServiceExt as _;
 
+use crate::write_timeout::WriteTimeout;
+
 /// Default `header_read_timeout`.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Default `body_write_timeout`.
+pub const BODY_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Default `max_header_bytes`: generous for API clients (a bearer token and
 /// a few cookies are a few KiB), small enough that holding one per
@@ -87,6 +92,10 @@ pub struct ServeLimits {
     pub header_read_timeout: Duration,
     /// The request line and headers, in bytes; beyond it, 431.
     pub max_header_bytes: usize,
+    /// How long a response may make no progress (a client that stops
+    /// reading) before its connection is closed and the response dropped,
+    /// with what it held.
+    pub body_write_timeout: Duration,
 }
 
 impl Default for ServeLimits {
@@ -95,6 +104,7 @@ impl Default for ServeLimits {
             max_connections: default_max_connections(),
             header_read_timeout: HEADER_READ_TIMEOUT,
             max_header_bytes: MAX_HEADER_BYTES,
+            body_write_timeout: BODY_WRITE_TIMEOUT,
         }
     }
 }
@@ -138,6 +148,7 @@ struct Counts {
     open: AtomicUsize,
     peak: AtomicUsize,
     requests: AtomicUsize,
+    write_timeouts: Arc<AtomicU64>,
 }
 
 /// Live counts of a server's connections and requests; cheap to clone.
@@ -163,6 +174,12 @@ impl Connections {
     /// has not ended.
     pub fn requests(&self) -> usize {
         self.counts.requests.load(Ordering::Relaxed)
+    }
+
+    /// Connections closed because their client stopped reading a response
+    /// for `body_write_timeout`.
+    pub fn write_timeouts(&self) -> u64 {
+        self.counts.write_timeouts.load(Ordering::Relaxed)
     }
 }
 
@@ -279,6 +296,11 @@ pub async fn serve(
                 Ok((stream, remote)) => {
                     let Some(permit) = permit.take() else { continue };
                     let open = OpenGuard::new(connections.counts.clone(), permit);
+                    let stream = WriteTimeout::new(
+                        stream,
+                        limits.body_write_timeout,
+                        connections.counts.write_timeouts.clone(),
+                    );
                     tasks.spawn(connection(
                         stream,
                         remote,
@@ -313,7 +335,7 @@ async fn accept_failed(e: std::io::Error) {
 }
 
 async fn connection(
-    stream: TcpStream,
+    stream: WriteTimeout<TcpStream>,
     remote: SocketAddr,
     app: Router,
     builder: Arc<http1::Builder>,
@@ -367,11 +389,28 @@ async fn connection(
     }
 }
 
+/// Whether hyper gave up on a write that [`WriteTimeout`] failed.
+fn is_write_timeout(e: &hyper::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
 fn finished(result: Result<(), hyper::Error>, remote: SocketAddr) {
     match result {
         Ok(()) => {}
         Err(e) if e.is_timeout() => {
             tracing::debug!(%remote, "closed a connection that sent no complete request in time");
+        }
+        Err(e) if is_write_timeout(&e) => {
+            tracing::info!(%remote, "closed a connection whose client stopped reading its response");
         }
         Err(e) => tracing::debug!(%remote, error = %e, "connection ended with an error"),
     }
