@@ -470,6 +470,14 @@ async fn a_client_that_stops_reading_a_large_answer_releases_its_permit_after_th
     )
     .unwrap();
     assert_eq!(stats["write_timeouts"], 1, "{stats}");
+    // One line says so, without the client's address.
+    let logs = log_text();
+    let lines: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("stopped reading"))
+        .collect();
+    assert!(!lines.is_empty(), "{logs}");
+    assert!(lines.iter().all(|l| !l.contains("127.0.0.1")), "{lines:#?}");
     drop(stalled);
     upstream.stop().await;
 }

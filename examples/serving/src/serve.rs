@@ -409,8 +409,10 @@ fn finished(result: Result<(), hyper::Error>, remote: SocketAddr) {
         Err(e) if e.is_timeout() => {
             tracing::debug!(%remote, "closed a connection that sent no complete request in time");
         }
+        // At info, so without the client's address (an IP is personal
+        // data); the count is on the server's `Connections`.
         Err(e) if is_write_timeout(&e) => {
-            tracing::info!(%remote, "closed a connection whose client stopped reading its response");
+            tracing::info!("closed a connection whose client stopped reading its response");
         }
         Err(e) => tracing::debug!(%remote, error = %e, "connection ended with an error"),
     }
