@@ -505,6 +505,23 @@ impl<V: Idle, P: Clone> Store<V, P> {
         }
     }
 
+    /// Run `f` on every key's state held, read-only, shard by shard under
+    /// its lock (the pinned key's taken back from its word first).
+    pub(crate) fn each_state(&self, mut f: impl FnMut(&P, KeyHash, &V)) {
+        for shard in self.shards.iter() {
+            let shard = shard.0.lock();
+            for (&key, state) in &shard.map {
+                f(&shard.params, KeyHash(key), state);
+            }
+        }
+        if let Some(pinned) = &self.pinned {
+            let cell = lock_cell(&pinned.cell);
+            if let Some(state) = &cell.state {
+                f(&cell.params, KeyHash(pinned.key), state);
+            }
+        }
+    }
+
     /// Move every shard to `params`, converting each state under the shard's
     /// lock with `convert(old, new, key, state)`.
     pub(crate) fn retune(&self, params: &P, mut convert: impl FnMut(&P, &P, KeyHash, &mut V)) {

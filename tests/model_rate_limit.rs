@@ -162,6 +162,7 @@ fn run(specs: &[Spec], ops: &[Op], global: bool) -> Result<(), String> {
                             epoch: epochs.len() - 1,
                             segment: segments[usize::from(key)],
                             dropped: false,
+                            only: None,
                         });
                     }
                     format!("{got:?}")
@@ -188,9 +189,12 @@ fn run(specs: &[Spec], ops: &[Op], global: bool) -> Result<(), String> {
                     let new = changed(&model.specs, change);
                     let quotas = new.iter().map(Spec::quota).collect();
                     handle.retune(quotas, Vec::new()).unwrap();
-                    model.retune(new.clone(), now());
+                    let carried = model.retune(new.clone(), now());
                     let tabled = tables(&epochs[epochs.len() - 1], &new, &mut next_table);
                     epochs.push(tabled);
+                    // Units in use carried over count in the new quota.
+                    let epoch = epochs.len() - 1;
+                    admissions.extend(Admission::carried(&carried, now(), epoch, &segments));
                     format!("{:?}", model.specs)
                 }
                 Op::Reset { key } => {

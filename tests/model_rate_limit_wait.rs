@@ -162,6 +162,7 @@ fn run(specs: &[Spec], max_wait_ms: u64, ops: &[Op]) -> Result<(), String> {
         let mut expected: BTreeMap<usize, u64> = BTreeMap::new();
         let mut tasks: BTreeMap<usize, Task> = BTreeMap::new();
         let mut admissions: Vec<(usize, Admission)> = Vec::new();
+        let mut carries = Vec::new();
         let mut next_table = specs.len();
         let mut epochs: Vec<Vec<(Spec, usize)>> = vec![specs.iter().copied().zip(0..).collect()];
         let mut segments = [0u64; 3];
@@ -212,6 +213,7 @@ fn run(specs: &[Spec], max_wait_ms: u64, ops: &[Op]) -> Result<(), String> {
                                         epoch: epochs.len() - 1,
                                         segment: segments[usize::from(key)],
                                         dropped: false,
+                                        only: None,
                                     },
                                 ));
                             }
@@ -269,9 +271,12 @@ fn run(specs: &[Spec], max_wait_ms: u64, ops: &[Op]) -> Result<(), String> {
                     let new = changed(&model.specs, change);
                     let quotas = new.iter().map(Spec::quota).collect();
                     handle.retune(quotas, Vec::new()).unwrap();
-                    model.retune(new.clone(), t);
+                    let carried = model.retune(new.clone(), t);
                     let tabled = tables(&epochs[epochs.len() - 1], &new, &mut next_table);
                     epochs.push(tabled);
+                    // Units in use carried over count in the new quota.
+                    let epoch = epochs.len() - 1;
+                    carries.extend(Admission::carried(&carried, t, epoch, &segments));
                     format!("{:?}", model.specs)
                 }
                 Op::Reset { key } => {
@@ -331,6 +336,7 @@ fn run(specs: &[Spec], max_wait_ms: u64, ops: &[Op]) -> Result<(), String> {
                 dropped: !expected.contains_key(&id),
                 ..a
             })
+            .chain(carries)
             .collect();
         check_limits(&admissions, &epochs, windows).map_err(|breach| failure(&trace, breach))
     })

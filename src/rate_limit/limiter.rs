@@ -657,7 +657,8 @@ impl Limiter {
 
     /// Replace the default quotas and the rules. Keys keep what they have
     /// spent: a quota that stays in place is retuned without minting
-    /// capacity, and a key whose rule changes starts the new one spent.
+    /// capacity, one that changes algorithm carries each key's units in
+    /// use, and a key whose rule changes starts the new one spent.
     pub(crate) fn retune(&self, default: Vec<Quota>, rules: Vec<Rule>) -> Result<(), ConfigError> {
         check_names(&rules)?;
         #[cfg(feature = "redis")]
@@ -698,6 +699,14 @@ impl Limiter {
             })
             .cloned()
             .collect();
+        // A quota that changed algorithm keeps what each key spent under the
+        // old one; again once the policy is in force, for what was admitted
+        // under the old tables meanwhile (carrying never frees, so twice
+        // takes no more than once).
+        let replaced = policy.replaced(&old);
+        for (was, table) in &replaced {
+            table.carry_from(was, now);
+        }
         self.hold_back(now, &fresh, true);
         tracing::info!(
             default = ?policy.compiled[0].quotas,
@@ -711,6 +720,10 @@ impl Limiter {
         self.retuned_remote();
         // Once more for waiters booked under the old policy meanwhile.
         self.hold_back(now, &fresh, false);
+        let now = self.timeline.now();
+        for (was, table) in &replaced {
+            table.carry_from(was, now);
+        }
         Ok(())
     }
 

@@ -194,6 +194,31 @@ impl Policy {
         }
     }
 
+    /// The tables of `self` that replaced one of `old`'s because the quota
+    /// at that rule and position changed algorithm, each with the table it
+    /// replaced (see [`Table::carry_from`]).
+    pub(crate) fn replaced(&self, old: &Policy) -> Vec<(Arc<Table>, Arc<Table>)> {
+        let mut pairs = Vec::new();
+        for new in &self.compiled {
+            let Some(before) = old.compiled.iter().find(|c| c.name == new.name) else {
+                continue;
+            };
+            for (i, table) in new.tables.iter().enumerate() {
+                let (Some(was), Some(quota), Some(old_quota)) = (
+                    before.tables.get(i),
+                    new.quotas.get(i),
+                    before.quotas.get(i),
+                ) else {
+                    continue;
+                };
+                if !Arc::ptr_eq(was, table) && quota.unit() == old_quota.unit() {
+                    pairs.push((was.clone(), table.clone()));
+                }
+            }
+        }
+        pairs
+    }
+
     /// Whether any rule exists (if not, every key uses the default).
     #[inline]
     pub(crate) fn has_rules(&self) -> bool {

@@ -191,6 +191,34 @@ impl Table {
         }
     }
 
+    /// Carry what each key has spent in `old`, a table of another algorithm
+    /// this one replaces: a key that used 3 of its 3 stays refused, whatever
+    /// the new algorithm (see [`Algorithm::hold_spent`]). What each
+    /// algorithm remembers differs (a log, a count, an arrival time), so
+    /// the units in use now are what carries: as if all were taken now,
+    /// which never frees anything earlier than the new quota would.
+    pub(crate) fn carry_from(&self, old: &Table, now: Nanos) {
+        let mut spent = Vec::new();
+        each!(old, Table, |s| s.each_state(|alg, key, state| {
+            if !state.is_idle(now) {
+                let used = alg.capacity().saturating_sub(alg.remaining(state, now).0);
+                if used > 0 {
+                    spent.push((key, used));
+                }
+            }
+        }));
+        // Applied after the old table's locks are released: no lock of one
+        // table is ever held while taking one of the other.
+        each!(self, Table, |s| for &(key, used) in &spent {
+            let mut slot = s.slot(key);
+            let (alg, state) = slot.get();
+            alg.hold_spent(state, now, used);
+            let tidy = slot.tidy();
+            drop(slot);
+            s.tidy(key, now, tidy);
+        });
+    }
+
     /// Let the pinned (global) key's state be published in `fast` (`None`:
     /// nowhere); see [`FastWord`]. Only a token bucket's state fits in a
     /// word.

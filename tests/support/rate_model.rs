@@ -272,8 +272,89 @@ impl State {
                 *latest = Some(latest.map_or(w, |l| l.max(w)));
             }
             State::Turn { started, used } => {
-                *started = at;
-                *used = spec.limit;
+                if *used == 0 || *started + spec.period() <= at {
+                    *started = at;
+                    *used = spec.limit;
+                } else {
+                    // The turn running at `at` is used up; it ends as it
+                    // would have.
+                    *used = (*used).max(spec.limit);
+                }
+            }
+        }
+    }
+
+    /// The units not available at `now`: what carries to a quota of
+    /// another algorithm in a retune.
+    fn in_use(&self, spec: &Spec, windows: Windows, now: u64) -> u32 {
+        let limit = u64::from(spec.limit);
+        let used = match self {
+            State::Bucket { tat } => {
+                let owed = tat.saturating_sub(now);
+                let free = spec.tolerance().saturating_sub(owed) / spec.emission();
+                return spec.burst - free.min(u64::from(spec.burst)) as u32;
+            }
+            State::Log(log) => log
+                .iter()
+                .filter(|&&(at, _)| at + spec.period() > now)
+                .map(|&(_, c)| u64::from(c))
+                .sum(),
+            State::Windows { log, latest } => {
+                let current = windows.index(spec.period(), now);
+                match *latest {
+                    Some(l) if l > current => limit,
+                    Some(l) if l == current => log
+                        .iter()
+                        .filter(|&&(at, _)| windows.index(spec.period(), at) == current)
+                        .map(|&(_, c)| u64::from(c))
+                        .sum(),
+                    _ => 0,
+                }
+            }
+            State::Turn { started, used } => {
+                let idle = (*used == 0 && *started <= now) || started + spec.period() <= now;
+                if idle { 0 } else { u64::from(*used) }
+            }
+        };
+        used.min(limit) as u32
+    }
+
+    /// Take `spent` units at `now` on top of what is in use, up to the
+    /// capacity: what a key spent under the quota this one replaced.
+    fn hold_spent(&mut self, spec: &Spec, windows: Windows, now: u64, spent: u32) {
+        if spent == 0 {
+            return;
+        }
+        let in_use = self.in_use(spec, windows, now);
+        match self {
+            State::Bucket { tat } => {
+                let owed = spec.emission() * u64::from(spent.min(spec.burst));
+                *tat = (*tat).max(now + owed);
+            }
+            State::Log(log) => {
+                let missing = spent.min(spec.limit).saturating_sub(in_use);
+                if missing > 0 {
+                    let at = log.last().map_or(now, |&(last, _)| last.max(now));
+                    log.push((at, missing));
+                }
+            }
+            State::Windows { log, latest } => {
+                let current = windows.index(spec.period(), now);
+                if latest.is_none_or(|l| l <= current) {
+                    let missing = spent.saturating_sub(in_use);
+                    if missing > 0 {
+                        log.push((now, missing));
+                    }
+                    *latest = Some(current);
+                }
+            }
+            State::Turn { started, used } => {
+                if in_use == 0 && (*used == 0 || *started + spec.period() <= now) {
+                    *started = now;
+                    *used = spent;
+                } else {
+                    *used = (*used).max(spent);
+                }
             }
         }
     }
@@ -609,13 +690,18 @@ impl Model {
 
     /// Replace the quotas by `specs`, position by position: a quota of the
     /// same algorithm, unit and period keeps each key's state, converted;
-    /// any other starts afresh. Keys with waiters get a floor at their
+    /// any other starts afresh, but for what the key has in use under a
+    /// quota of the same unit it replaces. Keys with waiters get a floor at their
     /// last waiter's instant (nothing booked after the retune goes before
     /// it), and a fresh quota leaves them nothing before their floor.
-    pub fn retune(&mut self, specs: Vec<Spec>, now: u64) {
+    ///
+    /// Returns what carried: (key, quota, units) for each key that had
+    /// units in use under a quota replaced by another algorithm.
+    pub fn retune(&mut self, specs: Vec<Spec>, now: u64) -> Vec<(u8, usize, u32)> {
         self.tidy(now);
+        let mut carried = Vec::new();
         if specs == self.specs {
-            return;
+            return carried;
         }
         for key in 0..=u8::MAX {
             let since = self.since.get(&key).copied().unwrap_or(0);
@@ -655,6 +741,16 @@ impl Model {
                     new_states.push(state);
                 } else {
                     let mut state = State::fresh(new);
+                    // Another algorithm counting the same thing: what the
+                    // key has in use carries.
+                    if let Some(before) = old.get(i).filter(|o| o.per_request == new.per_request) {
+                        let spent = states[i].in_use(before, windows, now);
+                        state.hold_spent(new, windows, now, spent);
+                        if spent > 0 {
+                            // What the new quota can hold of it.
+                            carried.push((*key, i, spent.min(new.burst)));
+                        }
+                    }
                     if let Some(floor) = floor {
                         state.fill_until(new, windows, floor);
                     }
@@ -664,6 +760,7 @@ impl Model {
             *states = new_states;
         }
         self.generation += 1;
+        carried
     }
 }
 
@@ -680,6 +777,33 @@ pub struct Admission {
     pub segment: u64,
     /// A waiter dropped before its instant: not an admission.
     pub dropped: bool,
+    /// Units a retune carried into quota `q` from the quota of another
+    /// algorithm it replaced: they count there alone, as if admitted at
+    /// the retune (a turn they open starts then). `None`: every quota.
+    pub only: Option<usize>,
+}
+
+impl Admission {
+    /// What `Model::retune` carried, as admissions at `at`.
+    pub fn carried(
+        carried: &[(u8, usize, u32)],
+        at: u64,
+        epoch: usize,
+        segments: &[u64],
+    ) -> Vec<Admission> {
+        carried
+            .iter()
+            .map(|&(key, q, units)| Admission {
+                key,
+                at,
+                cost: units,
+                epoch,
+                segment: segments[usize::from(key)],
+                dropped: false,
+                only: Some(q),
+            })
+            .collect()
+    }
 }
 
 /// Check, without the model, that every window of every quota held its
@@ -706,6 +830,9 @@ pub fn check_limits(
         let mut runs: BTreeMap<(usize, usize), Vec<(u64, u64)>> = BTreeMap::new();
         for a in &log {
             for (q, &(spec, table)) in epochs[a.epoch].iter().enumerate() {
+                if a.only.is_some_and(|only| only != q) {
+                    continue;
+                }
                 let units = u64::from(spec.charge(a.cost.max(1)));
                 if spec.alg == Alg::Turn {
                     turns

@@ -183,7 +183,7 @@ pub async fn run(
         reload::spawn(
             path,
             loaded.bytes,
-            reload::POLL,
+            reload::Timing::DEFAULT,
             running.gateway.clone(),
             Arc::new(config::process_env),
         )

@@ -304,6 +304,11 @@ impl Learner {
         Ok(())
     }
 
+    /// The configured limits last applied (without what was learned).
+    pub fn configured(&self) -> Limits {
+        self.state.lock().config.limits.clone()
+    }
+
     /// Before `route`'s request is admitted: give a new route of a learning
     /// provider its rule, so that learning later retunes it in place.
     pub fn prepare(&self, route: &Route) {

@@ -39,7 +39,21 @@ pub fn max_in_flight(settings: &Settings) -> usize {
 /// changes nothing when it does.
 pub fn apply(handles: &Handles, settings: &Settings) -> Result<(), ConfigError> {
     let on = enabled(settings);
-    let mut limits: Limits = settings.stack.rate_limit.clone().unwrap_or_default();
+    let mut limits: Limits = match &settings.stack.rate_limit {
+        Some(limits) => limits.clone(),
+        // No section: limiting is off, but the quotas in force stay in
+        // place (switched off), so a section gone for a moment forgets
+        // nothing any key has spent.
+        None => {
+            let mut kept = handles.learned.configured();
+            if kept.default.is_empty() && kept.rules.is_empty() {
+                Limits::default()
+            } else {
+                kept.enabled = false;
+                kept
+            }
+        }
+    };
     // Off overrides the section's own switch; on, the section decides.
     limits.enabled &= on;
     // The learned limits go on top of the configured ones (see `learn`).

@@ -9,7 +9,8 @@
 //! inotify watch on the old inode), bind mounts and network file systems
 //! that send no events, and edits within one mtime tick (comparing the
 //! contents, not the mtime). Reading a small file once a second costs
-//! nothing; a second of delay is nothing for a config edit.
+//! nothing; a second of delay is nothing for a config edit. A change is
+//! applied once two reads agree (see [`Settling`]), never half-written.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,30 +22,94 @@ use tower_throttle::redact::Escaped;
 use crate::config::Settings;
 use crate::gateway::Gateway;
 
-/// How often the file is read.
-pub const POLL: Duration = Duration::from_secs(1);
-
 /// Environment lookup shared with the watcher task.
 pub type SharedEnv = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
-/// Watch `path` every `every`, starting from `loaded` (the contents the
+/// How often the file is read, and how long a change must stay put.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    /// Between reads of an unchanged file.
+    pub every: Duration,
+    /// A changed file is read again this much later, and applied only if
+    /// it reads the same.
+    pub settle: Duration,
+}
+
+impl Timing {
+    /// Once a second; a change applies once it stayed put for 200 ms.
+    pub const DEFAULT: Self = Self {
+        every: Duration::from_secs(1),
+        settle: Duration::from_millis(200),
+    };
+}
+
+/// What to do with the file's contents just read.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Unchanged: read again after `every`.
+    Nothing,
+    /// Changed, and not yet seen twice: read again after `settle`.
+    Recheck,
+    /// Changed, and the same on two reads: apply these contents.
+    Apply(Vec<u8>),
+}
+
+/// Applies a changed file only once it reads the same twice in a row: an
+/// editor that writes in place can leave a valid prefix of the file (every
+/// section before `[rate_limit]`, say) for a moment, and applying that
+/// would turn limits off.
+#[derive(Debug)]
+pub struct Settling {
+    applied: Vec<u8>,
+    seen: Option<Vec<u8>>,
+}
+
+impl Settling {
+    /// Starting from `applied`, the contents the running configuration
+    /// came from.
+    pub fn new(applied: Vec<u8>) -> Self {
+        Self {
+            applied,
+            seen: None,
+        }
+    }
+
+    /// The file read `bytes`.
+    pub fn read(&mut self, bytes: Vec<u8>) -> Step {
+        if bytes == self.applied {
+            self.seen = None;
+            Step::Nothing
+        } else if self.seen.as_ref() == Some(&bytes) {
+            self.seen = None;
+            self.applied = bytes.clone();
+            Step::Apply(bytes)
+        } else {
+            self.seen = Some(bytes);
+            Step::Recheck
+        }
+    }
+}
+
+/// Watch `path` with `timing`, starting from `loaded` (the contents the
 /// running configuration came from), until the gateway shuts down.
 pub fn spawn(
     path: PathBuf,
     loaded: Vec<u8>,
-    every: Duration,
+    timing: Timing,
     gateway: Gateway,
     env: SharedEnv,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut last = loaded;
+        let mut settling = Settling::new(loaded);
+        let mut wait = timing.every;
         let mut unreadable = false;
         let mut shutdown = gateway.shutdown_signal();
         loop {
             tokio::select! {
-                _ = tokio::time::sleep(every) => {}
+                _ = tokio::time::sleep(wait) => {}
                 _ = shutdown.wait_for(|s| *s) => return,
             }
+            wait = timing.every;
             let bytes = match tokio::fs::read(&path).await {
                 Ok(bytes) => {
                     unreadable = false;
@@ -61,11 +126,13 @@ pub fn spawn(
                     continue;
                 }
             };
-            if bytes == last {
-                continue;
+            match settling.read(bytes) {
+                Step::Nothing => {}
+                Step::Recheck => wait = timing.settle,
+                Step::Apply(bytes) => {
+                    apply(&gateway, &path, &bytes, &*env);
+                }
             }
-            last = bytes;
-            apply(&gateway, &path, &last, &*env);
         }
     })
 }
@@ -104,5 +171,25 @@ pub fn apply(
             tracing::error!("config reload refused: {e}; the running configuration stays in force");
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_change_applies_only_once_two_reads_agree() {
+        let mut settling = Settling::new(b"full".to_vec());
+        assert_eq!(settling.read(b"full".to_vec()), Step::Nothing);
+        // Half-written, then whole again before the second read: the
+        // prefix is never applied, and the whole file is what ran.
+        assert_eq!(settling.read(b"fu".to_vec()), Step::Recheck);
+        assert_eq!(settling.read(b"full".to_vec()), Step::Nothing);
+        // A real edit, written in two steps: applied once it stays put.
+        assert_eq!(settling.read(b"ne".to_vec()), Step::Recheck);
+        assert_eq!(settling.read(b"new".to_vec()), Step::Recheck);
+        assert_eq!(settling.read(b"new".to_vec()), Step::Apply(b"new".to_vec()));
+        assert_eq!(settling.read(b"new".to_vec()), Step::Nothing);
     }
 }

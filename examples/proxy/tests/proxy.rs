@@ -9,129 +9,20 @@ mod support;
 
 use testkit::capture;
 
-use proxy::{app, bench, cli, config, demo, gateway, reload, simulator, stats};
+use proxy::{app, bench, cli, config, demo, gateway, simulator, stats};
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser as _;
 use serde_json::Value;
 
 use crate::config::Settings;
-use crate::gateway::Running;
-use capture::{capture_logs, log_text};
+use capture::log_text;
+use support::sim::*;
 
-// ---------------------------------------------------------------- helpers
-
-/// The simulator section most tests use: fast, and two models with the
-/// given per-2s limits.
-fn simulator(small: u32, large: u32) -> String {
-    format!(
-        r#"
-[simulator]
-latency = "0ms"
-stream_chunks = 4
-stream_interval = "10ms"
-models = [
-    {{ name = "sim-small", limit = {small}, period = "2s" }},
-    {{ name = "sim-large", limit = {large}, period = "2s" }},
-]
-
-[[providers]]
-name = "sim"
-base_url = "simulator"
-"#
-    )
-}
-
-fn no_env(_: &str) -> Option<String> {
-    None
-}
-
-async fn start_with(toml: &str, env: config::Env<'_>) -> Running {
-    capture_logs();
-    let settings = Settings::from_toml(toml, env).unwrap_or_else(|e| panic!("{e}\n{toml}"));
-    gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-}
-
-async fn start(toml: &str) -> Running {
-    start_with(toml, &no_env).await
-}
-
-fn chat(model: &str, stream: bool) -> String {
-    serde_json::json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
-        .to_string()
-}
-
-async fn post(client: &reqwest::Client, url: &str, model: &str) -> reqwest::Response {
-    client
-        .post(format!("{url}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(chat(model, false))
-        .send()
-        .await
-        .unwrap()
-}
-
-/// Send `n` requests at once; their statuses, and the responses.
-async fn burst(
-    client: &reqwest::Client,
-    url: &str,
-    model: &str,
-    n: usize,
-) -> Vec<reqwest::Response> {
-    futures::future::join_all((0..n).map(|_| post(client, url, model))).await
-}
-
-fn count(responses: &[reqwest::Response], status: u16) -> usize {
-    responses.iter().filter(|r| r.status() == status).count()
-}
-
-async fn stats(client: &reqwest::Client, url: &str) -> Value {
-    client
-        .get(format!("{url}/stats"))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .map(|b| serde_json::from_slice(&b).unwrap())
-        .unwrap()
-}
-
-fn route<'a>(stats: &'a Value, name: &str) -> &'a Value {
-    stats["routes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["route"] == name)
-        .unwrap_or_else(|| panic!("no route {name} in {stats}"))
-}
-
-/// Poll `/stats` until `check` holds (bounded: 10 s).
-async fn until(
-    client: &reqwest::Client,
-    url: &str,
-    what: &str,
-    check: impl Fn(&Value) -> bool,
-) -> Value {
-    for _ in 0..500 {
-        let s = stats(client, url).await;
-        if check(&s) {
-            return s;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("gave up waiting for {what}: {}", stats(client, url).await);
-}
-
-async fn body_json(response: reqwest::Response) -> Value {
-    serde_json::from_slice(&response.bytes().await.unwrap()).unwrap()
-}
+// Helpers: `support::sim`.
 
 /// Reads server-sent events off a response.
 struct SseReader {
@@ -689,126 +580,6 @@ api_key_env = "SIM_KEY"
         assert!(!text.contains(SECRET), "the key leaked into:\n{text}");
         assert!(!text.contains("Zq8vT3pLm0Xw9rYb"));
     }
-}
-
-fn temp_path(name: &str) -> PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    std::env::temp_dir().join(format!("proxy-test-{}-{nanos}-{name}", std::process::id()))
-}
-
-fn reload_config(limit: &str, max_in_flight: u32) -> String {
-    simulator(100, 100)
-        + &format!(
-            r#"
-[rate_limit]
-[[rate_limit.rules]]
-name = "small"
-provider = "sim"
-model = "sim-small"
-quotas = [{{ limit = {limit}, period = "10s", algorithm = "sliding_window" }}]
-
-[concurrency]
-max_in_flight = {max_in_flight}
-"#
-        )
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_valid_edit_takes_effect_without_restart_and_an_invalid_one_leaves_the_old_limits() {
-    capture_logs();
-    let path = temp_path("reload.toml");
-    let write = |text: &str| std::fs::write(&path, text).unwrap();
-    write(&reload_config("2", 8));
-    let loaded = app::load(
-        Some(&path),
-        std::path::Path::new(config::DEFAULT_PATH),
-        &no_env,
-    )
-    .unwrap();
-    let gw = gateway::start(loaded.settings, ([127, 0, 0, 1], 0).into(), loaded.source)
-        .await
-        .unwrap();
-    let watcher = reload::spawn(
-        path.clone(),
-        loaded.bytes,
-        Duration::from_millis(50),
-        gw.gateway.clone(),
-        Arc::new(no_env),
-    );
-    let client = reqwest::Client::new();
-    let url = gw.url();
-    let statuses = |r: Vec<reqwest::Response>| (count(&r, 200), count(&r, 429));
-
-    assert_eq!(statuses(burst(&client, &url, "sim-small", 3).await), (2, 1));
-
-    // Raise the limit: it applies at once, and what was spent stays spent
-    // (2 more, not 4: no free burst).
-    write(&reload_config("4", 2));
-    until(&client, &url, "the reload", |s| {
-        s["config"]["generation"] == 2
-    })
-    .await;
-    assert_eq!(statuses(burst(&client, &url, "sim-small", 3).await), (2, 1));
-    // max_in_flight is live too: applied, not put off until a restart.
-    assert_eq!(gw.gateway.handles().concurrency.max_in_flight(), 2);
-    let warned = log_text();
-    assert!(
-        !warned.contains("`concurrency.max_in_flight` changed"),
-        "{warned}"
-    );
-
-    // An invalid edit: one line naming the field; the old limits stay.
-    write(&reload_config("-1", 2));
-    let mut refusal = None;
-    for _ in 0..500 {
-        refusal = log_text()
-            .lines()
-            .find(|l| l.contains("config reload refused") && l.contains("quotas[0].limit"))
-            .map(str::to_owned);
-        if refusal.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let refusal = refusal.expect("no refusal logged");
-    assert!(
-        refusal.contains("`rate_limit.rules[0].quotas[0].limit`"),
-        "{refusal}"
-    );
-    assert!(
-        refusal.contains("the running configuration stays in force"),
-        "{refusal}"
-    );
-    // A file that does not parse is refused the same way.
-    write("[rate_limit\nquotas = 5\n");
-    for _ in 0..500 {
-        if log_text()
-            .lines()
-            .any(|l| l.contains("config reload refused") && l.contains("line 1"))
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(
-        log_text()
-            .lines()
-            .any(|l| l.contains("config reload refused") && l.contains("line 1"))
-    );
-    let s = stats(&client, &url).await;
-    assert_eq!(s["config"]["generation"], 2);
-    assert_eq!(statuses(burst(&client, &url, "sim-small", 2).await), (0, 2));
-    assert_eq!(
-        gw.simulator.as_ref().unwrap().count("sim-small").received,
-        4
-    );
-
-    watcher.abort();
-    gw.shutdown().await;
-    let _ = std::fs::remove_file(&path);
 }
 
 #[test]

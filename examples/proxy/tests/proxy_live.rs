@@ -229,7 +229,10 @@ async fn an_edited_file_resizes_max_in_flight_and_changes_every_setting_live() {
     let _watcher = reload::spawn(
         path.clone(),
         loaded.bytes,
-        Duration::from_millis(20),
+        reload::Timing {
+            every: Duration::from_millis(20),
+            settle: Duration::from_millis(20),
+        },
         gw.gateway.clone(),
         Arc::new(no_env),
     );

@@ -157,6 +157,20 @@ impl Algorithm for FixedWindow {
         (self.limit.saturating_sub(used), state.end - now)
     }
 
+    fn capacity(&self) -> u32 {
+        self.limit
+    }
+
+    fn hold_spent(&self, state: &mut WindowCount, now: Nanos, spent: u32) {
+        let end = self.end_of(now);
+        if state.end == end {
+            state.used = state.used.max(spent);
+        } else if state.end < end && spent > 0 {
+            *state = WindowCount { end, used: spent };
+        }
+        // A window booked ahead means the current one is full already.
+    }
+
     fn fill_until(&self, state: &mut WindowCount, at: Nanos) {
         let end = self.end_of(at);
         if end > state.end {

@@ -230,6 +230,17 @@ impl Algorithm for Gcra {
         )
     }
 
+    fn capacity(&self) -> u32 {
+        self.burst
+    }
+
+    fn hold_spent(&self, tat: &mut Tat, now: Nanos, spent: u32) {
+        // At most a full bucket owed: more would read as a clock that ran
+        // backwards (see `earliest`'s horizon) and be dropped.
+        let owed = self.units(spent.min(self.burst));
+        tat.0 = tat.0.max(now.saturating_add(owed));
+    }
+
     fn fill_until(&self, tat: &mut Tat, at: Nanos) {
         tat.0 = tat.0.max(at.saturating_add(self.tolerance));
     }

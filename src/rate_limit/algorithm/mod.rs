@@ -84,6 +84,16 @@ pub(crate) trait Algorithm: Clone + Send + Sync + 'static {
     /// available again.
     fn remaining(&self, state: &Self::State, now: Nanos) -> (u32, Nanos);
 
+    /// The most units a key can have available at once.
+    fn capacity(&self) -> u32;
+
+    /// Leave no more than the capacity less `spent` available now, as if
+    /// `spent` units had been taken at `now`: for a key whose quota changed
+    /// algorithm, carrying what it spent under the old one (see
+    /// [`Table::carry_from`](super::table::Table::carry_from)). Never frees
+    /// anything, so applying it twice takes no more than once.
+    fn hold_spent(&self, state: &mut Self::State, now: Nanos, spent: u32);
+
     /// Leave nothing available at `at` (nor before): for a key that moves
     /// to this quota from another, whose spending is not known here, and
     /// whose last request may be booked at `at`. Never frees anything.

@@ -162,6 +162,21 @@ impl Algorithm for SlidingWindow {
         )
     }
 
+    fn capacity(&self) -> u32 {
+        self.limit
+    }
+
+    fn hold_spent(&self, log: &mut Log, now: Nanos, spent: u32) {
+        let (free, _) = self.remaining(log, now);
+        let live = self.limit - free;
+        let missing = spent.min(self.limit).saturating_sub(live);
+        if missing > 0 {
+            // After any booking ahead, as entries stay in time order.
+            let at = log.latest().map_or(now, |latest| latest.max(now));
+            self.book(log, now, at, missing);
+        }
+    }
+
     fn fill_until(&self, log: &mut Log, at: Nanos) {
         // A whole window's worth at `at`, after any later booking so the log
         // stays in order: nothing fits until a window after it.

@@ -119,6 +119,25 @@ impl Algorithm for TurnBudget {
         (self.limit.saturating_sub(turn.used), turn.stale_at - now)
     }
 
+    fn capacity(&self) -> u32 {
+        self.limit
+    }
+
+    fn hold_spent(&self, turn: &mut Turn, now: Nanos, spent: u32) {
+        if spent == 0 {
+            return;
+        }
+        if turn.is_idle(now) {
+            *turn = Turn {
+                started: now,
+                used: spent,
+                stale_at: now.saturating_add(self.stale_after),
+            };
+        } else {
+            turn.used = turn.used.max(spent);
+        }
+    }
+
     fn fill_until(&self, turn: &mut Turn, at: Nanos) {
         if turn.used == 0 || turn.stale_at <= at {
             *turn = Turn {

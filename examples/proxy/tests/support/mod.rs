@@ -4,6 +4,7 @@
 
 pub mod fake_upstream;
 pub mod prometheus;
+pub mod sim;
 
 /// The proxy as `main` runs it, with the arguments in `PROXY_ARGS` (split
 /// on spaces): what a test's child process runs. Exits with the proxy's
