@@ -1,7 +1,13 @@
 //! The HTTP API: routes, the checks before the limits, and the answers.
 //!
-//! `POST /send` refuses, in this order, consuming nothing: a body that is
-//! not a message (400), an id that cannot name a node (403
+//! Where nodes have keys, a request acts as the node whose key it presents
+//! (`auth`): without one it gets 401; a message `from` another node, or
+//! another node's inbox or turn, 403 `not_permitted`; `/reset` and `/stats`
+//! need the operator's key.
+//!
+//! `POST /send` refuses, in this order, consuming nothing: no key (401), a
+//! body that is not a message (400), a sender that is not the key's node
+//! (403 `not-the-sender`), an id that cannot name a node (403
 //! `unaddressable-node-id`), a message to oneself (403 `self-send`), a
 //! receiver in none of the sender's projects (403 `cross-project`); then
 //! the limits refuse (429, fan-out before pair); then a full inbox (409
@@ -13,7 +19,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -24,6 +30,7 @@ use tower::ServiceExt;
 use tower_throttle::clock::ManualClock;
 use tower_throttle::error::{ConfigError, RateLimited};
 
+use crate::auth::{Caller, Denied};
 use crate::flow::{self, Flow, Settings};
 use crate::inbox::{Deliver, Delivery, Inboxes, Message};
 use crate::projects::{Directory, addressable};
@@ -86,6 +93,11 @@ impl App {
             .with_state(self)
     }
 
+    /// Who may act as which node.
+    pub fn access(&self) -> &crate::auth::Access {
+        &self.0.directory.access
+    }
+
     /// The limits and their handles.
     #[allow(dead_code)] // for the tests, which look at the limiters' state
     pub fn flow(&self) -> &Flow {
@@ -116,8 +128,17 @@ async fn index() -> Response {
     .into_response()
 }
 
-async fn send(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn send(
+    State(app): State<App>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let app = &app.0;
+    let caller = app.directory.access.caller(&headers);
+    if caller == Caller::Unknown {
+        app.counters.refused(Refusal::Unauthorized);
+        return denied(Denied::Unauthorized, "");
+    }
     let body = match body {
         Ok(body) => body,
         Err(rejection) => {
@@ -146,7 +167,9 @@ async fn send(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Re
         }
     };
     // Not about rate: refused before the limits, taking nothing.
-    let refusal = if !addressable(&body.from) || !addressable(&body.to) {
+    let refusal = if app.directory.access.acts_as(&caller, &body.from).is_err() {
+        Err(Refusal::NotTheSender)
+    } else if !addressable(&body.from) || !addressable(&body.to) {
         Err(Refusal::Unaddressable)
     } else if body.from == body.to {
         Err(Refusal::SelfSend)
@@ -215,14 +238,23 @@ fn rate_limited(counters: &Counters, limited: &RateLimited) -> Response {
     response
 }
 
-async fn inbox(State(app): State<App>, Path(id): Path<String>) -> Response {
+async fn inbox(State(app): State<App>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+    let access = &app.0.directory.access;
+    if let Err(why) = access.acts_as(&access.caller(&headers), &id) {
+        return denied(why, "not-your-inbox");
+    }
     match app.0.inboxes.drain(&id) {
         Some(messages) => Json(json!({"messages": messages})).into_response(),
         None => unknown_node(),
     }
 }
 
-async fn turn(State(app): State<App>, Path(id): Path<String>) -> Response {
+async fn turn(State(app): State<App>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+    let access = &app.0.directory.access;
+    // A node's own turn only: nobody refills another's fan-out.
+    if let Err(why) = access.acts_as(&access.caller(&headers), &id) {
+        return denied(why, "not-your-turn");
+    }
     if app.0.directory.node(&id).is_none() {
         return unknown_node();
     }
@@ -231,13 +263,19 @@ async fn turn(State(app): State<App>, Path(id): Path<String>) -> Response {
     StatusCode::NO_CONTENT.into_response()
 }
 
-async fn reset(State(app): State<App>) -> Response {
+async fn reset(State(app): State<App>, headers: HeaderMap) -> Response {
+    if let Some(refused) = operator(&app, &headers) {
+        return refused;
+    }
     app.0.flow.turns.reset_all();
     app.0.flow.pairs.reset_all();
     StatusCode::NO_CONTENT.into_response()
 }
 
-async fn stats(State(app): State<App>) -> Response {
+async fn stats(State(app): State<App>, headers: HeaderMap) -> Response {
+    if let Some(refused) = operator(&app, &headers) {
+        return refused;
+    }
     let app = &app.0;
     // Idle state (a pair whose interval is over, a turn unused or gone
     // stale) is dropped here, not left in and skipped: what is counted is
@@ -251,6 +289,38 @@ async fn stats(State(app): State<App>) -> Response {
     });
     body["inboxes"] = json!({"waiting": app.inboxes.waiting()});
     Json(body).into_response()
+}
+
+/// The answer refusing the request the operator endpoints, if it may not
+/// use them.
+fn operator(app: &App, headers: &HeaderMap) -> Option<Response> {
+    let access = &app.0.directory.access;
+    access
+        .operator_allowed(&access.caller(headers))
+        .err()
+        .map(|why| denied(why, "operator-only"))
+}
+
+/// 401 (with `WWW-Authenticate`), or 403 `not_permitted` with `reason`
+/// (`no-operator-key` when the operator endpoints are off).
+fn denied(why: Denied, reason: &str) -> Response {
+    match why {
+        Denied::Unauthorized => {
+            let mut response = error(StatusCode::UNAUTHORIZED, json!({"code": "unauthorized"}));
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            response
+        }
+        Denied::NotYou => error(
+            StatusCode::FORBIDDEN,
+            json!({"code": "not_permitted", "reason": reason}),
+        ),
+        Denied::NoOperatorKey => error(
+            StatusCode::FORBIDDEN,
+            json!({"code": "not_permitted", "reason": "no-operator-key"}),
+        ),
+    }
 }
 
 fn unknown_node() -> Response {

@@ -7,7 +7,10 @@ use std::time::Duration;
 use clap::Parser;
 use tower_throttle::rate_limit::MAX_PERIOD;
 
+use crate::auth::Secret;
 use crate::flow::Settings;
+use crate::projects::Directory;
+use tower_throttle::redact::Escaped;
 
 /// Flow control between AI agents: at most one message per (sender,
 /// receiver) pair per interval, at most N per sender per turn, and never
@@ -36,6 +39,12 @@ pub struct Cli {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub fan_out: u32,
 
+    /// The environment variable holding the operator's key, which `POST
+    /// /reset` and `GET /stats` then need (`Authorization: Bearer KEY`).
+    /// Where nodes have keys and this is not set, those two are off.
+    #[arg(long, value_name = "NAME")]
+    pub admin_key_env: Option<String>,
+
     /// A turn whose sender never starts a new one ends by itself this long
     /// after it started.
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = period)]
@@ -43,6 +52,31 @@ pub struct Cli {
 }
 
 impl Cli {
+    /// `directory` with the operator's key (from `--admin-key-env`, looked
+    /// up in `env`), once the rule holds that a service whose nodes have no
+    /// keys (anyone can act as any node) listens on a loopback address only.
+    pub fn access(
+        &self,
+        mut directory: Directory,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Directory, String> {
+        if let Some(name) = &self.admin_key_env {
+            let shown = Escaped(name);
+            let value = env(name).ok_or_else(|| format!("--admin-key-env: ${shown} is not set"))?;
+            let key = Secret::new(&value, &format!("--admin-key-env: ${shown}"))?;
+            directory.access.set_operator(key)?;
+        }
+        if !directory.access.has_node_keys() && !self.listen.ip().is_loopback() {
+            return Err(format!(
+                "the projects file gives the nodes no keys, so any client could act as any \
+                 node; without keys it listens only on a loopback address, not {} (give each \
+                 node key_env or key_file)",
+                self.listen
+            ));
+        }
+        Ok(directory)
+    }
+
     /// The flow-control settings the command line gives.
     pub fn settings(&self) -> Settings {
         Settings {

@@ -15,6 +15,11 @@
 //!   {"error":{"code":"not_permitted","reason":"self-send"|"cross-project"|"unaddressable-node-id"}}`;
 //!   `409 {"error":{"code":"target_busy"}}` (the receiver's inbox is full;
 //!   retry later); `400` for a body that is not a message.
+//! - Where the projects file gives nodes keys, a request acts as the node
+//!   whose key it presents (`Authorization: Bearer`; `auth`): `401`
+//!   without one, `403` `not-the-sender`, `not-your-inbox` or
+//!   `not-your-turn` for another node's; `/reset` and `/stats` need
+//!   `--admin-key-env`'s key. Without keys, loopback only.
 //! - `GET /nodes/{id}/inbox` drains that node's inbox; `POST
 //!   /nodes/{id}/turn` starts the node's new turn (`204`); `POST /reset`
 //!   clears all flow state (`204`); `GET /stats` counts deliveries,
@@ -24,8 +29,8 @@
 //! per `(sender, receiver)` pair per `--pair-interval`, and at most
 //! `--fan-out` per sender per turn, the turn ending on the sender's own
 //! `POST /nodes/{id}/turn` or `--turn-stale` after it started (`flow`, two
-//! `RateLimitLayer`s judged as one by a `JointRateLimitLayer`); refusals not
-//! about rate first (`app`); the projects, read once from the file
+//! `RateLimitLayer`s judged as one by a `JointRateLimitLayer`); who acts
+//! as whom (`auth`); refusals not about rate first (`app`); the projects, read once from the file
 //! (`projects`); bounded inboxes (`inbox`); the counters (`stats`). It is
 //! served like the proxy example (`proxy/serve.rs`: a connection cap, head
 //! timeouts, graceful shutdown). Ctrl-C or SIGTERM stops it (exit 0); a
@@ -33,6 +38,7 @@
 //! cannot be opened 1.
 
 pub mod app;
+pub mod auth;
 pub mod cli;
 pub mod flow;
 pub mod inbox;

@@ -1,6 +1,6 @@
 //! The `agent_messaging` program; see the crate docs (`src/lib.rs`).
 
-use agent_messaging::{app, cli, flow, projects, serve, signal};
+use agent_messaging::{app, auth, cli, flow, projects, serve, signal};
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -11,7 +11,10 @@ fn main() -> ExitCode {
         Some(path) => projects::Directory::load(path),
         None => projects::Directory::demo(),
     };
-    let directory = match directory {
+    let directory = match directory
+        .map_err(|e| e.to_string())
+        .and_then(|d| cli.access(d, &|name| std::env::var(name).ok()))
+    {
         Ok(directory) => directory,
         Err(e) => {
             eprintln!("agent_messaging: {e}");
@@ -39,6 +42,20 @@ fn main() -> ExitCode {
     runtime.block_on(run(cli, settings, app))
 }
 
+/// The banner's line on who may act as whom.
+fn describe_access(access: &auth::Access) -> &'static str {
+    match (access.has_node_keys(), access.has_operator_key()) {
+        (false, _) => {
+            "none: the nodes have no keys, so any local client can act as any node \
+             (loopback only)"
+        }
+        (true, true) => "each node by its key, the operator by --admin-key-env (Bearer)",
+        (true, false) => {
+            "each node by its key (Bearer); /reset and /stats are off without --admin-key-env"
+        }
+    }
+}
+
 async fn run(cli: cli::Cli, settings: flow::Settings, app: app::App) -> ExitCode {
     // Installed before anything starts, so an early SIGTERM is a graceful
     // stop too.
@@ -64,6 +81,7 @@ async fn run(cli: cli::Cli, settings: flow::Settings, app: app::App) -> ExitCode
     println!("agent_messaging: listening on http://{addr}");
     println!("projects: {projects}");
     println!("limits:   {}", app::describe(&settings));
+    println!("access:   {}", describe_access(app.access()));
     println!(
         "try:      curl -s http://{addr}/send -d '{{\"from\":\"alice\",\"to\":\"bob\",\"text\":\"hello\"}}'"
     );

@@ -9,14 +9,25 @@
 //! A node id may be listed in several projects: it is one node (one
 //! inbox) that belongs to each. Ids are 1 to 64 characters of
 //! `[A-Za-z0-9._-]`, the only ones a node can be addressed by.
+//!
+//! A node's key, which a request presents to act as it, is named by
+//! reference, never written in the file: `"key_env": "ALICE_KEY"` (an
+//! environment variable) or `"key_file": "keys/alice"` (relative to the
+//! projects file). Either every node has a key or none does.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use serde::de::IgnoredAny;
 use tower_throttle::redact::Escaped;
+
+use crate::auth::{Access, MAX_KEY_BYTES, Secret};
+
+/// Environment lookup (the process's, or a test's).
+pub type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
 /// The longest node or project id.
 pub const MAX_ID_LEN: usize = 64;
@@ -64,6 +75,10 @@ struct ProjectShape {
 struct NodeShape {
     id: String,
     inbox_capacity: Option<usize>,
+    key_env: Option<String>,
+    key_file: Option<PathBuf>,
+    /// Read only to refuse it with a clear error: keys are never inline.
+    key: Option<IgnoredAny>,
 }
 
 /// What is wrong with a projects file, naming the field.
@@ -91,6 +106,18 @@ pub struct Node {
 pub struct Directory {
     projects: Vec<String>,
     nodes: HashMap<String, Node>,
+    /// Who may act as which node, and the operator.
+    pub access: Access,
+}
+
+/// Where a file's keys are looked up.
+struct Lookup<'a> {
+    env: Env<'a>,
+    /// What a relative `key_file` is relative to.
+    base: &'a Path,
+    keys: Vec<(String, Secret)>,
+    /// Nodes listed without a key (by their first place in the file).
+    keyless: Vec<String>,
 }
 
 impl Directory {
@@ -99,8 +126,15 @@ impl Directory {
         Self::parse(DEMO)
     }
 
-    /// Read and check the file at `path`.
+    /// Read and check the file at `path`, its keys from the process's
+    /// environment and from files beside it.
     pub fn load(path: &Path) -> Result<Self, ProjectsError> {
+        let env = |name: &str| std::env::var(name).ok();
+        Self::load_with(path, &env)
+    }
+
+    /// [`Directory::load`] with `env` for the environment.
+    pub fn load_with(path: &Path, env: Env<'_>) -> Result<Self, ProjectsError> {
         let shown = Escaped(&path.to_string_lossy()).to_string();
         let size = std::fs::metadata(path)
             .map_err(|e| ProjectsError(format!("cannot read {shown}: {e}")))?
@@ -112,16 +146,31 @@ impl Directory {
         }
         let text = std::fs::read_to_string(path)
             .map_err(|e| ProjectsError(format!("cannot read {shown}: {e}")))?;
-        Self::parse(&text).map_err(|e| ProjectsError(format!("{shown}: {e}")))
+        let base = path.parent().unwrap_or(Path::new("."));
+        Self::parse_with(&text, env, base).map_err(|e| ProjectsError(format!("{shown}: {e}")))
     }
 
-    /// Check a projects file's text.
+    /// Check a projects file's text (one naming no keys: nothing is looked
+    /// up).
     pub fn parse(text: &str) -> Result<Self, ProjectsError> {
+        Self::parse_with(text, &|_| None, Path::new("."))
+    }
+
+    /// Check a projects file's text, looking its keys up in `env` and in
+    /// files relative to `base`.
+    pub fn parse_with(text: &str, env: Env<'_>, base: &Path) -> Result<Self, ProjectsError> {
         let file: FileShape = serde_json::from_str(text)
             .map_err(|e| ProjectsError(format!("not a projects file: {e}")))?;
         let mut directory = Directory {
             projects: Vec::new(),
             nodes: HashMap::new(),
+            access: Access::default(),
+        };
+        let mut lookup = Lookup {
+            env,
+            base,
+            keys: Vec::new(),
+            keyless: Vec::new(),
         };
         for (p, project) in file.projects.into_iter().enumerate() {
             let at = format!("projects[{p}]");
@@ -135,17 +184,20 @@ impl Directory {
                 )));
             }
             for (n, node) in project.nodes.into_iter().enumerate() {
-                directory.add_node(p, &format!("{at}.nodes[{n}]"), node)?;
+                let at = format!("{at}.nodes[{n}]");
+                if !addressable(&node.id) {
+                    return Err(not_addressable(&format!("{at}.id"), &node.id));
+                }
+                lookup.key_of(&at, &node)?;
+                directory.add_node(p, &at, node)?;
             }
             directory.projects.push(project.id);
         }
+        directory.access = lookup.finish()?;
         Ok(directory)
     }
 
     fn add_node(&mut self, project: usize, at: &str, node: NodeShape) -> Result<(), ProjectsError> {
-        if !addressable(&node.id) {
-            return Err(not_addressable(&format!("{at}.id"), &node.id));
-        }
         let capacity = node.inbox_capacity.unwrap_or(DEFAULT_INBOX_CAPACITY);
         if !(1..=MAX_INBOX_CAPACITY).contains(&capacity) {
             return Err(ProjectsError(format!(
@@ -201,6 +253,91 @@ impl Directory {
     /// Every node, by id.
     pub fn nodes(&self) -> impl Iterator<Item = (&str, &Node)> {
         self.nodes.iter().map(|(id, node)| (id.as_str(), node))
+    }
+}
+
+impl Lookup<'_> {
+    /// Look up `node`'s key, if the file names one.
+    fn key_of(&mut self, at: &str, node: &NodeShape) -> Result<(), ProjectsError> {
+        let key = match (&node.key, &node.key_env, &node.key_file) {
+            (Some(_), ..) => {
+                return Err(ProjectsError(format!(
+                    "{at}.key: a key is never written in the projects file; name it with \
+                     key_env or key_file"
+                )));
+            }
+            (None, Some(_), Some(_)) => {
+                return Err(ProjectsError(format!(
+                    "{at}: key_env and key_file both name a key; give one"
+                )));
+            }
+            (None, Some(name), None) => {
+                let shown = Escaped(name);
+                let value = (self.env)(name)
+                    .ok_or_else(|| ProjectsError(format!("{at}.key_env: ${shown} is not set")))?;
+                Secret::new(&value, &format!("{at}.key_env: ${shown}")).map_err(ProjectsError)?
+            }
+            (None, None, Some(file)) => self.read_key(at, file)?,
+            (None, None, None) => {
+                self.keyless.push(node.id.clone());
+                return Ok(());
+            }
+        };
+        match self.keys.iter().find(|(id, _)| *id == node.id) {
+            // Listed in several projects: the key, wherever it is named,
+            // is the one node's.
+            Some((_, known)) if *known == key => {}
+            Some(_) => {
+                return Err(ProjectsError(format!(
+                    "{at}: node `{}` has another key where it is listed before",
+                    node.id
+                )));
+            }
+            None => {
+                if let Some((other, _)) = self.keys.iter().find(|(_, k)| *k == key) {
+                    return Err(ProjectsError(format!(
+                        "{at}: node `{}` has the key of node `{other}`; each node needs its own",
+                        node.id
+                    )));
+                }
+                self.keys.push((node.id.clone(), key));
+            }
+        }
+        Ok(())
+    }
+
+    fn read_key(&self, at: &str, file: &Path) -> Result<Secret, ProjectsError> {
+        let path = self.base.join(file);
+        let shown = Escaped(&path.to_string_lossy()).to_string();
+        let unreadable =
+            |e: std::io::Error| ProjectsError(format!("{at}.key_file: cannot read {shown}: {e}"));
+        // A key file is small: never read a large (or endless) one whole.
+        let size = std::fs::metadata(&path).map_err(unreadable)?.len();
+        if size > (MAX_KEY_BYTES + 2) as u64 {
+            return Err(ProjectsError(format!(
+                "{at}.key_file: {shown} is {size} bytes; a key is at most {MAX_KEY_BYTES}"
+            )));
+        }
+        let text = std::fs::read_to_string(&path).map_err(unreadable)?;
+        Secret::new(&text, &format!("{at}.key_file: {shown}")).map_err(ProjectsError)
+    }
+
+    /// Every node has a key, or none does.
+    fn finish(self) -> Result<Access, ProjectsError> {
+        if self.keys.is_empty() {
+            return Ok(Access::default());
+        }
+        if let Some(id) = self
+            .keyless
+            .iter()
+            .find(|id| !self.keys.iter().any(|(keyed, _)| keyed == *id))
+        {
+            return Err(ProjectsError(format!(
+                "node `{id}` has no key while others do: give every node key_env or key_file \
+                 (or none, for a service on a loopback address only)"
+            )));
+        }
+        Ok(Access::new(self.keys))
     }
 }
 

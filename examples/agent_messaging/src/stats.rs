@@ -9,6 +9,10 @@ use serde_json::json;
 pub enum Refusal {
     /// Not a message: 400.
     Malformed,
+    /// No node's key: 401.
+    Unauthorized,
+    /// `from` is not the node whose key was presented: 403.
+    NotTheSender,
     Unaddressable,
     SelfSend,
     CrossProject,
@@ -19,8 +23,10 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    const ALL: [Refusal; 7] = [
+    const ALL: [Refusal; 9] = [
         Refusal::Malformed,
+        Refusal::Unauthorized,
+        Refusal::NotTheSender,
         Refusal::Unaddressable,
         Refusal::SelfSend,
         Refusal::CrossProject,
@@ -33,6 +39,8 @@ impl Refusal {
     pub fn as_str(self) -> &'static str {
         match self {
             Refusal::Malformed => "bad_request",
+            Refusal::Unauthorized => "unauthorized",
+            Refusal::NotTheSender => "not-the-sender",
             Refusal::Unaddressable => "unaddressable-node-id",
             Refusal::SelfSend => "self-send",
             Refusal::CrossProject => "cross-project",

@@ -420,6 +420,9 @@ async fn stats_count_deliveries_refusals_by_reason_and_live_state() {
             "delivered": 5,
             "refused": {
                 "bad_request": 1,
+                // Nodes without keys: anyone acts as any node.
+                "unauthorized": 0,
+                "not-the-sender": 0,
                 "unaddressable-node-id": 1,
                 "self-send": 1,
                 "cross-project": 1,
