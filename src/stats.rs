@@ -30,7 +30,7 @@ use serde::Serialize;
 use tokio::sync::Notify;
 
 use crate::key::KeyHash;
-use crate::sync::{AtomicBool, AtomicI64, AtomicU64, Mutex};
+use crate::sync::{AtomicBool, AtomicI64, AtomicU64, Mutex, MutexGuard};
 
 /// The name under which keys not counted apart are added up: those a
 /// [filter](crate::rate_limit::RateLimitLayer::with_key_stats_where)
@@ -305,16 +305,83 @@ impl fmt::Debug for KeyTracking {
 struct KeyTable {
     keys: HashMap<u64, Tally>,
     other: Option<Tally>,
+    /// Requests in flight that were counted in `other`, by key (a layer
+    /// that tracks in-flight only): when their key is counted apart later
+    /// (a filter that accepts it once it proves real), they move with it.
+    /// Bounded by the requests in flight: a key leaves at zero.
+    in_flight_as_other: HashMap<u64, u64>,
 }
 
 impl KeyTable {
+    fn other(&mut self) -> &mut Tally {
+        self.other.get_or_insert_with(|| Tally {
+            text: OTHER_KEYS.to_owned(),
+            ..Tally::default()
+        })
+    }
+
     fn count_other(&mut self, event: Event) {
-        self.other
-            .get_or_insert_with(|| Tally {
-                text: OTHER_KEYS.to_owned(),
-                ..Tally::default()
-            })
-            .count(event);
+        self.other().count(event);
+    }
+
+    /// Count `event` of `key` in `other`, following its in-flight requests.
+    fn count_other_of(&mut self, key: u64, event: Event, tracks_in_flight: bool) {
+        self.count_other(event);
+        if !tracks_in_flight {
+            return;
+        }
+        match event {
+            Event::Entered => *self.in_flight_as_other.entry(key).or_default() += 1,
+            Event::Left => {
+                if let Some(n) = self.in_flight_as_other.get_mut(&key) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.in_flight_as_other.remove(&key);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Count `key` apart from now on as `text`, taking its requests in
+    /// flight out of `other`.
+    fn insert(&mut self, key: u64, text: String) -> &mut Tally {
+        let moved = self.in_flight_as_other.remove(&key).unwrap_or(0);
+        if moved > 0 {
+            // Their `Left` will find the key's own tally in flight.
+            self.other().left += moved;
+        }
+        self.keys.entry(key).or_insert_with(|| Tally {
+            text,
+            carried: moved,
+            ..Tally::default()
+        })
+    }
+
+    /// Drop a key counted apart that nothing is in (no request in flight
+    /// or queued) and that `keep` no longer accepts, adding its counts to
+    /// `other`: room for a key the filter accepts now. Whether it did.
+    fn evict_one(&mut self, candidates: &[(u64, bool)]) -> bool {
+        let found = candidates.iter().find(|&&(key, keep)| {
+            !keep
+                && self
+                    .keys
+                    .get(&key)
+                    .is_some_and(|t| t.in_flight() == 0 && t.queued <= 0)
+        });
+        let Some(tally) = found.and_then(|&(key, _)| self.keys.remove(&key)) else {
+            return false;
+        };
+        let other = self.other();
+        other.admitted += tally.admitted;
+        other.rejected += tally.rejected;
+        other.would_reject += tally.would_reject;
+        other.waited += tally.waited;
+        other.wait_nanos = other.wait_nanos.saturating_add(tally.wait_nanos);
+        // Nothing in flight: what it admitted has all left.
+        other.left += tally.admitted.saturating_add(tally.carried);
+        true
     }
 }
 
@@ -438,17 +505,17 @@ impl Stats {
                 _ => false,
             };
             if came_as_other {
-                table.count_other(event);
+                table.count_other_of(key.0, event, self.tracks_in_flight);
             } else {
                 tally.count(event);
             }
             return;
         }
         if matches!(event, Event::Dequeued(_) | Event::Left) {
-            // Keys never leave the table: one not in it when its request
-            // leaves was not in it when the request came either, and was
-            // added up with the others.
-            table.count_other(event);
+            // A key leaves the table only with nothing in it: one not in it
+            // when its request leaves was not in it when the request came
+            // either, and was added up with the others.
+            table.count_other_of(key.0, event, self.tracks_in_flight);
             return;
         }
         let mut name = None;
@@ -460,7 +527,7 @@ impl Stats {
             let tracked = filter(&shown);
             table = keys.lock();
             if !tracked {
-                table.count_other(event);
+                table.count_other_of(key.0, event, self.tracks_in_flight);
                 return;
             }
             name = Some(shown);
@@ -471,19 +538,44 @@ impl Stats {
             }
         }
         if table.keys.len() >= self.max_keys {
+            if let (Some(filter), Some(_)) = (&self.filter, &name) {
+                // The table is full, and the filter accepts this key: make
+                // room by dropping an idle key it no longer accepts (a
+                // made-up name aged out of what the filter tracks).
+                table = self.make_room(keys, table, filter);
+            }
+        }
+        if table.keys.len() >= self.max_keys {
             self.untracked.fetch_add(1, Ordering::Relaxed);
-            table.count_other(event);
+            table.count_other_of(key.0, event, self.tracks_in_flight);
             return;
         }
         let text = name.unwrap_or_else(text);
-        table
+        table.insert(key.0, text).count(event);
+    }
+
+    /// Drop one idle key `filter` declines, if any: the filter runs
+    /// outside the lock, on the names of the keys idle when it was taken.
+    fn make_room<'a>(
+        &self,
+        keys: &'a Mutex<KeyTable>,
+        table: MutexGuard<'a, KeyTable>,
+        filter: &KeyFilter,
+    ) -> MutexGuard<'a, KeyTable> {
+        let idle: Vec<(u64, String)> = table
             .keys
-            .entry(key.0)
-            .or_insert_with(|| Tally {
-                text,
-                ..Tally::default()
-            })
-            .count(event);
+            .iter()
+            .filter(|(_, t)| t.in_flight() == 0 && t.queued <= 0)
+            .map(|(&k, t)| (k, t.text.clone()))
+            .collect();
+        drop(table);
+        let judged: Vec<(u64, bool)> = idle
+            .into_iter()
+            .map(|(k, text)| (k, filter(&text)))
+            .collect();
+        let mut table = keys.lock();
+        table.evict_one(&judged);
+        table
     }
 
     /// The aggregate's counters as the stripes (and the counts kept
@@ -559,7 +651,7 @@ impl Stats {
         }
         if let Some(keys) = &self.keys {
             let mut table = keys.lock();
-            let KeyTable { keys, other } = &mut *table;
+            let KeyTable { keys, other, .. } = &mut *table;
             keys.values_mut()
                 .chain(other.as_mut())
                 .for_each(Tally::reset);

@@ -93,6 +93,127 @@ async fn made_up_keys_sent_first_never_hide_a_known_key_from_the_stats() {
     assert_eq!(entry(&other, OTHER_KEYS).in_flight, Some(0));
 }
 
+/// The names a test's filter accepts, changed as the test goes.
+#[derive(Clone, Default)]
+struct Accepted(std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>);
+
+impl Accepted {
+    fn set(&self, names: &[&'static str]) {
+        *self.0.lock().unwrap() = names.to_vec();
+    }
+
+    fn filter(&self) -> impl Fn(&str) -> bool + Send + Sync + 'static {
+        let names = self.0.clone();
+        move |name| names.lock().unwrap().contains(&name)
+    }
+}
+
+/// A key counted as `(other)` (its filter did not accept it yet: a route
+/// not yet answered) takes its requests in flight with it once accepted,
+/// so it never shows nothing in flight while its requests hold permits.
+#[tokio::test(start_paused = true)]
+async fn a_key_accepted_later_takes_its_requests_in_flight_with_it() {
+    let accepted = Accepted::default();
+    let layer = ConcurrencyLayer::new(10, JsonFieldKey::new("model"))
+        .unwrap()
+        .with_key_stats_where(4, accepted.filter());
+    let handle = layer.handle();
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let held = gate.clone();
+    let svc = layer.layer(service_fn(move |_req: Request<String>| {
+        let gate = held.clone();
+        async move {
+            drop(gate.acquire().await.unwrap());
+            Ok::<_, Infallible>(Response::new(String::new()))
+        }
+    }));
+    // Three requests while the filter accepts nothing: counted as other.
+    let calls: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(svc.clone().oneshot(chat("m1"))))
+        .collect();
+    tokio::task::yield_now().await;
+    let other = handle.stats();
+    assert_eq!(
+        entry(&other, OTHER_KEYS).in_flight,
+        Some(3),
+        "{:?}",
+        other.keys
+    );
+    accepted.set(&["m1"]);
+    let fourth = tokio::spawn(svc.clone().oneshot(chat("m1")));
+    tokio::task::yield_now().await;
+    tokio::task::yield_now().await;
+    let stats = handle.stats();
+    assert_eq!(entry(&stats, "m1").in_flight, Some(4), "{:?}", stats.keys);
+    assert_eq!(
+        entry(&stats, OTHER_KEYS).in_flight,
+        Some(0),
+        "{:?}",
+        stats.keys
+    );
+    gate.add_permits(4);
+    for call in calls.into_iter().chain([fourth]) {
+        drop(call.await.unwrap().unwrap());
+    }
+    let stats = handle.stats();
+    assert_eq!(entry(&stats, "m1").in_flight, Some(0));
+    assert_eq!(entry(&stats, OTHER_KEYS).in_flight, Some(0));
+    assert_eq!(entry(&stats, OTHER_KEYS).admitted, 3);
+    assert_eq!(entry(&stats, "m1").admitted, 1);
+}
+
+/// With the table full, a key the filter accepts takes the place of an idle
+/// one it no longer accepts (a made-up name aged out); its counts go to
+/// `(other)`, so the keys still add up to the aggregate. A key with a
+/// request in flight keeps its place.
+#[tokio::test(start_paused = true)]
+async fn an_idle_key_the_filter_no_longer_accepts_gives_its_place() {
+    let accepted = Accepted::default();
+    accepted.set(&["junk-1", "junk-2"]);
+    let layer = ConcurrencyLayer::new(10, JsonFieldKey::new("model"))
+        .unwrap()
+        .with_key_stats_where(2, accepted.filter());
+    let handle = layer.handle();
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let held = gate.clone();
+    let svc = layer.layer(service_fn(move |req: Request<String>| {
+        let gate = held.clone();
+        async move {
+            if req.body().contains("junk-1") {
+                drop(gate.acquire().await.unwrap());
+            }
+            Ok::<_, Infallible>(Response::new(String::new()))
+        }
+    }));
+    let busy = tokio::spawn(svc.clone().oneshot(chat("junk-1")));
+    tokio::task::yield_now().await;
+    drop(svc.clone().oneshot(chat("junk-2")).await.unwrap());
+    // Neither is accepted any more; the real model is.
+    accepted.set(&["real", "real-2"]);
+    drop(svc.clone().oneshot(chat("real")).await.unwrap());
+    let stats = handle.stats();
+    let names: Vec<&str> = stats.keys.iter().map(|k| k.key.as_str()).collect();
+    assert_eq!(
+        names,
+        [OTHER_KEYS, "junk-1", "real"],
+        "the busy key kept its place"
+    );
+    assert_eq!(
+        entry(&stats, OTHER_KEYS).admitted,
+        1,
+        "junk-2's count moved there"
+    );
+    assert_eq!(entry(&stats, OTHER_KEYS).in_flight, Some(0));
+    // Nothing idle to give its place: counted as other.
+    drop(svc.clone().oneshot(chat("real-2")).await.unwrap());
+    assert_eq!(entry(&handle.stats(), OTHER_KEYS).admitted, 2);
+    gate.add_permits(1);
+    drop(busy.await.unwrap().unwrap());
+    let stats = handle.stats();
+    let by_key: u64 = stats.keys.iter().map(|k| k.admitted).sum();
+    assert_eq!(by_key, stats.aggregate.admitted);
+}
+
 /// Without a filter, the first `max_keys` keys are counted by name and the
 /// rest added up as `(other)`: the table never grows past `max_keys + 1`.
 #[tokio::test(start_paused = true)]

@@ -235,6 +235,10 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
     /// [`with_key_stats`](Self::with_key_stats), a flood of made-up keys
     /// fills the table first and real keys arriving later are never shown.
     /// A filter that accepts only keys known to be real keeps them visible.
+    /// With the table full, a key the filter accepts takes the place of an
+    /// idle one (nothing in flight or queued) it no longer accepts, whose
+    /// counts go to `OTHER_KEYS`; requests in flight counted there before
+    /// their key was accepted move to its entry.
     ///
     /// ```
     /// use tower_throttle::key::JsonFieldKey;

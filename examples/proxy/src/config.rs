@@ -97,6 +97,10 @@ pub struct GatewaySection {
     pub shutdown_grace: Option<String>,
     /// Routes counted apart in the stats; default 1000.
     pub max_routes: Option<i64>,
+    /// A route not configured, counted apart because its upstream answered
+    /// it, gives its place to a new one after this long without an answer;
+    /// default `"10m"`.
+    pub route_idle: Option<String>,
     /// Heartbeat comment on `/events` when nothing changes; default `"15s"`.
     pub events_heartbeat: Option<String>,
     /// `Host` names answered besides the listen address's; default none.
@@ -243,6 +247,8 @@ pub struct GatewaySettings {
     pub shutdown_grace: Duration,
     /// Routes counted apart.
     pub max_routes: usize,
+    /// How long an answered route keeps its place without an answer.
+    pub route_idle: Duration,
     /// `/events` heartbeat.
     pub events_heartbeat: Duration,
     /// `Host`s answered besides the listen address's names.
@@ -272,6 +278,7 @@ impl Default for GatewaySettings {
             upstream_timeout: Duration::from_secs(300),
             shutdown_grace: Duration::from_secs(10),
             max_routes: 1000,
+            route_idle: Duration::from_secs(600),
             events_heartbeat: Duration::from_secs(15),
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
@@ -523,6 +530,9 @@ impl Settings {
         }
         if self.gateway.max_routes != new.gateway.max_routes {
             changed.push("gateway.max_routes");
+        }
+        if self.gateway.route_idle != new.gateway.route_idle {
+            changed.push("gateway.route_idle");
         }
         if self.gateway.max_connections != new.gateway.max_connections {
             changed.push("gateway.max_connections");
@@ -799,6 +809,7 @@ impl GatewaySection {
                 Some(n) => bounded("max_routes", n, 1, 100_000)?,
                 None => d.max_routes,
             },
+            route_idle: duration("route_idle", &self.route_idle, d.route_idle)?,
             events_heartbeat,
             allowed_hosts: list("allowed_hosts", &self.allowed_hosts, AllowedHost::parse)?,
             allowed_origins: list(

@@ -84,7 +84,7 @@ use crate::simulator::Simulator;
 use crate::stats::{OTHER, TrackedRoutes};
 use crate::tls::{HttpsClient, TlsClients, UpstreamTls, Via};
 use crate::usage::{self, UsageBody};
-use crate::{edge, live, operator, serve, stats};
+use crate::{edge, live, multipart, operator, serve, stats};
 
 /// The model part of a route whose body names none (`GET /v1/models`).
 pub const NO_MODEL: &str = "(none)";
@@ -547,7 +547,10 @@ impl Gateway {
     ) -> Result<Self, ConfigError> {
         // Routes are counted by name only once known to be real, so that
         // made-up models cannot push real routes out of the stats.
-        let tracked = Arc::new(TrackedRoutes::new(settings.gateway.max_routes));
+        let tracked = Arc::new(TrackedRoutes::new(
+            settings.gateway.max_routes,
+            settings.gateway.route_idle,
+        ));
         tracked.add_configured(&settings);
         let routes = tracked.room();
         let is_tracked = |tracked: &Arc<TrackedRoutes>| {
@@ -1016,8 +1019,8 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// The router: the stats endpoints, the live page, and everything else
 /// forwarded.
-pub fn router(gateway: Gateway) -> Router {
-    Router::new()
+pub fn router(gateway: Gateway) -> Result<Router, ConfigError> {
+    let operator = Router::new()
         .route("/", get(stats::page))
         // Browsers ask for it with the page; it is not the upstream's.
         .route("/favicon.ico", get(|| async { StatusCode::NO_CONTENT }))
@@ -1025,12 +1028,20 @@ pub fn router(gateway: Gateway) -> Router {
         .route("/stats/reset", post(operator::reset))
         .route("/events", get(stats::events))
         .route("/metrics", get(stats::metrics))
+        // Each view is built from every route's counters: hammered, they
+        // would take the CPU the forwarded requests need (429 beyond).
+        .route_layer(
+            ServiceBuilder::new()
+                .layer(ThrottleResponseLayer::new())
+                .layer(operator::rate_limit()?),
+        );
+    Ok(operator
         .fallback(forward)
         .layer(axum::middleware::from_fn_with_state(
             gateway.clone(),
             edge::guard,
         ))
-        .with_state(gateway)
+        .with_state(gateway))
 }
 
 /// The provider for `path` and the path to send it, or `None`.
@@ -1079,6 +1090,15 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
         Ok(bytes) => bytes,
         Err(refused) => return refused,
     };
+    if !body.is_empty() && !matches!(parts.method, Method::POST | Method::PUT | Method::PATCH) {
+        // No provider's API gives these a body: forwarded, the upstream
+        // could act on a model the limiter never read.
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            "body_not_allowed",
+            "a request of this method carries no body through the gateway",
+        );
+    }
     let path_and_query = match (parts.uri.query(), &target.api_version) {
         // A client's own api-version is kept: its body is written for it.
         (Some(q), Some(v)) if !has_param(q, "api-version") => {
@@ -1121,8 +1141,7 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
     *out.method_mut() = parts.method;
     *out.uri_mut() = uri;
     *out.headers_mut() = headers;
-    // Only a body that is sent somewhere names a model: a GET with a body
-    // naming one would count against (and track) a route it does not use.
+    // Only these carry a body (see above), so only these name a model.
     let reads_body = matches!(out.method(), &Method::POST | &Method::PUT | &Method::PATCH);
     // On an Azure deployment path the deployment is the model, whatever
     // the body says (Azure serves what is deployed under that name).
@@ -1130,9 +1149,36 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
         Kind::AzureOpenAi => preset::deployment(out.uri().path()).map(str::to_owned),
         _ => None,
     };
+    let multipart = multipart::boundary(out.headers());
     let named = match key_parts(&gateway.inner.model_key, &out) {
         _ if deployment.is_some() => deployment,
         _ if !reads_body => None,
+        // A form (an audio file to transcribe): its `model` field, read as
+        // strictly as JSON's.
+        _ if multipart.is_some() => {
+            let read = match multipart {
+                Some(Ok(boundary)) => multipart::model(out.body().clone(), boundary).await,
+                Some(Err(problem)) => Err(problem),
+                None => Ok(None),
+            };
+            match read {
+                Ok(model) => model,
+                Err(multipart::Problem::Ambiguous) => {
+                    return json_error(
+                        StatusCode::BAD_REQUEST,
+                        "ambiguous_body",
+                        "the form has more than one model field",
+                    );
+                }
+                Err(multipart::Problem::Malformed(e)) => {
+                    return json_error(
+                        StatusCode::BAD_REQUEST,
+                        "bad_multipart",
+                        &format!("the form cannot be read: {e}"),
+                    );
+                }
+            }
+        }
         Ok(mut parts) => parts.pop(),
         // The limiter could count another model than the upstream serves.
         Err(KeyError::Ambiguous(e)) => {
@@ -1288,7 +1334,7 @@ pub async fn start(
     }
     let limits = serve_limits(&gateway.current().settings.gateway);
     let hub = tokio::spawn(stats::run_hub(gateway.clone()));
-    let app = router(gateway.clone());
+    let app = router(gateway.clone()).map_err(StartError::Config)?;
     let mut stop = gateway.shutdown_signal();
     let connections = serve::Connections::default();
     let _ = gateway.inner.connections.set(connections.clone());

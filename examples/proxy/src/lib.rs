@@ -50,6 +50,7 @@ pub mod edge;
 pub mod gateway;
 pub mod learn;
 pub mod live;
+pub mod multipart;
 pub mod operator;
 pub mod preset;
 pub mod reload;

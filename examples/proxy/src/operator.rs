@@ -14,11 +14,23 @@ use axum::http::{Response, StatusCode, header};
 use axum::response::IntoResponse;
 use percent_encoding::percent_decode_str;
 use serde::Serialize;
+use tower_throttle::error::ConfigError;
+use tower_throttle::key::GlobalKey;
+use tower_throttle::rate_limit::{Quota, RateLimitLayer};
 use tower_throttle::stats::KeyStats;
 
 use crate::edge;
 use crate::gateway::{Gateway, Route, json_error};
 use crate::stats::{self, RouteStats};
+
+/// What the operator endpoints (`/`, `/stats`, `/events`, `/metrics`)
+/// answer in all, whoever asks: 50 a second, in bursts of 100. Far above
+/// a dashboard's or a scraper's needs, far below what would starve the
+/// forwarded requests of CPU; refused with 429 beyond.
+pub fn rate_limit() -> Result<RateLimitLayer<GlobalKey>, ConfigError> {
+    let quota = Quota::per_second(50)?.with_burst(100)?;
+    Ok(RateLimitLayer::new(quota, GlobalKey))
+}
 
 /// One route's stats, and how long a request to it would wait now.
 #[derive(Clone, Debug, Serialize)]

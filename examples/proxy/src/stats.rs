@@ -17,11 +17,11 @@
 //! lists more than `max_routes` routes. Every name is escaped where it is
 //! written (JSON by serde, Prometheus label values by [`label_value`]).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -45,29 +45,46 @@ pub const OTHER: &str = OTHER_KEYS;
 /// The routes counted by name: those the configuration names (a rate-limit
 /// rule for one provider and one model, a simulator model), always, and
 /// those the upstream answered with a 2xx, in the room the configured ones
-/// leave of `max_routes - 1` (the last entry being [`OTHER`]). Answered
-/// names are taken in order of arrival and kept, so junk the upstream
-/// happens to answer cannot crowd out a configured route; a configured
+/// leave of `max_routes - 1` (the last entry being [`OTHER`]). An answered
+/// name keeps its place while it is answered; one not answered for
+/// `route_idle` gives it to the next new name, so made-up names an upstream
+/// happens to answer cannot crowd out a real model for good. A configured
 /// route added by a reload makes room by dropping answered ones.
 #[derive(Debug)]
 pub struct TrackedRoutes {
     room: usize,
+    idle: Duration,
+    /// What `seen` instants count from.
+    origin: tokio::time::Instant,
     names: RwLock<Names>,
+    /// When a full table was last searched for an idle name (seconds from
+    /// `origin`): at most once a second, so a flood of new names costs a
+    /// search a second, not one each.
+    searched: AtomicU64,
 }
 
 #[derive(Debug, Default)]
 struct Names {
     configured: HashSet<String>,
-    answered: HashSet<String>,
+    /// Each with when it was last answered, in seconds from `origin`.
+    answered: HashMap<String, AtomicU64>,
 }
 
 impl TrackedRoutes {
-    /// Room for `max_routes` entries in all, [`OTHER`] included.
-    pub fn new(max_routes: usize) -> Self {
+    /// Room for `max_routes` entries in all, [`OTHER`] included; an
+    /// answered name idle for `idle` can be replaced.
+    pub fn new(max_routes: usize, idle: Duration) -> Self {
         Self {
             room: max_routes.saturating_sub(1),
+            idle,
+            origin: tokio::time::Instant::now(),
             names: RwLock::new(Names::default()),
+            searched: AtomicU64::new(u64::MAX),
         }
+    }
+
+    fn now(&self) -> u64 {
+        self.origin.elapsed().as_secs()
     }
 
     /// How many routes the layers count by name: the room, and as many
@@ -79,7 +96,7 @@ impl TrackedRoutes {
     /// Whether the route shown as `name` is counted by name.
     pub fn contains(&self, name: &str) -> bool {
         let names = self.names.read();
-        names.configured.contains(name) || names.answered.contains(name)
+        names.configured.contains(name) || names.answered.contains_key(name)
     }
 
     /// Track `name`, which the configuration names.
@@ -88,7 +105,7 @@ impl TrackedRoutes {
         names.answered.remove(&name);
         names.configured.insert(name);
         while names.configured.len() + names.answered.len() > self.room {
-            let Some(dropped) = names.answered.iter().next().cloned() else {
+            let Some(dropped) = names.answered.keys().next().cloned() else {
                 break;
             };
             names.answered.remove(&dropped);
@@ -123,16 +140,44 @@ impl TrackedRoutes {
     }
 
     /// The upstream answered `route` with a 2xx: it is real. Tracked if
-    /// the configured routes leave room.
+    /// the configured routes leave room, or an answered name idle for
+    /// `route_idle` gives its place.
     pub fn answered(&self, route: &Route) {
         let name = route.to_string();
-        if self.contains(&name) {
-            return;
+        let now = self.now();
+        {
+            let names = self.names.read();
+            if names.configured.contains(&name) {
+                return;
+            }
+            if let Some(seen) = names.answered.get(&name) {
+                seen.store(now, Ordering::Relaxed);
+                return;
+            }
         }
         let mut names = self.names.write();
-        if names.configured.len() + names.answered.len() < self.room {
-            names.answered.insert(name);
+        if names.configured.len() + names.answered.len() >= self.room {
+            if self.searched.swap(now, Ordering::Relaxed) == now {
+                return;
+            }
+            let idle = self.idle.as_secs();
+            let oldest = names
+                .answered
+                .iter()
+                .map(|(name, seen)| (seen.load(Ordering::Relaxed), name))
+                .min();
+            match oldest {
+                Some((seen, oldest)) if now.saturating_sub(seen) >= idle => {
+                    let oldest = oldest.clone();
+                    names.answered.remove(&oldest);
+                }
+                _ => return,
+            }
         }
+        names
+            .answered
+            .entry(name)
+            .or_insert_with(|| AtomicU64::new(now));
     }
 }
 

@@ -481,3 +481,129 @@ async fn a_client_that_stops_reading_a_large_answer_releases_its_permit_after_th
     drop(stalled);
     upstream.stop().await;
 }
+
+/// Made-up model names an upstream happens to answer fill the routes
+/// counted by name, but only until they go idle: a real model answered
+/// afterwards takes an idle one's place and is counted by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_up_models_an_upstream_answers_give_their_places_to_a_real_one_once_idle() {
+    let upstream = support::fake_upstream::FakeUpstream::start().await;
+    let toml = format!(
+        r#"
+[gateway]
+max_routes = 4
+route_idle = "1s"
+
+[[providers]]
+name = "up"
+base_url = "{}"
+"#,
+        upstream.base_url()
+    );
+    let gw = start(&toml).await;
+    let url = gw.url();
+    let client = reqwest::Client::new();
+    let send = |model: String| {
+        let client = client.clone();
+        let url = url.clone();
+        async move {
+            let body = format!(r#"{{"model":"{model}","messages":[]}}"#);
+            let response = client
+                .post(format!("{url}/v1/chat/completions"))
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200, "{model}");
+        }
+    };
+    let routes = || {
+        let client = client.clone();
+        let url = url.clone();
+        async move {
+            let body = client
+                .get(format!("{url}/stats"))
+                .send()
+                .await
+                .unwrap()
+                .bytes()
+                .await
+                .unwrap();
+            let stats: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let names: Vec<String> = stats["routes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["route"].as_str().unwrap().to_owned())
+                .collect();
+            names
+        }
+    };
+    for i in 0..20 {
+        send(format!("made-up-{i}")).await;
+    }
+    // Never refused, whatever the table holds: counted under (other).
+    send("gpt-real".to_owned()).await;
+    assert!(!routes().await.contains(&"up/gpt-real".to_owned()));
+    // Once the made-up names have gone unanswered for route_idle, the real
+    // model's next answer takes a place (polled: the gateway's clock).
+    let deadline = tokio::time::Instant::now() + BOUND;
+    loop {
+        send("gpt-real".to_owned()).await;
+        if routes().await.contains(&"up/gpt-real".to_owned()) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            routes().await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Bounded: the tracked names, names the layers still hold until they
+    // need the room (at most as many again), and (other).
+    let names = routes().await;
+    assert!(names.len() <= 2 * 4, "{names:?}");
+    // Counted by name from then on, in every layer.
+    let before = gw.gateway.handles().concurrency.stats();
+    send("gpt-real".to_owned()).await;
+    let after = gw.gateway.handles().concurrency.stats();
+    let admitted = |s: &tower_throttle::stats::StatsSnapshot| {
+        s.keys
+            .iter()
+            .find(|k| k.key == "up/gpt-real")
+            .map_or(0, |k| k.admitted)
+    };
+    assert_eq!(admitted(&after), admitted(&before) + 1);
+    gw.shutdown().await;
+    upstream.stop().await;
+}
+
+/// The operator endpoints build every view from every route's counters:
+/// hammered, they answer 429 beyond their own limit, and forwarded
+/// requests are not touched by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_endpoints_have_a_limit_of_their_own() {
+    let gw = start(&config("")).await;
+    let url = gw.url();
+    let client = reqwest::Client::new();
+    let mut statuses = std::collections::BTreeMap::new();
+    for _ in 0..150 {
+        let status = client
+            .get(format!("{url}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16();
+        *statuses.entry(status).or_insert(0) += 1;
+    }
+    assert!(statuses.get(&429).is_some_and(|&n| n > 0), "{statuses:?}");
+    assert!(
+        statuses.get(&200).is_some_and(|&n| n >= 100),
+        "{statuses:?}"
+    );
+    assert_eq!(chat(&client, &url).await.status(), 200);
+    gw.shutdown().await;
+}

@@ -668,7 +668,7 @@ shutdown_grace = "60s"
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_get_whose_body_names_a_model_counts_against_no_route() {
+async fn a_body_on_a_method_without_one_is_refused_and_counts_against_no_route() {
     let toml = r#"
 [gateway]
 max_routes = 3
@@ -692,9 +692,12 @@ quotas = [{ limit = 1, period = "1m" }]
 "#;
     let gw = start(toml).await;
     let host = gw.addr.to_string();
-    for n in 0..4 {
-        let head =
-            format!("GET /v1/models HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json");
+    // The upstream would get a body naming a model the limiter never read:
+    // refused, whatever the method, before anything is forwarded.
+    for (n, method) in ["GET", "DELETE", "OPTIONS", "GET"].into_iter().enumerate() {
+        let head = format!(
+            "{method} /v1/models HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json"
+        );
         let body = format!(
             r#"{{"model":"{}"}}"#,
             if n == 0 {
@@ -704,10 +707,18 @@ quotas = [{ limit = 1, period = "1m" }]
             }
         );
         let answer = raw(gw.addr, &head, body.as_bytes()).await;
-        assert_eq!(answer.status, 200, "{answer:?}");
+        assert_eq!(answer.status, 400, "{method}: {answer:?}");
+        assert_eq!(answer.code(), "body_not_allowed");
     }
-    // sim-large's one request a minute is still there: the GET naming it
-    // did not spend it.
+    assert_eq!(
+        upstream_responses(&gw),
+        0,
+        "a refused request was forwarded"
+    );
+    // Without a body, as every client sends them, they go.
+    assert_eq!(get(gw.addr, "/v1/models", &host, &[]).await.status, 200);
+    // sim-large's one request a minute is still there: nothing naming it
+    // spent it.
     let once = post_chat(gw.addr, r#"{"model":"sim-large"}"#).await;
     assert_eq!(once.status, 200, "{once:?}");
     let stats = get(gw.addr, "/stats", &host, &[]).await.json();
@@ -720,4 +731,69 @@ quotas = [{ limit = 1, period = "1m" }]
     assert!(!names.iter().any(|n| n.contains("junk")), "{names:?}");
     assert!(names.contains(&"sim/sim-large"), "{names:?}");
     gw.shutdown().await;
+}
+
+/// A `multipart/form-data` body (boundary `B`) with these fields.
+fn form(fields: &[(&str, &str)]) -> Vec<u8> {
+    let mut text = String::new();
+    for (name, value) in fields {
+        text.push_str(&format!(
+            "--B\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n"
+        ));
+    }
+    text.push_str("--B--\r\n");
+    text.into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_form_counts_under_its_model_field_as_the_upstream_reads_it() {
+    let upstream = support::fake_upstream::FakeUpstream::start().await;
+    let toml = format!(
+        r#"
+[[providers]]
+name = "up"
+base_url = "{}"
+
+[rate_limit]
+[[rate_limit.rules]]
+provider = "up"
+model = "whisper-1"
+quotas = [{{ limit = 1, period = "1m" }}]
+"#,
+        upstream.base_url()
+    );
+    let gw = start(&toml).await;
+    let upload = |fields: &[(&str, &str)]| {
+        let head = format!(
+            "POST /v1/audio/transcriptions HTTP/1.1\r\nhost: {}\r\ncontent-type: multipart/form-data; boundary=B",
+            gw.addr
+        );
+        let body = form(fields);
+        async move { raw(gw.addr, &head, &body).await }
+    };
+    let audio = ("file", "RIFF....WAVE");
+    assert_eq!(upload(&[audio, ("model", "whisper-1")]).await.status, 200);
+    // The rule's one request a minute is spent: counted under the form's
+    // model, not under "(none)".
+    let again = upload(&[("model", "whisper-1"), audio]).await;
+    assert_eq!(again.status, 429, "{again:?}");
+    // Two model fields: which one the upstream reads is not known.
+    let two = upload(&[("model", "tiny"), audio, ("model", "whisper-1")]).await;
+    assert_eq!((two.status, two.code()), (400, "ambiguous_body".to_owned()));
+    // A form that does not parse is not forwarded for the upstream to read
+    // its own way.
+    let head = format!(
+        "POST /v1/audio/transcriptions HTTP/1.1\r\nhost: {}\r\ncontent-type: multipart/form-data; boundary=B",
+        gw.addr
+    );
+    let cut = raw(
+        gw.addr,
+        &head,
+        b"--B\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper-1",
+    )
+    .await;
+    assert_eq!((cut.status, cut.code()), (400, "bad_multipart".to_owned()));
+    assert_eq!(upstream.received().len(), 1);
+    gw.shutdown().await;
+    upstream.stop().await;
 }
