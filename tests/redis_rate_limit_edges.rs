@@ -15,7 +15,7 @@ use support::{Inner, request};
 use tower::{Layer, Service, ServiceExt};
 use tower_throttle::error::{BoxError, RateLimited};
 use tower_throttle::key::HeaderKey;
-use tower_throttle::rate_limit::{KeyPattern, Quota, RateLimitLayer, Rule};
+use tower_throttle::rate_limit::{Algorithm, KeyPattern, Quota, RateLimitLayer, Rule};
 use tower_throttle::redis::{OnError, RedisStore};
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -484,5 +484,61 @@ async fn a_key_refused_after_a_retune_goes_again_at_its_retry_after() {
         send(&mut svc, "k", 2)
             .await
             .unwrap_or_else(|e| panic!("{quota:?}: at its retry_after: {e}"));
+    }
+}
+
+#[tokio::test]
+async fn a_key_that_spent_its_quota_stays_refused_when_the_algorithm_changes() {
+    let Some(server) = RedisServer::start("algorithm_change_keeps_spent") else {
+        return;
+    };
+    let algorithms = [
+        Algorithm::TokenBucket,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+        Algorithm::TurnBudget,
+    ];
+    for from in algorithms {
+        for to in algorithms.into_iter().filter(|&a| a != from) {
+            let clock = clock();
+            let prefix = format!("algorithm:{from:?}:{to:?}:");
+            let per_hour = |algorithm| Quota::per_hour(3).expect("valid").with_algorithm(algorithm);
+            let layer = RateLimitLayer::new(per_hour(from), header_key())
+                .with_store(store(&server, &prefix, &clock))
+                .expect("a quota Redis keeps");
+            let handle = layer.handle();
+            let mut svc = layer.layer(Inner::new());
+            for i in 0..3 {
+                send(&mut svc, "k", i).await.expect("within the quota");
+            }
+            send(&mut svc, "part", 10).await.expect("one of three");
+            handle.set_default(vec![per_hour(to)]);
+            assert!(
+                send(&mut svc, "k", 3).await.is_err(),
+                "{from:?} -> {to:?}: a spent key got a fresh quota"
+            );
+            // Refused again: the carried units were kept, not made anew.
+            assert!(send(&mut svc, "k", 4).await.is_err(), "{from:?} -> {to:?}");
+            for i in 0..2 {
+                send(&mut svc, "part", 11 + i)
+                    .await
+                    .unwrap_or_else(|e| panic!("{from:?} -> {to:?}: two left: {e}"));
+            }
+            assert!(
+                send(&mut svc, "part", 13).await.is_err(),
+                "{from:?} -> {to:?}"
+            );
+            // A reset forgets what the replaced quota held too.
+            // (The reset's deletion runs in the background: polled.)
+            handle.reset(&["k"]);
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while let Err(e) = send(&mut svc, "k", 5).await {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{from:?} -> {to:?}: never reset: {e:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
     }
 }

@@ -26,6 +26,11 @@ pub(crate) struct Compiled {
     pub(crate) name: Arc<str>,
     pub(crate) quotas: Vec<Quota>,
     pub(crate) tables: Vec<Arc<Table>>,
+    /// Per quota, the quota of another algorithm (same unit) it replaced
+    /// in a retune, if any: a shared store finds a key's state under that
+    /// quota's name and carries what it spent (see
+    /// [`Table::carry_from`] for the same in process).
+    pub(crate) replaced: Vec<Option<Quota>>,
     pub(crate) dry_run: bool,
     /// The most one request may cost: the smallest capacity of the quotas
     /// that count cost.
@@ -105,6 +110,22 @@ impl Policy {
                 });
             let word = fast.as_ref().map(|f| f.word.clone());
             let old = previous.and_then(|p| p.compiled.iter().find(|c| &*c.name == name));
+            let replaced = quotas
+                .iter()
+                .enumerate()
+                .map(|(i, quota)| {
+                    let before = old.and_then(|c| c.quotas.get(i))?;
+                    if before.unit() != quota.unit() {
+                        None
+                    } else if before.algorithm() != quota.algorithm() {
+                        Some(*before)
+                    } else {
+                        // Retuned in place: an earlier replacement may
+                        // still hold a key's state.
+                        old.and_then(|c| c.replaced.get(i).cloned().flatten())
+                    }
+                })
+                .collect();
             let tables = quotas
                 .iter()
                 .enumerate()
@@ -139,6 +160,7 @@ impl Policy {
                 name: Arc::from(name),
                 quotas: quotas.to_vec(),
                 tables,
+                replaced,
                 dry_run,
                 // A quota counting requests takes one unit whatever the cost.
                 capacity: quotas
@@ -174,6 +196,7 @@ impl Policy {
                 name: c.name.clone(),
                 quotas: c.quotas.clone(),
                 tables: c.tables.clone(),
+                replaced: c.replaced.clone(),
                 dry_run: c.dry_run,
                 capacity: c.capacity,
                 first_counts_requests: c.first_counts_requests,

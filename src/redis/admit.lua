@@ -13,14 +13,17 @@
 --              used only when the limiter has rules
 -- KEYS[2..]    each quota's state; a sliding window has two keys (its
 --              bookings and its sum), the others one
--- KEYS[last]   with a probe (ARGV[9]): the default rule's first state, to
+-- KEYS[next]   with a probe (ARGV[9]): the default rule's first state, to
 --              tell whether a key never seen under a rule spent under the
 --              default before the rules came
+-- KEYS[rest]   the states of the quotas of another algorithm that quotas
+--              replaced in a retune (a sliding window's two), in order
 -- ARGV         cost, max_wait, horizon, info (0/1), waits (0/1), rule
 --              (empty: no rules), marker_ttl (ms), now (empty: Redis's
 --              TIME; a number: a clock a test sets), probe (0/1), then per
 --              quota: kind (g, s, f, t; upper case: counting one per
---              request, whatever the cost), a, b
+--              request, whatever the cost), a, b, then the kind, a and b of
+--              the quota of another algorithm it replaced ('-': none)
 --                g: emission, burst      s: limit, window
 --                f: limit, window        t: limit, stale_after
 --
@@ -61,7 +64,8 @@ while ARGV[i] do
   -- An upper-case kind counts one per request, whatever the cost.
   local c = cost
   if kind ~= string.lower(kind) then kind = string.lower(kind); c = 1 end
-  local q = { kind = kind, c = c, a = tonumber(ARGV[i + 1]), b = tonumber(ARGV[i + 2]), key = KEYS[k] }
+  local q = { kind = kind, c = c, a = tonumber(ARGV[i + 1]), b = tonumber(ARGV[i + 2]), key = KEYS[k],
+    pk = ARGV[i + 3], pa = tonumber(ARGV[i + 4]), pb = tonumber(ARGV[i + 5]) }
   k = k + 1
   if kind == 'g' then
     local v = redis.call('GET', q.key)
@@ -124,7 +128,86 @@ while ARGV[i] do
     q.x = tonumber(x) or 0
   end
   quotas[#quotas + 1] = q
-  i = i + 3
+  i = i + 6
+end
+local probe = nil
+if ARGV[9] == '1' then
+  probe = KEYS[k]
+  k = k + 1
+end
+for _, q in ipairs(quotas) do
+  if q.pk ~= '-' then
+    q.pkey = KEYS[k]
+    k = k + 1
+    if q.pk == 's' then
+      q.paux = KEYS[k]
+      k = k + 1
+    end
+  end
+end
+
+-- A quota that replaced one of another algorithm, with no state of its own
+-- yet: what the key has in use under the old one (as that algorithm
+-- counts it, now) is taken here now, once (the old state goes), as
+-- Table::carry_from does in process. A reload never hands out a quota.
+for _, q in ipairs(quotas) do
+  if q.pkey and q.fresh then
+    local used = 0
+    local pk = q.pk
+    if pk == 'g' then
+      local v = redis.call('GET', q.pkey)
+      local tat, e, b
+      if v then tat, e, b = string.match(v, '^([^,]+),([^,]+),([^,]+)$') end
+      tat, e, b = tonumber(tat), tonumber(e), tonumber(b)
+      if tat and e and b and e > 0 then
+        local owed = max(tat - now, 0)
+        used = b - min(floor(max(e * b - owed, 0) / e), b)
+      end
+    elseif pk == 'f' then
+      local v = redis.call('GET', q.pkey)
+      local e, u, w, l
+      if v then e, u, w, l = string.match(v, '^([^,]+),([^,]+),([^,]+),([^,]+)$') end
+      e, u, w, l = tonumber(e), tonumber(u), tonumber(w), tonumber(l)
+      if e and u and w and l and w > 0 and e > now then
+        used = l
+        if e == (floor(now / w) + 1) * w then used = min(u, l) end
+      end
+    elseif pk == 's' then
+      local live = redis.call('ZRANGEBYSCORE', q.pkey, string.format('(%d', now - q.pb), '+inf')
+      for _, member in ipairs(live) do
+        used = used + tonumber(string.match(member, ':(%d+)$'))
+      end
+      used = min(used, q.pa)
+    else
+      local v = redis.call('GET', q.pkey)
+      local st, u, x
+      if v then st, u, x = string.match(v, '^([^,]+),([^,]+),([^,]+)$') end
+      st, u, x = tonumber(st), tonumber(u), tonumber(x)
+      if st and u and x and not ((u == 0 and st <= now) or x <= now) then
+        used = min(u, q.pa)
+      end
+    end
+    if used > 0 then
+      local kind = q.kind
+      if kind == 'g' then
+        q.tat = max(q.tat, now + q.a * min(used, q.b))
+      elseif kind == 'f' then
+        q.e = (floor(now / q.b) + 1) * q.b
+        q.u = used
+      elseif kind == 's' then
+        local take = min(used, q.a)
+        q.seq = q.seq + 1
+        redis.call('ZADD', q.key, now, q.seq .. ':' .. take)
+        q.sum = q.sum + take
+        q.last = now
+      else
+        q.s = now; q.u = used; q.x = now + q.b
+      end
+      q.converted = true
+    end
+    redis.call('DEL', q.pkey)
+    if q.paux then redis.call('DEL', q.paux) end
+  end
 end
 
 -- A key that spent under another rule (as far as its marker remembers, or
@@ -133,7 +216,7 @@ end
 local was = false
 if rule ~= '' then
   was = redis.call('GET', KEYS[1])
-  if not was and ARGV[9] == '1' and redis.call('EXISTS', KEYS[#KEYS]) == 1 then
+  if not was and probe and redis.call('EXISTS', probe) == 1 then
     was = '(default)'
   end
 end

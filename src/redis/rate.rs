@@ -131,6 +131,30 @@ fn state_keys(
     keys
 }
 
+/// The state keys, under the rule tagged `tag`, of the quotas of another
+/// algorithm that `replaced` says each quota replaced (a sliding window's
+/// two).
+fn replaced_keys(
+    store: &RedisStore,
+    parts: &[String],
+    tag: &str,
+    replaced: &[Option<QuotaArgs>],
+) -> Vec<String> {
+    if replaced.iter().all(Option::is_none) {
+        return Vec::new();
+    }
+    let base = store.names.base(&store.prefix, parts);
+    let mut keys = Vec::new();
+    for (i, q) in replaced.iter().enumerate() {
+        let Some(q) = q else { continue };
+        let key = format!("{base}:rl:{tag}:{i}{}", q.kind);
+        let sum = (q.kind == 's').then(|| format!("{key}:n"));
+        keys.push(key);
+        keys.extend(sum);
+    }
+    keys
+}
+
 /// The Redis keys of the key with `parts` under `rule`: every quota's and
 /// the rule marker (a reset), or the turn budgets' only (a new turn).
 pub(crate) fn forget_keys(
@@ -138,6 +162,7 @@ pub(crate) fn forget_keys(
     parts: &[String],
     rule: &str,
     quotas: &[Quota],
+    replaced: &[Option<Quota>],
     turns_only: bool,
 ) -> Vec<String> {
     let tag = store.names.tag(rule);
@@ -148,6 +173,13 @@ pub(crate) fn forget_keys(
     if turns_only {
         // The rule marker stays: the key still spent under its rule.
         keys.remove(0);
+    } else {
+        // What a replaced quota still holds would be carried back in.
+        let replaced: Vec<Option<QuotaArgs>> = replaced
+            .iter()
+            .map(|q| q.map(|q| QuotaArgs::of(&q)))
+            .collect();
+        keys.extend(replaced_keys(store, parts, &tag, &replaced));
     }
     keys
 }
@@ -168,6 +200,8 @@ pub(crate) struct Admission {
     cost: u32,
     /// The last key is the default's state, probed.
     probed: bool,
+    /// After it, this many keys of replaced quotas' states.
+    replaced_keys: usize,
     /// The longest wait the script can answer, in microseconds: a state
     /// further ahead than the horizon is started afresh, so no quota
     /// waits (or resets) much longer than the horizon and one period.
@@ -185,6 +219,10 @@ pub(crate) struct Ask<'a> {
     /// the rules came.
     pub(crate) default_quota: Option<&'a Quota>,
     pub(crate) quotas: &'a [Quota],
+    /// Per quota, the quota of another algorithm it replaced in a retune
+    /// (see `Compiled::replaced`): a key with no state yet under the new
+    /// quota carries what it spent under that one.
+    pub(crate) replaced: &'a [Option<Quota>],
     pub(crate) cost: u32,
     pub(crate) max_wait: Nanos,
     /// Report what remains.
@@ -208,6 +246,18 @@ impl Admission {
         });
         let probed = probe.is_some();
         keys.extend(probe);
+        let replaced: Vec<Option<QuotaArgs>> = (0..quotas.len())
+            .map(|i| {
+                ask.replaced
+                    .get(i)
+                    .copied()
+                    .flatten()
+                    .map(|q| QuotaArgs::of(&q))
+            })
+            .collect();
+        let before = keys.len();
+        keys.extend(replaced_keys(store, ask.parts, &tag, &replaced));
+        let replaced_keys = keys.len() - before;
         let max_wait = ask.max_wait / 1_000;
         let horizon = max_wait.max(MIN_HORIZON_US).saturating_add(1_000_000);
         let period = quotas
@@ -226,7 +276,7 @@ impl Admission {
         // period and the longest wait past its last request.
         let marker_ttl =
             (ask.longest_period.saturating_add(ask.max_wait) / 1_000_000).saturating_add(1_000);
-        let mut args = Vec::with_capacity(9 + 3 * quotas.len());
+        let mut args = Vec::with_capacity(9 + 6 * quotas.len());
         args.push(ask.cost.to_string());
         args.push(max_wait.to_string());
         args.push(horizon.to_string());
@@ -240,10 +290,19 @@ impl Admission {
         args.push(marker_ttl.to_string());
         args.push(store.now_arg());
         args.push(u8::from(probed).to_string());
-        for q in &quotas {
+        for (q, before) in quotas.iter().zip(&replaced) {
             args.push(q.arg_kind());
             args.push(q.a.to_string());
             args.push(q.b.to_string());
+            // The replaced quota's kind and numbers ("-": none).
+            match before {
+                Some(b) => {
+                    args.push(b.kind.to_string());
+                    args.push(b.a.to_string());
+                    args.push(b.b.to_string());
+                }
+                None => args.extend(["-".to_owned(), "0".to_owned(), "0".to_owned()]),
+            }
         }
         Self {
             keys,
@@ -251,6 +310,7 @@ impl Admission {
             quotas,
             cost: ask.cost,
             probed,
+            replaced_keys,
             longest_wait,
         }
     }
@@ -311,8 +371,10 @@ impl Reply {
                 slowest: index(int(reply.get(2))?)?,
             }),
             1 => {
-                // The rule marker and the probe are not the booking's.
+                // The rule marker, the probe and the replaced quotas'
+                // states are not the booking's.
                 let mut keys = admission.keys;
+                keys.truncate(keys.len().saturating_sub(admission.replaced_keys));
                 if admission.probed {
                     keys.pop();
                 }
@@ -423,6 +485,10 @@ impl Grant {
 /// requests on a refused key costs no round trips.
 pub(crate) struct Refused {
     keys: Mutex<HashMap<u64, Refusal, BuildHasherDefault<PassThrough>>>,
+    /// Moves on at every forget, under the lock: a refusal asked before a
+    /// reset and heard after it (the reset's deletion raced its reply) is
+    /// not remembered, or the key would stay refused here past the reset.
+    forgets: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -445,6 +511,7 @@ impl Default for Refused {
     fn default() -> Self {
         Self {
             keys: Mutex::new(HashMap::default()),
+            forgets: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
@@ -473,8 +540,16 @@ impl Refused {
             .then_some((wait, refusal.slowest))
     }
 
+    /// Where the forgets are: taken before asking Redis, given back to
+    /// [`insert`](Self::insert).
+    pub(crate) fn epoch(&self) -> u64 {
+        self.forgets.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Remember at `now` that a request of `cost` on `key` cannot go for
-    /// `wait` under policy `generation`.
+    /// `wait` under policy `generation`, unless something was forgotten
+    /// since [`epoch`](Self::epoch) said `asked`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn insert(
         &self,
         key: KeyHash,
@@ -483,9 +558,13 @@ impl Refused {
         wait: Duration,
         slowest: usize,
         generation: u32,
+        asked: u64,
     ) {
         let until = now.saturating_add(u64::try_from(wait.as_micros()).unwrap_or(u64::MAX));
         let mut keys = self.keys.lock();
+        if self.forgets.load(std::sync::atomic::Ordering::Acquire) != asked {
+            return;
+        }
         if keys.len() >= MAX_REFUSED && !keys.contains_key(&key.0) {
             keys.retain(|_, r| r.until > now);
             if keys.len() >= MAX_REFUSED {
@@ -512,6 +591,8 @@ impl Refused {
     /// Forget `key` (a reset), or every key (`None`: a retune).
     pub(crate) fn forget(&self, key: Option<KeyHash>) {
         let mut keys = self.keys.lock();
+        self.forgets
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         match key {
             Some(key) => {
                 keys.remove(&key.0);
@@ -529,7 +610,15 @@ mod tests {
     fn a_refused_key_is_refused_locally_until_it_could_go() {
         let refused = Refused::default();
         let key = KeyHash(1);
-        refused.insert(key, 2, 1_000, Duration::from_micros(500), 0, 1);
+        refused.insert(
+            key,
+            2,
+            1_000,
+            Duration::from_micros(500),
+            0,
+            1,
+            refused.epoch(),
+        );
         // As costly or more, beyond max_wait: refused here.
         assert_eq!(
             refused.check(key, 2, 0, 1_100, 1),
@@ -538,7 +627,15 @@ mod tests {
         assert!(refused.check(key, 3, 0, 1_100, 1).is_some());
         // Under another policy generation (a retune, a reset): void.
         assert_eq!(refused.check(key, 3, 0, 1_100, 2), None);
-        refused.insert(key, 2, 1_000, Duration::from_micros(500), 0, 1);
+        refused.insert(
+            key,
+            2,
+            1_000,
+            Duration::from_micros(500),
+            0,
+            1,
+            refused.epoch(),
+        );
         // Cheaper: Redis may admit it.
         assert_eq!(refused.check(key, 1, 0, 1_100, 1), None);
         // Within the wait allowed: Redis books it.
@@ -562,6 +659,7 @@ mod tests {
             quotas: vec![one],
             cost: 1,
             probed: false,
+            replaced_keys: 0,
             longest_wait: 1_000,
         };
         let int = Value::Int;
@@ -606,7 +704,15 @@ mod tests {
     fn the_cache_of_refused_keys_is_bounded() {
         let refused = Refused::default();
         for k in 0..(MAX_REFUSED as u64 + 100) {
-            refused.insert(KeyHash(k), 1, 0, Duration::from_secs(60), 0, 1);
+            refused.insert(
+                KeyHash(k),
+                1,
+                0,
+                Duration::from_secs(60),
+                0,
+                1,
+                refused.epoch(),
+            );
         }
         assert_eq!(refused.keys.lock().len(), MAX_REFUSED);
         // Once those are over, new ones take their place.
@@ -617,6 +723,7 @@ mod tests {
             Duration::from_secs(1),
             0,
             1,
+            refused.epoch(),
         );
         assert_eq!(refused.keys.lock().len(), 1);
     }

@@ -84,6 +84,8 @@ struct Question<'a> {
     want: Want,
     /// When it was sent, on the store's local clock.
     sent: u64,
+    /// The refusal cache's epoch then (see `Refused::epoch`).
+    asked: u64,
 }
 
 /// Whether every quota can be kept on Redis as in process.
@@ -177,6 +179,7 @@ impl Limiter {
                     .then(|| policy.compiled[0].quotas.first())
                     .flatten(),
                 quotas: &rule.quotas,
+                replaced: &rule.replaced,
                 cost,
                 max_wait,
                 info: want.info,
@@ -190,6 +193,7 @@ impl Limiter {
             // sending and hearing back: counted from the sending, the cache
             // never refuses past the instant.
             let sent = remote.store.local_micros();
+            let asked = remote.refused.epoch();
             let reply = admission.run(&remote.store).await;
             let question = Question {
                 index,
@@ -199,6 +203,7 @@ impl Limiter {
                 max_wait,
                 want,
                 sent,
+                asked,
             };
             limiter.answered(&remote, &policy, question, reply)
         }))
@@ -220,6 +225,7 @@ impl Limiter {
             max_wait,
             want,
             sent,
+            asked,
         } = question;
         let text = || texts.label();
         let rule = &policy.compiled[index];
@@ -238,7 +244,7 @@ impl Limiter {
                 // Under the policy asked about: a retune since voids it.
                 remote
                     .refused
-                    .insert(key, cost, sent, wait, slowest, policy.generation);
+                    .insert(key, cost, sent, wait, slowest, policy.generation, asked);
                 self.refused(rule, key, now, saturating_nanos(wait), slowest, &text)
             }
             Ok(Reply::Booked {
@@ -301,7 +307,14 @@ impl Limiter {
         } else {
             0
         }];
-        let keys = rate::forget_keys(&remote.store, parts, &rule.name, &rule.quotas, turns_only);
+        let keys = rate::forget_keys(
+            &remote.store,
+            parts,
+            &rule.name,
+            &rule.quotas,
+            &rule.replaced,
+            turns_only,
+        );
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
