@@ -48,6 +48,7 @@ fn setup(url: &str) -> (RedisStore, Svc) {
     let store = RedisStore::new(url)
         .expect("valid URL")
         .with_prefix("bench:")
+        .expect("a prefix without braces")
         .with_timeout(Duration::from_secs(5));
     let quota = Quota::per_second(10_000)
         .and_then(|q| q.with_burst(10_000_000))

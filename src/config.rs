@@ -199,7 +199,7 @@ impl StoreConfig {
             RedisStore::new(url)?
         };
         if let Some(prefix) = &self.prefix {
-            store = store.with_prefix(prefix.clone());
+            store = store.with_prefix(prefix.clone())?;
         }
         if let Some(timeout) = duration("timeout", &self.timeout)? {
             store = store.with_timeout(timeout);

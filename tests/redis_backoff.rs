@@ -60,6 +60,7 @@ fn store(server: &RedisServer, clock: &Arc<AtomicU64>, on_error: OnError) -> Red
     RedisStore::new(&server.url())
         .expect("valid URL")
         .with_prefix("cool:")
+        .expect("a prefix without braces")
         .with_timeout(Duration::from_secs(2))
         .on_error(on_error)
         .with_test_clock(clock.clone())

@@ -62,6 +62,7 @@ async fn a_429_through_a_stalled_redis_ends_within_one_timeout() {
     let store = RedisStore::new(&server.url())
         .expect("valid URL")
         .with_prefix("stall:")
+        .expect("a prefix without braces")
         .with_timeout(TIMEOUT)
         .on_error(OnError::Open);
     let mut svc = tower::ServiceBuilder::new()
@@ -98,6 +99,7 @@ async fn a_cooldown_longer_than_redis_counts_is_still_shared() {
         let store = RedisStore::new(&server.url())
             .expect("valid URL")
             .with_prefix("long:")
+            .expect("a prefix without braces")
             .with_timeout(Duration::from_secs(2))
             .on_error(OnError::Closed);
         tower::ServiceBuilder::new()

@@ -25,6 +25,7 @@ async fn every_quota_of_a_key_lives_in_one_slot_and_keys_spread_over_the_masters
     let store = RedisStore::cluster(&cluster.urls())
         .expect("valid URLs")
         .with_prefix("cl:")
+        .expect("a prefix without braces")
         .with_timeout(Duration::from_secs(2))
         // A script the cluster refused (CROSSSLOT, MOVED) shows as an error.
         .on_error(OnError::Closed);

@@ -111,6 +111,7 @@ fn replica_at(server: &RedisServer, quotas: Vec<Quota>, clock: Arc<AtomicU64>) -
     let store = RedisStore::new(&server.url())
         .expect("valid URL")
         .with_prefix("settle:")
+        .expect("a prefix without braces")
         .with_timeout(Duration::from_secs(2))
         .on_error(OnError::Closed)
         .with_test_clock(clock);

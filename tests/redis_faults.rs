@@ -27,6 +27,7 @@ fn store(server: &RedisServer, prefix: &str, on_error: OnError) -> RedisStore {
     RedisStore::new(&server.url())
         .expect("valid URL")
         .with_prefix(prefix)
+        .expect("a prefix without braces")
         .with_timeout(TIMEOUT)
         .on_error(on_error)
 }

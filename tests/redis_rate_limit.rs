@@ -33,6 +33,7 @@ fn store(server: &RedisServer, prefix: &str, clock: Option<&Clock>) -> RedisStor
     let store = RedisStore::new(&server.url())
         .expect("valid URL")
         .with_prefix(prefix)
+        .expect("a prefix without braces")
         .with_timeout(Duration::from_secs(2))
         .on_error(OnError::Closed)
         .with_hash_key(HASH_KEY)

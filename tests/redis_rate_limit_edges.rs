@@ -36,6 +36,7 @@ fn store(server: &RedisServer, prefix: &str, clock: &Arc<AtomicU64>) -> RedisSto
     RedisStore::new(&server.url())
         .expect("valid URL")
         .with_prefix(prefix)
+        .expect("a prefix without braces")
         .with_timeout(Duration::from_secs(2))
         .on_error(OnError::Closed)
         .with_test_clock(clock.clone())
@@ -318,7 +319,8 @@ fn a_prefix_is_escaped_where_it_is_logged() {
     capture::capture_logs();
     let store = RedisStore::new("redis://127.0.0.1:1")
         .expect("valid URL")
-        .with_prefix("app:\u{1b}[2J\nforged line:");
+        .with_prefix("app:\u{1b}[2J\nforged line:")
+        .expect("a prefix without braces");
     let _layer = RateLimitLayer::new(Quota::per_minute(2).expect("valid"), header_key())
         .with_store(store)
         .expect("a quota Redis keeps");
@@ -399,6 +401,7 @@ async fn an_error_a_hostile_redis_sends_is_escaped_in_the_log() {
     let store = RedisStore::new(&format!("redis://{addr}"))
         .expect("valid URL")
         .with_prefix("hostile:")
+        .expect("a prefix without braces")
         .with_timeout(Duration::from_secs(2))
         .on_error(OnError::Closed);
     let mut svc = RateLimitLayer::new(Quota::per_minute(2).expect("valid"), header_key())
@@ -541,4 +544,46 @@ async fn a_key_that_spent_its_quota_stays_refused_when_the_algorithm_changes() {
             }
         }
     }
+}
+
+#[tokio::test]
+async fn a_new_turn_on_one_replica_is_seen_by_another_within_a_second() {
+    let Some(server) = RedisServer::start("new_turn_across_replicas") else {
+        return;
+    };
+    let clock = clock();
+    let replica = || {
+        RateLimitLayer::new(Quota::per_turn(2).expect("valid"), header_key())
+            .with_store(store(&server, "turns:", &clock))
+            .expect("a quota Redis keeps")
+    };
+    let (a, b) = (replica(), replica());
+    let mut on_a = a.clone().layer(Inner::new());
+    send(&mut on_a, "agent", 0).await.expect("one of two");
+    send(&mut on_a, "agent", 1).await.expect("two of two");
+    // Refused, and remembered on replica A: the turn goes stale in 5 min.
+    assert!(is_refused(&send(&mut on_a, "agent", 2).await));
+    // The agent's new turn arrives at replica B.
+    // (Its deletion runs in the background: Redis is watched for it.)
+    b.handle().new_turn(&["agent"]);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut redis = server.connection();
+    loop {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("turns:*")
+            .query(&mut redis)
+            .expect("KEYS");
+        if keys.is_empty() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never forgotten");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Replica A still answers from its cache within the second.
+    assert!(is_refused(&send(&mut on_a, "agent", 3).await));
+    // A second later, replica A asks Redis again instead of its cache.
+    clock.fetch_add(1_000_000, Ordering::SeqCst);
+    send(&mut on_a, "agent", 4)
+        .await
+        .expect("the new turn, seen on the other replica");
 }

@@ -48,12 +48,17 @@
 //!   that call fails, the capacity stays spent.
 //! - A retune converts a quota's state at the key's next request (on every
 //!   replica, whichever asks first), without minting capacity, as in
-//!   process; a key whose rule changes starts the new rule spent. Waiters
+//!   process; a quota that changes algorithm carries what the key had in
+//!   use under the old one; a key whose rule changes starts the new rule
+//!   spent. Waiters
 //!   already booked keep their instants.
 //! - [`RateLimitHandle::reset`](crate::rate_limit::RateLimitHandle::reset)
 //!   and [`new_turn`](crate::rate_limit::RateLimitHandle::new_turn) delete
 //!   the key's state in Redis in a task of their own (they return before
-//!   Redis has it); [`peek_wait`](crate::rate_limit::RateLimitHandle::peek_wait)
+//!   Redis has it). Each replica answers a refused key from its own cache
+//!   for at most a second (then asks Redis again), so a reset, a new turn
+//!   or a give-back made on another replica is seen everywhere within a
+//!   second. [`peek_wait`](crate::rate_limit::RateLimitHandle::peek_wait)
 //!   says what this replica's cache of refused keys says (zero otherwise),
 //!   and [`key_count`](crate::rate_limit::RateLimitHandle::key_count) and
 //!   [`evict_idle`](crate::rate_limit::RateLimitHandle::evict_idle) see
@@ -70,7 +75,7 @@
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = RedisStore::new("redis://127.0.0.1:6379")?
-//!     .with_prefix("myapp:")
+//!     .with_prefix("myapp:")?
 //!     .with_hash_key(std::env::var("RATE_LIMIT_HASH_KEY")?)?;
 //! let layer = RateLimitLayer::new(Quota::per_minute(60)?, HeaderKey::new("x-api-key")?)
 //!     .with_store(store)?;

@@ -496,6 +496,10 @@ struct Refusal {
     /// The earliest a request of `cost` could be admitted, on the store's
     /// local clock ([`RedisStore::local_micros`]).
     until: u64,
+    /// Until when the refusal is answered from here: at most
+    /// [`CACHED_FOR`] after it was heard, since a reset, a new turn or a
+    /// give-back on another replica changes Redis without telling this one.
+    expires: u64,
     cost: u32,
     /// An index into the quotas of the policy generation below.
     slowest: usize,
@@ -506,6 +510,12 @@ struct Refusal {
 
 /// At most this many refused keys are remembered; more are asked again.
 const MAX_REFUSED: usize = 10_000;
+
+/// The longest a refusal is answered from a replica's cache, in
+/// microseconds: what another replica's reset, new turn or give-back can
+/// take to be seen here. A flood on a refused key then costs one round
+/// trip a second, not one per request.
+const CACHED_FOR: u64 = 1_000_000;
 
 impl Default for Refused {
     fn default() -> Self {
@@ -531,7 +541,7 @@ impl Refused {
     ) -> Option<(Duration, usize)> {
         let mut keys = self.keys.lock();
         let refusal = *keys.get(&key.0)?;
-        if refusal.until <= now || refusal.generation != generation {
+        if refusal.expires <= now || refusal.generation != generation {
             keys.remove(&key.0);
             return None;
         }
@@ -566,13 +576,14 @@ impl Refused {
             return;
         }
         if keys.len() >= MAX_REFUSED && !keys.contains_key(&key.0) {
-            keys.retain(|_, r| r.until > now);
+            keys.retain(|_, r| r.expires > now);
             if keys.len() >= MAX_REFUSED {
                 return;
             }
         }
         let refusal = Refusal {
             until,
+            expires: until.min(now.saturating_add(CACHED_FOR)),
             cost,
             slowest,
             generation,
@@ -581,7 +592,7 @@ impl Refused {
             .and_modify(|r| {
                 // The cheaper refusal says more; a later one replaces one
                 // that is over.
-                if cost <= r.cost || r.until <= now || r.generation != generation {
+                if cost <= r.cost || r.expires <= now || r.generation != generation {
                     *r = refusal;
                 }
             })
@@ -643,6 +654,22 @@ mod tests {
         // At the instant: asked again, and forgotten.
         assert_eq!(refused.check(key, 2, 0, 1_500, 1), None);
         assert!(refused.keys.lock().is_empty());
+    }
+
+    #[test]
+    fn a_long_refusal_is_answered_from_the_cache_for_a_second_at_most() {
+        // Another replica's reset or new turn is not seen here: past a
+        // second the key is asked again, whatever its wait.
+        let refused = Refused::default();
+        let key = KeyHash(1);
+        let five_minutes = Duration::from_secs(300);
+        refused.insert(key, 1, 0, five_minutes, 0, 1, refused.epoch());
+        assert_eq!(
+            refused.check(key, 1, 0, 999_999, 1),
+            Some((five_minutes - Duration::from_micros(999_999), 0)),
+            "the true wait, not the cache's"
+        );
+        assert_eq!(refused.check(key, 1, 0, 1_000_000, 1), None);
     }
 
     #[test]
