@@ -132,3 +132,50 @@ async fn a_cooldown_longer_than_redis_counts_is_still_shared() {
         cooling.retry_after
     );
 }
+
+/// The shared cooldown's generation only grows, even once the route's
+/// state has expired (a quiet route's is deleted): replicas keep the largest
+/// they saw and send it with each request, so a generation that started
+/// again from 0 would make 429s already in flight count as fresh, and the
+/// streak would grow faster than the 429s that say something new.
+#[tokio::test]
+async fn the_cooldown_generation_grows_across_the_state_expiring() {
+    let Some(server) = RedisServer::start("generation_grows") else {
+        return;
+    };
+    let script = redis::Script::new(include_str!("../src/redis/cooldown.lua"));
+    let mut conn = server.connection();
+    let t0: u64 = 1_800_000_000_000_000;
+    // mode, generation sent under, advised wait, forget_after, now, delays.
+    let mut call = |mode: &str, seen: u64, now: u64| -> (u64, u64) {
+        let reply: Vec<i64> = script
+            .key("route:cd")
+            .arg(mode)
+            .arg(seen)
+            .arg(if mode == "429" { "1000" } else { "" })
+            .arg(0)
+            .arg(now)
+            .arg(1000)
+            .invoke(&mut conn)
+            .expect("the script runs");
+        (reply[2] as u64, reply[3] as u64)
+    };
+    let (_, first) = call("429", 0, t0);
+    // Quiet, then a success: the state is deleted.
+    call("ok", first, t0 + 5_000);
+    let exists: bool = redis::cmd("EXISTS")
+        .arg("route:cd")
+        .query(&mut server.connection())
+        .expect("EXISTS");
+    assert!(!exists, "the quiet route's state was deleted");
+    // Two requests sent under `first` come back 429: the first starts a
+    // new cooldown, the second was in flight before it and adds nothing.
+    let (streak, second) = call("429", first, t0 + 6_000);
+    assert_eq!(streak, 1);
+    assert!(second > first, "{second} after {first}");
+    let (streak, _) = call("429", first, t0 + 6_001);
+    assert_eq!(
+        streak, 1,
+        "a 429 in flight before the cooldown counted as fresh"
+    );
+}

@@ -3,8 +3,9 @@
 -- process. Times in microseconds of Redis's clock.
 --
 -- KEYS[1]   the route's state: a hash of u (the cooldown's end), s (the
---           streak of 429s), g (which cooldown start this is), f (when a
---           quiet route forgets its streak)
+--           streak of 429s), g (which cooldown start this is: it only
+--           grows, the instant it started at least), f (when a quiet route
+--           forgets its streak)
 -- ARGV      mode (read; 429; 503; ok: a success), the generation the
 --           request was sent under, an advised wait (empty: none), how
 --           long after a cooldown a quiet route keeps its streak, now
@@ -52,11 +53,14 @@ elseif fresh then
   s = 0
   wait = advised
 end
--- The longer of the cooldown in force and the new one wins.
+-- The longer of the cooldown in force and the new one wins. Its generation
+-- is at least now: it only grows, even after the route's state expired
+-- (replicas keep the largest they saw, and a restart from 0 would make 429s
+-- already in flight count as fresh).
 if wait and now + wait > u and wait > 0 then
   u = now + wait
   f = u + forget_after
-  g = g + 1
+  g = math.max(g + 1, now)
 end
 
 if s == 0 and u <= now then
