@@ -101,6 +101,17 @@ async fn until_redis_answers(svc: &Svc, handle: &RateLimitHandle) {
     }
 }
 
+/// The captured log lines about the store at `addr` (a URL or
+/// `host:port`): the tests of this file run at once and share the log.
+fn store_lines(addr: &str) -> String {
+    let addr = addr.trim_start_matches("redis://");
+    capture::log_text()
+        .lines()
+        .filter(|line| line.contains(&format!("store={addr}")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[tokio::test]
 async fn killed_redis_fails_closed_at_once_and_limiting_resumes_after_a_restart() {
     let Some(mut server) = RedisServer::start("killed_redis_fails_closed") else {
@@ -144,8 +155,8 @@ async fn killed_redis_fails_closed_at_once_and_limiting_resumes_after_a_restart(
     server.restart();
     until_redis_answers(&svc, &handle).await;
     // One line for the outage and one for the end of it, not one per
-    // request.
-    let logs = capture::log_text();
+    // request (this store's lines: the tests share the log).
+    let logs = store_lines(&server.url());
     let down = logs.matches("Redis unreachable; failing closed").count();
     let up = logs.matches("Redis reachable again").count();
     assert_eq!((down, up), (1, 1), "{logs}");
@@ -221,4 +232,127 @@ async fn a_script_flush_reloads_the_scripts_with_no_failed_request() {
         .query(&mut conn)
         .expect("ZCARD");
     assert_eq!(booked, 12);
+}
+
+/// A TCP relay to Redis that can turn into a black hole: its sockets stay
+/// open but nothing crosses, as after a failover or a partition. Counts
+/// the bytes the client sends it.
+struct BlackHole {
+    addr: std::net::SocketAddr,
+    forwarding: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    received: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl BlackHole {
+    async fn start(to: String) -> Self {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let forwarding = std::sync::Arc::new(AtomicBool::new(true));
+        let received = std::sync::Arc::new(AtomicU64::new(0));
+        let (on, count) = (forwarding.clone(), received.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&to).await else {
+                    continue;
+                };
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                let (on_up, on_down, count) = (on.clone(), on.clone(), count.clone());
+                // Bytes read while not forwarding are dropped: lost.
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n @ 1..) = cr.read(&mut buf).await {
+                        count.fetch_add(n as u64, Ordering::SeqCst);
+                        if on_up.load(Ordering::SeqCst) && sw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n @ 1..) = sr.read(&mut buf).await {
+                        if on_down.load(Ordering::SeqCst) && cw.write_all(&buf[..n]).await.is_err()
+                        {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        Self {
+            addr,
+            forwarding,
+            received,
+        }
+    }
+
+    fn forward(&self, on: bool) {
+        self.forwarding
+            .store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn received(&self) -> u64 {
+        self.received.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Redis behind a black hole: after a few calls in a row get no answer,
+/// requests are decided by the fail mode without asking (nothing reaches
+/// the relay, nobody waits for the timeout), and once the relay forwards
+/// again the store is healthy within two seconds, on a new connection (the
+/// old one lost requests, so its replies would never line up again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_holed_redis_is_not_asked_and_is_used_again_once_it_answers() {
+    let Some(server) = RedisServer::start("black_holed_redis") else {
+        return;
+    };
+    capture::capture_logs();
+    let relay = BlackHole::start(server.url().trim_start_matches("redis://").to_owned()).await;
+    let store = RedisStore::new(&format!("redis://{}", relay.addr))
+        .expect("valid URL")
+        .with_prefix("hole:")
+        .expect("a prefix without braces")
+        .with_timeout(TIMEOUT)
+        .on_error(OnError::Closed);
+    let (svc, handle) = limiter(store, 1_000);
+    // (The first call connects and loads the script: under load, that can
+    // take longer than the timeout.)
+    until_redis_answers(&svc, &handle).await;
+    relay.forward(false);
+    // The calls that find out: each waits for the timeout.
+    for seq in 1..=3 {
+        let (outcome, _) = timed(&svc, seq).await;
+        assert!(outcome.is_err_and(|e| e.is::<StoreUnavailable>()));
+    }
+    // Then nobody asks: decided at once by the fail mode.
+    let sent = relay.received();
+    // (A handful: all well within the breaker's first quarter second.)
+    let open = load(&svc, 1, 5).await;
+    for (outcome, _) in &open {
+        assert!(
+            outcome.as_ref().is_err_and(|e| e.is::<StoreUnavailable>()),
+            "{outcome:?}"
+        );
+    }
+    assert_eq!(
+        relay.received(),
+        sent,
+        "a call went to Redis while the breaker was open"
+    );
+    // Forwarding again: used again within two seconds.
+    relay.forward(true);
+    let back = Instant::now();
+    until_redis_answers(&svc, &handle).await;
+    assert!(
+        back.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        back.elapsed()
+    );
+    // One line for the outage, one for its end.
+    let logs = store_lines(&relay.addr.to_string());
+    let down = logs.matches("Redis not answering; failing closed").count();
+    let up = logs.matches("Redis reachable again").count();
+    assert_eq!((down, up), (1, 1), "{logs}");
 }

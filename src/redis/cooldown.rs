@@ -71,7 +71,7 @@ pub(crate) async fn read(store: &RedisStore, key: &str) -> Result<Shared, StoreE
         store.now_arg(),
     ];
     let reply: Vec<i64> = store.run("backoff", &COOLDOWN, &keys, &args).await?;
-    parse(&reply)
+    parse(&reply).inspect_err(|_| store.bad_reply("backoff"))
 }
 
 /// Fold what a response to a request sent under `generation` said into
@@ -111,5 +111,5 @@ pub(crate) async fn report(
     }
     let keys = [key.to_owned()];
     let reply: Vec<i64> = store.run("backoff", &COOLDOWN, &keys, &args).await?;
-    parse(&reply)
+    parse(&reply).inspect_err(|_| store.bad_reply("backoff"))
 }

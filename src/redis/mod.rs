@@ -31,13 +31,22 @@
 //! layer fails open (the default: each replica applies the same quotas in
 //! process, or admits everything) or closed (refuses with
 //! [`StoreUnavailable`](crate::error::StoreUnavailable), a 503); see
-//! [`OnError`]. One log line says an outage began and one that it ended;
-//! the stats count failed calls and the decisions made without Redis
-//! ([`StoreStats`](crate::stats::StoreStats)). The connection reconnects by
-//! itself, with backoff. A key Redis refused is refused locally until its
-//! `retry_after`, so a flood of refused requests costs no round trips. A
-//! call that timed out may still have booked in Redis: that capacity stays
-//! spent, the safe side.
+//! [`OnError`]. After 3 calls in a row get no answer, a circuit breaker
+//! stops asking: every request is decided by the fail mode at once instead
+//! of waiting for the timeout, and one call probes Redis after a quarter
+//! second (then after twice as long, at most a second) until it answers.
+//! A breaker opened by timeouts also drops the connection, since one whose
+//! peer vanished (a failover, a partition) may never fail by itself; TCP
+//! keepalive finds such peers too. One log line says an outage began and
+//! one that it ended (an intermittent timeout logs nothing); Redis
+//! answering with an error (`OOM`, `WRONGTYPE`, ...) or with a reply no
+//! script of this version gives is logged as that, once until it answers
+//! normally. The stats count failed calls and the decisions made without
+//! Redis ([`StoreStats`](crate::stats::StoreStats)). The connection
+//! reconnects by itself, with backoff. A key Redis refused is refused
+//! locally for at most a second, so a flood of refused requests costs one
+//! round trip a second. A call that timed out may still have booked in
+//! Redis: that capacity stays spent, the safe side.
 //!
 //! # What differs from in process
 //!
@@ -89,6 +98,7 @@
 //! # }
 //! ```
 
+mod breaker;
 pub(crate) mod cooldown;
 mod names;
 pub(crate) mod rate;

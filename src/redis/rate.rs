@@ -320,7 +320,10 @@ impl Admission {
         let reply: Vec<Value> = store
             .run("rate limit", &ADMIT, &self.keys, &self.args)
             .await?;
-        Reply::parse(&reply, self).ok_or(StoreError::Reply)
+        Reply::parse(&reply, self).ok_or_else(|| {
+            store.bad_reply("rate limit");
+            StoreError::Reply
+        })
     }
 }
 

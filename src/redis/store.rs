@@ -8,9 +8,11 @@ use std::time::Duration;
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::{ClusterClient, ClusterClientBuilder};
 use ::redis::cluster_async::ClusterConnection;
-use ::redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
-use tokio::sync::OnceCell;
+use ::redis::io::tcp::{TcpSettings, socket2};
+use ::redis::{Client, Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Script, Value};
+use arc_swap::ArcSwapOption;
 
+use super::breaker::{Breaker, Failed, Pass, TRIP_AFTER};
 use super::names::Namer;
 use crate::error::ConfigError;
 use crate::redact::{Escaped, Quoted};
@@ -107,14 +109,17 @@ impl RedisStore {
     /// `unix://` or `redis+unix://` for a socket). A URL that cannot be
     /// parsed is an error; nothing is connected yet.
     pub fn new(url: &str) -> Result<Self, ConfigError> {
-        let client = Client::open(url).map_err(not_a_url)?;
+        let info = url.into_connection_info().map_err(not_a_url)?;
+        let client = Client::open(info.set_tcp_settings(tcp_settings())).map_err(not_a_url)?;
         let addr = client.get_connection_info().addr().to_string();
         Ok(Self {
             conn: Arc::new(Connection {
                 target: Target::Single(client),
-                conn: OnceCell::new(),
+                conn: ArcSwapOption::empty(),
+                making: tokio::sync::Mutex::new(()),
                 addr,
-                down: AtomicBool::new(false),
+                breaker: Breaker::default(),
+                erring: AtomicBool::new(false),
             }),
             prefix: Arc::from(DEFAULT_PREFIX),
             timeout: DEFAULT_TIMEOUT,
@@ -149,9 +154,11 @@ impl RedisStore {
         let mut store = Self::new(first)?;
         store.conn = Arc::new(Connection {
             target: Target::Cluster(client),
-            conn: OnceCell::new(),
+            conn: ArcSwapOption::empty(),
+            making: tokio::sync::Mutex::new(()),
             addr: format!("cluster at {addr}"),
-            down: AtomicBool::new(false),
+            breaker: Breaker::default(),
+            erring: AtomicBool::new(false),
         });
         Ok(store)
     }
@@ -286,6 +293,10 @@ impl RedisStore {
         keys: &[String],
         args: &[String],
     ) -> Result<T, StoreError> {
+        let now = breaker_clock();
+        if self.conn.breaker.pass(now) == Pass::Refuse {
+            return Err(StoreError::NotAsked);
+        }
         let call = async {
             let mut conn = self.conn.get().await?;
             let mut invocation = script.prepare_invoke();
@@ -303,13 +314,33 @@ impl RedisStore {
             Err(_) => Err(StoreError::Timeout(self.timeout)),
         };
         match &outcome {
-            Ok(_) => self.conn.up(what),
+            Ok(_) => self.conn.answered(what, None),
+            Err(e) if e.is_answer() => self.conn.answered(what, Some(e)),
             Err(e) => self
                 .conn
-                .failed(what, self.on_error, self.local_fallback, e),
+                .unanswered(what, self.on_error, self.local_fallback, e, now),
         }
         outcome
     }
+
+    /// A call was answered with a reply no script of ours gives (found by
+    /// the caller, which reads it): logged once, as an error reply is.
+    pub(crate) fn bad_reply(&self, what: &str) {
+        self.conn.answered_wrong(what, &StoreError::Reply);
+    }
+}
+
+/// TCP keepalive probes (and, on Linux, a bound on unacknowledged data):
+/// a connection whose peer vanished without a word (a failover, a
+/// partition) is found dead by the kernel too, not only by the breaker.
+fn tcp_settings() -> TcpSettings {
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(10))
+        .with_interval(Duration::from_secs(5));
+    let settings = TcpSettings::default().set_keepalive(keepalive);
+    #[cfg(target_os = "linux")]
+    let settings = settings.set_user_timeout(Duration::from_secs(10));
+    settings
 }
 
 /// A URL the `redis` crate refused. Its message can quote part of the URL
@@ -327,6 +358,26 @@ pub(crate) enum StoreError {
     /// A script answered something it never answers: another program
     /// wrote the keys, or a script of another version is loaded.
     Reply,
+    /// Not asked: the breaker is open (calls in a row got no answer).
+    NotAsked,
+}
+
+impl StoreError {
+    /// Whether Redis answered (with an error): it is there, and the breaker
+    /// does not count it.
+    fn is_answer(&self) -> bool {
+        match self {
+            Self::Redis(e) => {
+                e.code().is_some()
+                    || !(e.is_io_error()
+                        || e.is_connection_dropped()
+                        || e.is_connection_refusal()
+                        || e.is_timeout())
+            }
+            Self::Reply => true,
+            Self::Timeout(_) | Self::NotAsked => false,
+        }
+    }
 }
 
 impl fmt::Display for StoreError {
@@ -335,6 +386,7 @@ impl fmt::Display for StoreError {
             Self::Redis(e) => write!(f, "{e}"),
             Self::Timeout(after) => write!(f, "no answer within {after:?}"),
             Self::Reply => f.write_str("an unexpected reply"),
+            Self::NotAsked => f.write_str("not asked: Redis gave no answer to the last calls"),
         }
     }
 }
@@ -389,11 +441,18 @@ impl ConnectionLike for Conn {
 /// The connection of one store, and whether it is down.
 pub(crate) struct Connection {
     target: Target,
-    conn: OnceCell<Conn>,
+    /// Made on first use; dropped (to be made anew) when the breaker opens
+    /// on timeouts: a socket whose peer vanished may never fail by itself.
+    conn: ArcSwapOption<Conn>,
+    /// One connection is made at a time.
+    making: tokio::sync::Mutex<()>,
     /// `host:port` (or the socket's path), for logs: never the URL, which
     /// may hold a password.
     pub(crate) addr: String,
-    down: AtomicBool,
+    breaker: Breaker,
+    /// Redis answers with errors (or replies no script gives): logged once
+    /// until it answers normally again.
+    erring: AtomicBool,
 }
 
 impl Connection {
@@ -401,51 +460,111 @@ impl Connection {
     /// connects (and reconnects, with backoff) by itself; made here because
     /// it needs the runtime, which building a layer may not have.
     pub(crate) async fn get(&self) -> Result<Conn, RedisError> {
-        self.conn
-            .get_or_try_init(|| async {
-                match &self.target {
-                    Target::Single(client) => {
-                        let config = ConnectionManagerConfig::new()
-                            // Our own timeout bounds every call; reconnect
-                            // attempts get a little longer, and keep going.
-                            .set_connection_timeout(Some(Duration::from_secs(1)))
-                            .set_max_delay(Duration::from_secs(1));
-                        ConnectionManager::new_lazy_with_config(client.clone(), config)
-                            .map(Conn::Single)
-                    }
-                    // Connects to the nodes and reads the slots now; a
-                    // failure leaves the cell empty, to be tried again on
-                    // the next call.
-                    Target::Cluster(client) => {
-                        client.get_async_connection().await.map(Conn::Cluster)
-                    }
+        if let Some(conn) = self.conn.load_full() {
+            return Ok((*conn).clone());
+        }
+        let _one = self.making.lock().await;
+        if let Some(conn) = self.conn.load_full() {
+            return Ok((*conn).clone());
+        }
+        let conn = async {
+            match &self.target {
+                Target::Single(client) => {
+                    let config = ConnectionManagerConfig::new()
+                        // Our own timeout bounds every call; reconnect
+                        // attempts get a little longer, and keep going.
+                        .set_connection_timeout(Some(Duration::from_secs(1)))
+                        .set_max_delay(Duration::from_secs(1));
+                    ConnectionManager::new_lazy_with_config(client.clone(), config)
+                        .map(Conn::Single)
                 }
-            })
-            .await
-            .cloned()
+                // Connects to the nodes and reads the slots now; a
+                // failure leaves the cell empty, to be tried again on
+                // the next call.
+                Target::Cluster(client) => client.get_async_connection().await.map(Conn::Cluster),
+            }
+        }
+        .await?;
+        self.conn.store(Some(Arc::new(conn.clone())));
+        Ok(conn)
     }
 
-    fn up(&self, what: &str) {
-        if self.down.swap(false, Ordering::Relaxed) {
+    /// A call was answered (an error reply included: Redis is there).
+    fn answered(&self, what: &str, error: Option<&StoreError>) {
+        if self.breaker.answered() {
             tracing::info!(store = %Escaped(&self.addr), "{what}: Redis reachable again");
+        }
+        match error {
+            None => {
+                if self.erring.swap(false, Ordering::Relaxed) {
+                    tracing::info!(store = %Escaped(&self.addr), "{what}: Redis answers normally again");
+                }
+            }
+            Some(error) => self.answered_wrong(what, error),
         }
     }
 
-    fn failed(&self, what: &str, on_error: OnError, fallback: bool, error: &StoreError) {
-        if !self.down.swap(true, Ordering::Relaxed) {
-            let mode = match (on_error, fallback) {
-                (OnError::Closed, _) => "failing closed: refusing requests",
-                (OnError::Open, true) => "failing open: in-process limits per replica",
-                (OnError::Open, false) => "failing open: admitting requests",
-            };
+    /// Redis answered an error, or a reply no script of ours gives: logged
+    /// once until it answers normally again.
+    fn answered_wrong(&self, what: &str, error: &StoreError) {
+        if !self.erring.swap(true, Ordering::Relaxed) {
             // The error can quote the server: outside input.
             tracing::warn!(
                 store = %Escaped(&self.addr),
                 error = %Escaped(&error.to_string()),
-                "{what}: Redis unreachable; {mode}"
+                "{what}: Redis answered {}; the request is decided by the fail mode",
+                match error {
+                    StoreError::Reply => "a reply no script of this version gives",
+                    _ => "with an error",
+                }
             );
         }
     }
+
+    /// A call at `now` got no answer: counted by the breaker, and logged
+    /// when it opens it (not per call: an intermittent timeout does not
+    /// flap the log).
+    fn unanswered(
+        &self,
+        what: &str,
+        on_error: OnError,
+        fallback: bool,
+        error: &StoreError,
+        now: u64,
+    ) {
+        if self.breaker.failed(now) != Failed::Tripped {
+            tracing::debug!(store = %Escaped(&self.addr), error = %Escaped(&error.to_string()), "{what}: no answer");
+            return;
+        }
+        let mode = match (on_error, fallback) {
+            (OnError::Closed, _) => "failing closed: refusing requests",
+            (OnError::Open, true) => "failing open: in-process limits per replica",
+            (OnError::Open, false) => "failing open: admitting requests",
+        };
+        let kind = match error {
+            StoreError::Timeout(_) => "not answering",
+            _ => "unreachable",
+        };
+        // The error can quote the server: outside input.
+        tracing::warn!(
+            store = %Escaped(&self.addr),
+            error = %Escaped(&error.to_string()),
+            "{what}: Redis {kind}; {mode} ({TRIP_AFTER} calls in a row got no answer; \
+             asked again within a second)"
+        );
+        if matches!(error, StoreError::Timeout(_)) {
+            // A connection whose peer vanished (a failover, a partition)
+            // may never fail by itself: the next call makes a new one.
+            self.conn.store(None);
+        }
+    }
+}
+
+/// Microseconds on a monotonic clock, for the breaker.
+fn breaker_clock() -> u64 {
+    static ORIGIN: std::sync::LazyLock<std::time::Instant> =
+        std::sync::LazyLock::new(std::time::Instant::now);
+    u64::try_from(ORIGIN.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -235,6 +235,7 @@ impl Limiter {
         // spent), not a request asleep for years.
         let reply = reply.and_then(|reply| match reply {
             Reply::Booked { wait, .. } if saturating_nanos(wait) > max_wait => {
+                remote.store.bad_reply("rate limit");
                 Err(StoreError::Reply)
             }
             reply => Ok(reply),
