@@ -411,10 +411,11 @@ async fn an_error_a_hostile_redis_sends_is_escaped_in_the_log() {
     let err = send(&mut svc, "k", 0).await.expect_err("no store");
     assert!(err.is::<tower_throttle::error::StoreUnavailable>(), "{err}");
     let logs = capture::log_text();
+    // An error reply is an answer: logged as what it is, not an outage.
     let line = logs
         .lines()
-        .find(|l| l.contains("Redis unreachable"))
-        .unwrap_or_else(|| panic!("no outage logged: {logs}"));
+        .find(|l| l.contains("Redis answered with an error"))
+        .unwrap_or_else(|| panic!("no error logged: {logs}"));
     assert!(line.contains("evil"), "{line}");
     assert!(!logs.contains('\u{1b}'), "{logs:?}");
     assert!(!logs.contains("\nforged line"), "{logs:?}");
@@ -586,4 +587,109 @@ async fn a_new_turn_on_one_replica_is_seen_by_another_within_a_second() {
     send(&mut on_a, "agent", 4)
         .await
         .expect("the new turn, seen on the other replica");
+}
+
+#[tokio::test]
+async fn a_sliding_windows_sum_evicted_without_its_bookings_is_counted_again() {
+    let Some(server) = RedisServer::start("sum_evicted") else {
+        return;
+    };
+    let clock = clock();
+    let layer = RateLimitLayer::new(
+        Quota::per_minute(3).expect("valid").sliding_window(),
+        header_key(),
+    )
+    .with_store(store(&server, "evicted:", &clock))
+    .expect("a quota Redis keeps");
+    let mut svc = layer.layer(Inner::new());
+    for i in 0..3 {
+        send(&mut svc, "k", i).await.expect("within the quota");
+    }
+    // maxmemory evicts the sum (a hash), not the bookings (a sorted set).
+    let mut redis = server.connection();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("evicted:*:n")
+        .query(&mut redis)
+        .expect("KEYS");
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let _: i64 = redis::cmd("DEL")
+        .arg(&keys[0])
+        .query(&mut redis)
+        .expect("DEL");
+    // Still three in the window: refused, not taken for an empty one.
+    clock.fetch_add(1_000_000, Ordering::SeqCst);
+    assert!(is_refused(&send(&mut svc, "k", 3).await));
+    // The sum is back, with a TTL.
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&keys[0])
+        .query(&mut redis)
+        .expect("PTTL");
+    assert!(ttl > 0, "the sum has no TTL: {ttl}");
+}
+
+/// The ACL the `redis` module's docs give a least-privilege user is
+/// enough: every algorithm admits, refuses and converts through it.
+#[tokio::test]
+async fn the_documented_acl_is_enough() {
+    let Some(server) = RedisServer::start("documented_acl") else {
+        return;
+    };
+    let mut redis = server.connection();
+    let _: () = redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER",
+                "limiter",
+                "on",
+                ">a-long-password",
+                "resetkeys",
+                "~acl:*",
+                "resetchannels",
+                "-@all",
+                "+evalsha",
+                "+script|load",
+                "+get",
+                "+set",
+                "+del",
+                "+exists",
+                "+hmget",
+                "+hset",
+                "+hincrby",
+                "+pexpire",
+                "+time",
+                "+zadd",
+                "+zrange",
+                "+zrangebyscore",
+                "+zrem",
+                "+zremrangebyscore",
+                "+zscore",
+            ][..],
+        )
+        .query(&mut redis)
+        .expect("ACL SETUSER");
+    let url = server
+        .url()
+        .replace("redis://", "redis://limiter:a-long-password@");
+    let store = RedisStore::new(&url)
+        .expect("valid URL")
+        .with_prefix("acl:")
+        .expect("a prefix without braces")
+        .with_timeout(Duration::from_secs(2))
+        .on_error(OnError::Closed);
+    let layer = RateLimitLayer::new(Quota::per_minute(2).expect("valid"), header_key())
+        .with_quota(Quota::per_minute(2).expect("valid").sliding_window())
+        .with_quota(Quota::per_minute(2).expect("valid").fixed_window())
+        .with_store(store)
+        .expect("a quota Redis keeps");
+    let handle = layer.handle();
+    let mut svc = layer.layer(Inner::new());
+    send(&mut svc, "k", 0).await.expect("through Redis");
+    send(&mut svc, "k", 1).await.expect("through Redis");
+    assert!(is_refused(&send(&mut svc, "k", 2).await));
+    // Past the first window's bookings: expired ones are trimmed.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    // A change of algorithm reads and deletes the old states.
+    handle.set_default(vec![Quota::per_turn(2).expect("valid")]);
+    assert!(is_refused(&send(&mut svc, "k", 3).await));
+    send(&mut svc, "other", 4).await.expect("a turn");
 }

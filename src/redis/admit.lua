@@ -118,6 +118,18 @@ while ARGV[i] do
     q.sum = tonumber(v[1]) or 0
     q.seq = tonumber(v[2]) or 0
     if not q.last then q.sum = 0 end
+    if q.last and not v[1] then
+      -- The sum was evicted without its bookings (maxmemory): counted
+      -- again from them, never taken as zero, and written back with its
+      -- TTL. Rare, so the whole window is read here.
+      q.sum = 0
+      for _, member in ipairs(redis.call('ZRANGE', q.key, 0, -1)) do
+        local seq, c = string.match(member, '^(%d+):(%d+)$')
+        q.sum = q.sum + tonumber(c)
+        q.seq = max(q.seq, tonumber(seq))
+      end
+      q.converted = true
+    end
   else
     local v = redis.call('GET', q.key)
     q.fresh = not v

@@ -50,7 +50,11 @@ while ARGV[i] do
     -- The booking itself, not one a state made afresh (after a reset,
     -- or once idle) numbered the same.
     if tonumber(redis.call('ZSCORE', key, mark)) == at and redis.call('ZREM', key, mark) == 1 then
-      redis.call('HINCRBY', aux, 's', -cost)
+      -- A sum evicted without its bookings is counted again from them at
+      -- the next admission: never made here, below zero and with no TTL.
+      if redis.call('EXISTS', aux) == 1 then
+        redis.call('HINCRBY', aux, 's', -cost)
+      end
     end
   else
     local v = redis.call('GET', key)

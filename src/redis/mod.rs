@@ -48,6 +48,25 @@
 //! round trip a second. A call that timed out may still have booked in
 //! Redis: that capacity stays spent, the safe side.
 //!
+//! # What the Redis server must be
+//!
+//! - **Version:** 6.0 or later (the scripts use `SET ... KEEPTTL`); the
+//!   tests run Redis 7.0. A Cluster works too
+//!   ([`RedisStore::cluster`]): every state of one key shares a hash tag.
+//! - **ACL:** a user of its own needs the scripts' calls and the commands
+//!   inside them, on the store's prefix only:
+//!   `+evalsha +script|load +get +set +del +exists +hmget +hset +hincrby
+//!   +pexpire +time +zadd +zrange +zrangebyscore +zrem +zremrangebyscore
+//!   +zscore ~PREFIX*` (`+cluster|slots` as well on a Cluster).
+//! - **Memory:** `maxmemory-policy noeviction`, or a Redis (or database)
+//!   the store has to itself. Every state has a TTL, so a `volatile-*`
+//!   policy may evict them: an evicted state is a key that spent nothing,
+//!   a quota handed out again. The scripts never make that worse: a
+//!   sliding window's sum evicted without its bookings is counted again
+//!   from them, and no state is left without a TTL. Under `noeviction` a
+//!   full Redis answers writes with `OOM`: logged as such, and decided by
+//!   the fail mode.
+//!
 //! # What differs from in process
 //!
 //! - Stats count per replica: each replica's handle sees its own requests.
