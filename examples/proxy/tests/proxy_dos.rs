@@ -279,6 +279,14 @@ fn proxy_child() {
     let Ok(path) = std::env::var("PROXY_CONFIG") else {
         return;
     };
+    // A lowered open-file limit, for the file-descriptor test.
+    if let Some(n) = std::env::var("PROXY_NOFILE")
+        .ok()
+        .and_then(|n| n.parse().ok())
+    {
+        use nix::sys::resource::{Resource, setrlimit};
+        setrlimit(Resource::RLIMIT_NOFILE, n, n).unwrap();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -329,14 +337,21 @@ async fn until_in_flight(client: &reqwest::Client, url: &str, n: u64) {
 
 /// The proxy in a child process on `toml`, and its URL once it serves.
 async fn proxy_process(name: &str, toml: &str) -> (child::Running, String, std::path::PathBuf) {
+    proxy_process_with(name, toml, &[]).await
+}
+
+/// [`proxy_process`] with `env` added.
+async fn proxy_process_with(
+    name: &str,
+    toml: &str,
+    env: &[(&str, &str)],
+) -> (child::Running, String, std::path::PathBuf) {
     let path =
         std::env::temp_dir().join(format!("tower-throttle-{}-{name}.toml", std::process::id()));
     std::fs::write(&path, toml).unwrap();
-    let running = child::spawn(
-        "proxy_child",
-        "proxy",
-        &[("PROXY_CONFIG", path.to_str().unwrap())],
-    );
+    let mut vars = vec![("PROXY_CONFIG", path.to_str().unwrap())];
+    vars.extend_from_slice(env);
+    let running = child::spawn("proxy_child", "proxy", &vars);
     let line = running.stdout_line("READY ").await;
     let url = line.trim_start_matches("READY ").trim().to_owned();
     (running, url, path)
@@ -606,4 +621,60 @@ async fn the_operator_endpoints_have_a_limit_of_their_own() {
     );
     assert_eq!(chat(&client, &url).await.status(), 200);
     gw.shutdown().await;
+}
+
+/// Under `ulimit -n 1024`, 1,100 half-sent heads on each of the process's
+/// listeners (the gateway's, and the simulator's printed in the banner)
+/// never bring it to its file-descriptor limit: each listener takes what
+/// its cap allows and leaves the rest in the listen backlog, and the
+/// gateway goes on answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_heads_on_every_listener_never_exhaust_the_file_descriptors() {
+    let toml = config("[gateway]\nheader_read_timeout = \"1s\"\n");
+    let (proxy, url, path) = proxy_process_with("nofile", &toml, &[("PROXY_NOFILE", "1024")]).await;
+    let pid = proxy.child.id().expect("running");
+    let gateway = url.trim_start_matches("http://").to_owned();
+    let banner = proxy.stdout_line("simulator  http://").await;
+    let simulator = banner
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http://"))
+        .expect("the simulator's address")
+        .trim_end_matches('/')
+        .to_owned();
+    let mut held = Vec::new();
+    for addr in [&gateway, &simulator] {
+        for _ in 0..1_100 {
+            let mut socket = tokio::time::timeout(BOUND, TcpStream::connect(addr))
+                .await
+                .expect("connects (the backlog takes it)")
+                .unwrap();
+            let _ = socket
+                .write_all(
+                    format!("POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\n").as_bytes(),
+                )
+                .await;
+            held.push(socket);
+        }
+    }
+    let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
+    assert!(open < 1_000, "{open} file descriptors open of 1024");
+    // Still answering (once the heads before it have timed out).
+    let client = reqwest::Client::new();
+    let stats = tokio::time::timeout(
+        Duration::from_secs(30),
+        client.get(format!("{url}/stats")).send(),
+    )
+    .await
+    .expect("answered")
+    .unwrap();
+    assert_eq!(stats.status(), 200);
+    assert!(
+        !proxy.stderr().contains("Too many open files"),
+        "{}",
+        proxy.stderr()
+    );
+    drop(held);
+    let _ = std::fs::remove_file(&path);
 }
