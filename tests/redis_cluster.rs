@@ -80,3 +80,54 @@ async fn every_quota_of_a_key_lives_in_one_slot_and_keys_spread_over_the_masters
     assert!(tags.values().all(|&(_, keys)| keys == 4), "{tags:?}");
     assert_eq!(used, 3, "30 keys all on fewer than 3 masters");
 }
+
+/// A relay to `to` that waits `delay` before it connects each connection
+/// through: a slow network, for the handshake.
+async fn slow_relay(to: String, delay: Duration) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let to = to.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                if let Ok(mut server) = tokio::net::TcpStream::connect(&to).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A Cluster whose first connection takes longer than one call's timeout
+/// is still reached: the handshake runs in a task of its own, which a
+/// call's timeout does not cancel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_slower_to_greet_than_one_calls_timeout_is_still_reached() {
+    let Some(cluster) = RedisCluster::start("slow_cluster_handshake", 3) else {
+        return;
+    };
+    let first = cluster.urls()[0].trim_start_matches("redis://").to_owned();
+    let relay = slow_relay(first, Duration::from_millis(300)).await;
+    let store = RedisStore::cluster(&[format!("redis://{relay}")])
+        .expect("valid URL")
+        .with_prefix("slow:")
+        .expect("a prefix without braces")
+        .with_timeout(Duration::from_millis(50))
+        .on_error(OnError::Closed);
+    let svc = RateLimitLayer::new(
+        Quota::per_minute(1_000).expect("valid"),
+        HeaderKey::new("x-key").expect("valid"),
+    )
+    .with_store(store)
+    .expect("a quota Redis keeps")
+    .layer(Inner::new());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut seq = 0;
+    while svc.clone().oneshot(request("k", seq)).await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "never connected");
+        seq += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -459,34 +459,47 @@ impl Connection {
     /// The connection, made on first use. The manager is made lazily and
     /// connects (and reconnects, with backoff) by itself; made here because
     /// it needs the runtime, which building a layer may not have.
-    pub(crate) async fn get(&self) -> Result<Conn, RedisError> {
+    ///
+    /// Made in a task of its own: a caller's timeout cancels its wait, never
+    /// the handshake. A Cluster's first connection reads the slots from its
+    /// nodes, which a slow network can take longer for than one call's
+    /// timeout: cancelled with each call, it would never complete.
+    pub(crate) async fn get(self: &Arc<Self>) -> Result<Conn, RedisError> {
         if let Some(conn) = self.conn.load_full() {
             return Ok((*conn).clone());
         }
-        let _one = self.making.lock().await;
-        if let Some(conn) = self.conn.load_full() {
-            return Ok((*conn).clone());
-        }
-        let conn = async {
-            match &self.target {
-                Target::Single(client) => {
-                    let config = ConnectionManagerConfig::new()
-                        // Our own timeout bounds every call; reconnect
-                        // attempts get a little longer, and keep going.
-                        .set_connection_timeout(Some(Duration::from_secs(1)))
-                        .set_max_delay(Duration::from_secs(1));
-                    ConnectionManager::new_lazy_with_config(client.clone(), config)
-                        .map(Conn::Single)
-                }
-                // Connects to the nodes and reads the slots now; a
-                // failure leaves the cell empty, to be tried again on
-                // the next call.
-                Target::Cluster(client) => client.get_async_connection().await.map(Conn::Cluster),
+        let this = self.clone();
+        let made = tokio::spawn(async move {
+            let _one = this.making.lock().await;
+            if let Some(conn) = this.conn.load_full() {
+                return Ok((*conn).clone());
             }
+            let conn = this.connect().await?;
+            this.conn.store(Some(Arc::new(conn.clone())));
+            Ok(conn)
+        });
+        made.await.unwrap_or_else(|_| {
+            Err(RedisError::from((
+                ::redis::ErrorKind::Io,
+                "the task connecting to Redis failed",
+            )))
+        })
+    }
+
+    async fn connect(&self) -> Result<Conn, RedisError> {
+        match &self.target {
+            Target::Single(client) => {
+                let config = ConnectionManagerConfig::new()
+                    // Our own timeout bounds every call; reconnect attempts
+                    // get a little longer, and keep going.
+                    .set_connection_timeout(Some(Duration::from_secs(1)))
+                    .set_max_delay(Duration::from_secs(1));
+                ConnectionManager::new_lazy_with_config(client.clone(), config).map(Conn::Single)
+            }
+            // Connects to the nodes and reads the slots now; a failure
+            // leaves no connection, to be tried again on the next call.
+            Target::Cluster(client) => client.get_async_connection().await.map(Conn::Cluster),
         }
-        .await?;
-        self.conn.store(Some(Arc::new(conn.clone())));
-        Ok(conn)
     }
 
     /// A call was answered (an error reply included: Redis is there).
