@@ -387,3 +387,25 @@ async fn only_endpoints_that_answer_with_usage_are_charged_an_estimate() {
     assert_eq!(admitted(&gateway, 300).await, 7);
     gateway.shutdown().await;
 }
+
+/// A request whose estimate alone is more than the token quota holds can
+/// never be admitted: refused at once with 413, never queued or counted.
+#[tokio::test]
+async fn an_estimate_above_the_token_quota_is_refused_with_413() {
+    let (addr, served) = upstream(Answer::Json(100)).await;
+    let gateway = start_gateway(addr, THOUSAND_TOKENS).await;
+    let response = reqwest::Client::new()
+        .post(format!("{}/up/v1/chat/completions", gateway.url()))
+        .header("content-type", "application/json")
+        .body(body_estimated_at(1_500))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 413);
+    let body: serde_json::Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], "cost_too_high", "{body}");
+    assert_eq!(served.load(std::sync::atomic::Ordering::SeqCst), 0);
+    // The quota is untouched: a request estimated at the whole thousand
+    // still fits (then, settled to 100, leaves too little for another).
+    assert_eq!(admitted(&gateway, 1_000).await, 1);
+}
