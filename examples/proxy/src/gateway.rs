@@ -1224,6 +1224,15 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
         out.extensions_mut().insert(settlement.clone());
         settlement
     });
+    // A stream of OpenAI's shape reports its usage only when asked: asked
+    // on the client's behalf, and the chunk taken out of what it receives.
+    let mut unasked = false;
+    if settlement.is_some() && target.kind.streams_usage_on_request(out.uri().path()) {
+        if let Some(body) = usage::ask_for_usage(out.body()) {
+            *out.body_mut() = body;
+            unasked = true;
+        }
+    }
     if let Some(client) = &target.https {
         out.extensions_mut().insert(Via(client.clone()));
     }
@@ -1237,7 +1246,11 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
     // Only an answer the upstream gave; a refusal or an error of the
     // gateway's own reports no usage, and its request was not admitted.
     if let Some(settlement) = settlement.filter(|s| s.charged().is_some()) {
-        body = Body::new(UsageBody::new(body, &parts.headers, settlement));
+        if unasked {
+            // The chunk taken out makes the answer shorter than it said.
+            parts.headers.remove(header::CONTENT_LENGTH);
+        }
+        body = Body::new(UsageBody::new(body, &parts.headers, settlement, unasked));
     }
     tracing::debug!(
         route = %Quoted(&route.to_string()),

@@ -221,6 +221,15 @@ impl Kind {
             .copied()
             .find(|e| path.ends_with(e.path))
     }
+
+    /// Whether a stream from this upstream path reports its usage only when
+    /// the request asks (`stream_options.include_usage`): OpenAI's chat and
+    /// text completions, on every provider of OpenAI's shape.
+    pub fn streams_usage_on_request(self, upstream_path: &str) -> bool {
+        let path = upstream_path.trim_end_matches('/');
+        !matches!(self, Self::Anthropic)
+            && (path.ends_with("/chat/completions") || path.ends_with("/completions"))
+    }
 }
 
 /// The deployment an Azure OpenAI path names
@@ -386,7 +395,9 @@ pub fn rewrite_model(body: &[u8], model: &str) -> Option<bytes::Bytes> {
 }
 
 /// A JSON object's members as written, in order.
-struct Members<'a>(Vec<(std::borrow::Cow<'a, str>, &'a serde_json::value::RawValue)>);
+pub(crate) struct Members<'a>(
+    pub(crate) Vec<(std::borrow::Cow<'a, str>, &'a serde_json::value::RawValue)>,
+);
 
 impl<'de> Deserialize<'de> for Members<'de> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {

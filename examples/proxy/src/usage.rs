@@ -24,9 +24,14 @@
 //! a stream without `include_usage`, a client that left early) leaves the
 //! estimate standing.
 //!
-//! The answer streams through untouched: a JSON body's last 16 KiB and each
-//! event line (up to 64 KiB) are looked at as they pass, never the whole
-//! answer.
+//! OpenAI streams report their usage only when the request asks: the
+//! gateway asks on behalf of a client that did not ([`ask_for_usage`]) and
+//! takes the usage chunk out of what that client receives, so it gets the
+//! stream it asked for.
+//!
+//! The answer streams through otherwise untouched: a JSON body's last
+//! 16 KiB and each event line (up to 64 KiB) are looked at as they pass,
+//! never the whole answer.
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -47,6 +52,122 @@ pub struct TokenEstimate(pub u32);
 /// The rate limiter's cost of a request: its [`TokenEstimate`], else 1.
 pub fn estimated_cost(req: &http::Request<Bytes>) -> u32 {
     req.extensions().get::<TokenEstimate>().map_or(1, |e| e.0)
+}
+
+/// `body` (a streamed OpenAI-shaped request) asking the upstream for the
+/// usage chunk: `stream_options.include_usage` set to `true`, every other
+/// member as written. `None` when it needs no change (not a stream, or the
+/// client asked already) or cannot be read unambiguously (a member given
+/// twice): it then goes as sent, and the gateway removes nothing.
+pub fn ask_for_usage(body: &[u8]) -> Option<Bytes> {
+    let members: crate::preset::Members<'_> = serde_json::from_slice(body).ok()?;
+    let one = |name: &str| {
+        let mut found = members.0.iter().filter(|(n, _)| n == name);
+        match (found.next(), found.next()) {
+            (_, Some(_)) => Err(()),
+            (first, None) => Ok(first.map(|(_, value)| value.get())),
+        }
+    };
+    if one("stream").ok()?? != "true" {
+        return None;
+    }
+    let options = one("stream_options").ok()?;
+    let asked = match options {
+        Some(text) => {
+            let mut value: serde_json::Map<String, Value> = serde_json::from_str(text).ok()?;
+            if value.get("include_usage") == Some(&Value::Bool(true)) {
+                return None;
+            }
+            value.insert("include_usage".to_owned(), Value::Bool(true));
+            serde_json::to_string(&value).ok()?
+        }
+        None => r#"{"include_usage":true}"#.to_owned(),
+    };
+    let mut out = Vec::with_capacity(body.len() + 32);
+    out.push(b'{');
+    for (i, (name, value)) in members.0.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(serde_json::to_string(name).ok()?.as_bytes());
+        out.push(b':');
+        let text = if name == "stream_options" {
+            &asked
+        } else {
+            value.get()
+        };
+        out.extend_from_slice(text.as_bytes());
+    }
+    if options.is_none() {
+        if !members.0.is_empty() {
+            out.push(b',');
+        }
+        out.extend_from_slice(br#""stream_options":"#);
+        out.extend_from_slice(asked.as_bytes());
+    }
+    out.push(b'}');
+    Some(out.into())
+}
+
+/// Whether an event line is the usage chunk the gateway asked for on the
+/// client's behalf: OpenAI's last chunk, with no choices and a usage.
+fn is_usage_chunk(line: &[u8]) -> bool {
+    let Some(data) = line.strip_prefix(b"data:") else {
+        return false;
+    };
+    if memchr::memmem::find(data, b"\"usage\"").is_none() {
+        return false;
+    }
+    serde_json::from_slice::<Value>(data.trim_ascii()).is_ok_and(|v| {
+        v.get("choices")
+            .and_then(Value::as_array)
+            .is_some_and(Vec::is_empty)
+            && v.get("usage").is_some_and(Value::is_object)
+    })
+}
+
+/// Removes the usage chunk a client did not ask for from an event stream,
+/// line by line: complete lines pass at once; a partial one waits for its
+/// end (an upstream sends whole events, so in practice nothing waits).
+#[derive(Debug, Default)]
+struct Unasked {
+    partial: BytesMut,
+    /// The usage chunk was dropped: its event's blank line goes too.
+    dropped: bool,
+}
+
+impl Unasked {
+    fn pass(&mut self, data: &[u8]) -> Bytes {
+        let mut out = BytesMut::with_capacity(data.len());
+        for piece in data.split_inclusive(|&b| b == b'\n') {
+            if piece.last() != Some(&b'\n') {
+                self.partial.extend_from_slice(piece);
+                continue;
+            }
+            let line = if self.partial.is_empty() {
+                BytesMut::from(piece)
+            } else {
+                let mut line = std::mem::take(&mut self.partial);
+                line.extend_from_slice(piece);
+                line
+            };
+            let blank = line.trim_ascii().is_empty();
+            if self.dropped && blank {
+                self.dropped = false;
+            } else if line.len() <= MAX_LINE && is_usage_chunk(&line) {
+                self.dropped = true;
+            } else {
+                self.dropped = false;
+                out.extend_from_slice(&line);
+            }
+        }
+        out.freeze()
+    }
+
+    /// What is left at the end of the stream.
+    fn finish(&mut self) -> Bytes {
+        std::mem::take(&mut self.partial).freeze()
+    }
 }
 
 /// The fields of a request body the estimate reads; the rest is skipped.
@@ -272,25 +393,31 @@ fn reader_for(headers: &HeaderMap) -> Reader {
 
 pin_project_lite::pin_project! {
     /// An answer's body passed through untouched, settling its request's
-    /// charge at its end with the usage it reported.
+    /// charge at its end with the usage it reported; less the usage chunk
+    /// the gateway asked for on behalf of a client that did not.
     pub struct UsageBody {
         #[pin]
         inner: Body,
         reader: Reader,
         usage: Usage,
         settlement: Option<Settlement>,
+        unasked: Option<Unasked>,
     }
 }
 
 impl UsageBody {
     /// Read `inner`, an answer with `headers`, and settle `settlement` at
-    /// its end.
-    pub fn new(inner: Body, headers: &HeaderMap, settlement: Settlement) -> Self {
+    /// its end. `unasked`: the gateway asked for the usage chunk (see
+    /// [`ask_for_usage`]), which the client does not get.
+    pub fn new(inner: Body, headers: &HeaderMap, settlement: Settlement, unasked: bool) -> Self {
+        let reader = reader_for(headers);
+        let events = matches!(reader, Reader::Events { .. });
         Self {
             inner,
-            reader: reader_for(headers),
+            reader,
             usage: Usage::default(),
             settlement: Some(settlement),
+            unasked: (unasked && events).then(Unasked::default),
         }
     }
 }
@@ -314,31 +441,119 @@ impl HttpBody for UsageBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let mut this = self.project();
-        let frame = ready!(this.inner.as_mut().poll_frame(cx));
-        match &frame {
-            Some(Ok(frame)) => {
-                if let (Some(data), Some(_)) = (frame.data_ref(), &this.settlement) {
-                    this.reader.take(data, this.usage);
+        loop {
+            let frame = ready!(this.inner.as_mut().poll_frame(cx));
+            match &frame {
+                Some(Ok(frame)) => {
+                    if let (Some(data), Some(_)) = (frame.data_ref(), &this.settlement) {
+                        this.reader.take(data, this.usage);
+                    }
+                    // The server may not poll a body that says it has
+                    // ended, or that it has no bytes left (an HTTP/2 answer
+                    // whose end comes in a frame of its own).
+                    if this.inner.is_end_stream() || this.inner.size_hint().exact() == Some(0) {
+                        settle(this.reader, this.usage, this.settlement);
+                    }
                 }
-                // The server may not poll a body that says it has ended,
-                // or that it has no bytes left (an HTTP/2 answer whose end
-                // comes in a frame of its own).
-                if this.inner.is_end_stream() || this.inner.size_hint().exact() == Some(0) {
-                    settle(this.reader, this.usage, this.settlement);
-                }
+                // A body cut short: the estimate stands.
+                Some(Err(_)) => *this.settlement = None,
+                None => settle(this.reader, this.usage, this.settlement),
             }
-            // A body cut short: the estimate stands.
-            Some(Err(_)) => *this.settlement = None,
-            None => settle(this.reader, this.usage, this.settlement),
+            let Some(unasked) = this.unasked.as_mut() else {
+                return Poll::Ready(frame);
+            };
+            match frame {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        let mut out = unasked.pass(&data);
+                        if this.inner.is_end_stream() {
+                            let rest = unasked.finish();
+                            if !rest.is_empty() {
+                                let mut joined = BytesMut::from(&out[..]);
+                                joined.extend_from_slice(&rest);
+                                out = joined.freeze();
+                            }
+                        }
+                        // Nothing left of this frame (the dropped chunk, or
+                        // a partial line): the next one.
+                        if !out.is_empty() {
+                            return Poll::Ready(Some(Ok(Frame::data(out))));
+                        }
+                    }
+                    Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
+                },
+                None => {
+                    let rest = unasked.finish();
+                    *this.unasked = None;
+                    if rest.is_empty() {
+                        return Poll::Ready(None);
+                    }
+                    // The last bytes, then the end (the next poll finds the
+                    // inner body ended again).
+                    return Poll::Ready(Some(Ok(Frame::data(rest))));
+                }
+                other => return Poll::Ready(other),
+            }
         }
-        Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.is_end_stream() && self.unasked.as_ref().is_none_or(|u| u.partial.is_empty())
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match self.unasked {
+            // Less than the upstream sends, by the chunk removed.
+            Some(_) => SizeHint::default(),
+            None => self.inner.size_hint(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_that_did_not_ask_for_usage_is_made_to_ask_every_other_member_as_written() {
+        let asked = |body: &str| {
+            ask_for_usage(body.as_bytes()).map(|b| String::from_utf8(b.to_vec()).unwrap())
+        };
+        assert_eq!(
+            asked(r#"{"model":"m","stream":true,"n":1.50}"#).as_deref(),
+            Some(r#"{"model":"m","stream":true,"n":1.50,"stream_options":{"include_usage":true}}"#)
+        );
+        assert_eq!(
+            asked(r#"{"stream":true,"stream_options":{"include_usage":false}}"#).as_deref(),
+            Some(r#"{"stream":true,"stream_options":{"include_usage":true}}"#)
+        );
+        // Asked already, not a stream, or read two ways: left as sent.
+        for body in [
+            r#"{"stream":true,"stream_options":{"include_usage":true}}"#,
+            r#"{"stream":false}"#,
+            r#"{"model":"m"}"#,
+            r#"{"stream":true,"stream":false}"#,
+            r#"{"stream":true,"stream_options":{},"stream_options":{}}"#,
+            "not json",
+        ] {
+            assert_eq!(asked(body), None, "{body}");
+        }
+    }
+
+    #[test]
+    fn the_unasked_usage_chunk_is_removed_wherever_the_chunks_are_cut() {
+        let stream = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n\
+                      data: {\"choices\":[],\"usage\":{\"total_tokens\":9}}\n\n\
+                      data: [DONE]\n\n";
+        let want = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n";
+        for cut in 1..stream.len() {
+            let mut unasked = Unasked::default();
+            let mut got = Vec::new();
+            for part in [&stream[..cut], &stream[cut..]] {
+                got.extend_from_slice(&unasked.pass(part.as_bytes()));
+            }
+            got.extend_from_slice(&unasked.finish());
+            assert_eq!(String::from_utf8(got).unwrap(), want, "cut at {cut}");
+        }
     }
 }

@@ -409,3 +409,83 @@ async fn an_estimate_above_the_token_quota_is_refused_with_413() {
     // still fits (then, settled to 100, leaves too little for another).
     assert_eq!(admitted(&gateway, 1_000).await, 1);
 }
+
+/// An upstream of OpenAI's shape: a stream carries its usage chunk only
+/// when the request asks for it, as OpenAI's does. Keeps the last body.
+async fn usage_when_asked() -> (SocketAddr, Arc<parking_lot::Mutex<String>>) {
+    let seen = Arc::new(parking_lot::Mutex::new(String::new()));
+    let keep = seen.clone();
+    let app = Router::new().fallback(post(move |body: String| {
+        let asked = body.contains(r#""include_usage":true"#);
+        *keep.lock() = body;
+        async move {
+            let usage = if asked {
+                "data: {\"choices\":[],\"usage\":{\"total_tokens\":100}}\n\n"
+            } else {
+                ""
+            };
+            let body = format!(
+                "data: {{\"choices\":[{{\"delta\":{{\"content\":\"hi\"}}}}]}}\n\n{usage}data: [DONE]\n\n"
+            );
+            Response::builder()
+                .header(header::CONTENT_TYPE, "text/event-stream")
+                .body(Body::from(body))
+                .unwrap()
+        }
+    }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, seen)
+}
+
+/// Most clients do not ask a stream for its usage: the gateway asks on
+/// their behalf, settles the charge with it, and takes the usage chunk
+/// out, so the client gets exactly the stream it asked for.
+#[tokio::test]
+async fn a_stream_that_did_not_ask_for_usage_is_settled_and_its_client_sees_no_usage_chunk() {
+    let (addr, seen) = usage_when_asked().await;
+    let gateway = start_gateway(addr, THOUSAND_TOKENS).await;
+    let streamed = body_with(300, r#""model":"m","stream":true"#);
+    let client = reqwest::Client::new();
+    let url = format!("{}/up/v1/chat/completions", gateway.url());
+    let answer = client
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(streamed.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(
+        answer.text().await.unwrap(),
+        "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n",
+        "the client got more than it asked for"
+    );
+    assert!(
+        seen.lock()
+            .contains(r#""stream_options":{"include_usage":true}"#),
+        "{}",
+        seen.lock()
+    );
+    // Settled to 100 each: 7 more fit after the first (1,000 in all), as
+    // with a JSON answer, not 2 as on the estimate alone.
+    assert_eq!(admitted_with(&gateway, "up", streamed).await, 7);
+    // A client that asks gets the chunk.
+    let asked = body_with(
+        300,
+        r#""model":"n","stream":true,"stream_options":{"include_usage":true}"#,
+    );
+    let text = client
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(asked)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("\"usage\""), "{text}");
+    gateway.shutdown().await;
+}
