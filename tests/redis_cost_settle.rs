@@ -160,12 +160,11 @@ async fn a_token_bucket_settled_in_redis_gives_back_what_the_whole_charge_still_
 }
 
 #[tokio::test]
-async fn a_settled_excess_in_redis_goes_back_to_the_other_quotas_beside_a_sliding_window() {
+async fn a_settled_excess_in_redis_goes_back_to_a_sliding_window_and_the_other_quotas() {
     let Some(server) = RedisServer::start("a_settled_excess_beside_a_sliding_window") else {
         return;
     };
     let quotas = || {
-        // The sliding window first: the script skips both its keys.
         vec![
             Quota::per_minute(2_000).expect("valid").sliding_window(),
             Quota::per_minute(1_000).expect("valid"),
@@ -173,8 +172,9 @@ async fn a_settled_excess_in_redis_goes_back_to_the_other_quotas_beside_a_slidin
     };
     let mut svc = replica(&server, quotas());
     let settlement = send(&mut svc, 600).await.expect("600 of 1,000");
-    // The sliding window keeps its 600 (one member in Redis); the bucket,
-    // standing still, takes back the 500 it did not use.
+    // The sliding window's booking is written again at 100 (one member in
+    // Redis, kept at its instant); the bucket, standing still, takes back
+    // the 500 it did not use.
     assert!(settlement.settle(100));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
@@ -188,14 +188,37 @@ async fn a_settled_excess_in_redis_goes_back_to_the_other_quotas_beside_a_slidin
             Err(e) => panic!("{e}"),
         }
     }
-    // The window holds 600 + 900: 600 more wait for the first to leave it
-    // (a minute), longer than the bucket's refill (36 s).
+    // The window holds 100 + 900, as its bookings and its sum say.
+    let mut redis = server.connection();
+    let sums: Vec<String> = redis::cmd("KEYS")
+        .arg("settle:*:n")
+        .query(&mut redis)
+        .expect("KEYS");
+    assert_eq!(sums.len(), 1, "{sums:?}");
+    let sum: u64 = redis::cmd("HGET")
+        .arg(&sums[0])
+        .arg("s")
+        .query(&mut redis)
+        .expect("HGET");
+    assert_eq!(sum, 1_000, "the sliding window kept the estimate");
+    let bookings: Vec<String> = redis::cmd("ZRANGE")
+        .arg(sums[0].trim_end_matches(":n"))
+        .arg(0)
+        .arg(-1)
+        .query(&mut redis)
+        .expect("ZRANGE");
+    let costs: u64 = bookings
+        .iter()
+        .map(|m| m.rsplit(':').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(costs, 1_000, "{bookings:?}");
+    // And it never went below what was used: 100 more than the bucket
+    // takes now is refused by the bucket, not let through.
     let mut fresh = replica(&server, quotas());
     let refused = send(&mut fresh, 600).await.unwrap_err();
     let refused = refused.downcast_ref::<RateLimited>().expect("refused");
     assert_eq!(
         refused.quota.expect("a quota").algorithm(),
-        Algorithm::SlidingWindow,
-        "the sliding window lost its booking"
+        Algorithm::TokenBucket
     );
 }

@@ -44,10 +44,9 @@ use super::limiter::{Limiter, Ticket};
 ///   path, the outer one arms it, and the inner one's estimate stands.
 /// - With a [shared store](super::RateLimitLayer::with_store), the excess
 ///   of an estimate is given back to Redis as a refund is, in a task of its
-///   own, except to a sliding window counting cost (Redis keeps its booking
-///   as one entry, removed whole or not at all: there the estimate stands,
-///   while the rule's other quotas take their excess back); a
-///   charge above the estimate is not made (the estimate stands).
+///   own, to every algorithm (a sliding window's booking is written again
+///   at its real cost, at its instant); a charge above the estimate is not
+///   made there yet (the estimate stands).
 ///
 /// ```
 /// use std::time::Duration;

@@ -10,8 +10,7 @@
 --              request cost less than it was charged, and `cost` is the
 --              excess), cost, now (as for the admission), the
 --              instant booked, then per quota: kind (upper case: counting
---              one per request, which an excess leaves alone, as it leaves
---              a sliding window), a, b, mark
+--              one per request, which an excess leaves alone), a, b, mark
 
 local now = tonumber(ARGV[3])
 if not now then
@@ -35,10 +34,6 @@ while ARGV[i] do
     kind = string.lower(kind)
     cost = 1
     if excess then cost = 0 end
-  elseif excess and kind == 's' then
-    -- A sliding window's booking is one member, removed whole or not at
-    -- all: its estimate stands.
-    cost = 0
   end
   local key = KEYS[k]
   k = k + 1
@@ -50,6 +45,15 @@ while ARGV[i] do
     -- The booking itself, not one a state made afresh (after a reset,
     -- or once idle) numbered the same.
     if tonumber(redis.call('ZSCORE', key, mark)) == at and redis.call('ZREM', key, mark) == 1 then
+      if excess then
+        -- The booking stays, at its instant, for what it really cost:
+        -- the member is written again with the smaller cost (its sequence
+        -- number keeps it unique), as Algorithm::settle does in process.
+        local seq = string.match(mark, '^(%d+):')
+        if seq and whole > cost then
+          redis.call('ZADD', key, at, seq .. ':' .. (whole - cost))
+        end
+      end
       -- A sum evicted without its bookings is counted again from them at
       -- the next admission: never made here, below zero and with no TTL.
       if redis.call('EXISTS', aux) == 1 then

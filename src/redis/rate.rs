@@ -434,10 +434,10 @@ impl Grant {
     /// request's real cost turned out lower (see
     /// [`Settlement`](crate::rate_limit::Settlement)); none when it is not
     /// lower, or when no quota can take it: a quota counting requests has
-    /// none, and the script leaves a sliding window counting cost as it is
-    /// (its booking is one member, removed whole or not at all).
+    /// none (a sliding window's booking is written again at its smaller
+    /// cost).
     pub(crate) fn excess_over(&self, actual: u32) -> Option<Grant> {
-        let takes_excess = |q: &QuotaArgs| q.kind != 's' && !q.per_request;
+        let takes_excess = |q: &QuotaArgs| !q.per_request;
         if actual >= self.cost || !self.quotas.iter().any(takes_excess) {
             return None;
         }

@@ -45,6 +45,14 @@ impl Drop for Scratch {
 /// `tight` that takes one request per 10 s (429 with `Retry-After`
 /// beyond); gateways refusing beyond 3 per minute per route.
 fn config(sim_port: u16) -> Scratch {
+    config_with(
+        sim_port,
+        r#"quotas = [{ limit = 3, period = "1m", algorithm = "sliding_window" }]"#,
+    )
+}
+
+/// [`config`] with `quotas` (a `[rate_limit]` line) instead.
+fn config_with(sim_port: u16, quotas: &str) -> Scratch {
     let text = format!(
         r#"
 [simulator]
@@ -60,7 +68,7 @@ base_url = "http://127.0.0.1:{sim_port}"
 
 [rate_limit]
 mode = "reject"
-quotas = [{{ limit = 3, period = "1m", algorithm = "sliding_window" }}]
+{quotas}
 
 [backoff]
 mode = "reject"
@@ -160,6 +168,83 @@ async fn two_gateways_on_one_redis_hold_one_limit_and_share_a_cooldown() {
     assert_eq!(res.status().as_u16(), 503);
     let body = res.text().await.unwrap();
     assert!(body.contains("cooling_down"), "{body}");
+
+    stop(&mut a).await;
+    stop(&mut b).await;
+    stop(&mut sim).await;
+}
+
+/// A token quota held by two gateways on one Redis: each request is
+/// admitted on its estimate and settled to the usage the upstream reports,
+/// in Redis, so the thousand tokens a minute hold across both gateways as
+/// they would on one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_one_redis_hold_one_token_quota() {
+    let Some(redis) = RedisServer::start("two_gateways_one_token_quota") else {
+        return;
+    };
+    let sim_port = free_port();
+    let file = config_with(
+        sim_port,
+        r#"quotas = [{ limit = 1000, period = "1m", unit = "tokens", algorithm = "sliding_window" }]"#,
+    );
+    let config = file.0.display().to_string();
+    let mut sim = start(&format!(
+        "--config {config} --simulator-only --listen 127.0.0.1:{sim_port}"
+    ));
+    let sim_url = url_after(&sim, "  simulator ").await;
+    let gateway = || {
+        start(&format!(
+            "--config {config} --listen 127.0.0.1:0 --redis {}",
+            redis.url()
+        ))
+    };
+    let (mut a, mut b) = (gateway(), gateway());
+    let urls = [
+        url_after(&a, "  gateway ").await,
+        url_after(&b, "  gateway ").await,
+    ];
+    let client = reqwest::Client::new();
+    let body = r#"{"model":"m","max_tokens":250,"messages":[]}"#;
+    let estimate = u64::from(proxy::usage::estimate(body.as_bytes()).0);
+    // What the upstream reports each such request used, asked directly.
+    let direct: serde_json::Value = serde_json::from_slice(
+        &client
+            .post(format!("{sim_url}/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let used = direct["usage"]["total_tokens"].as_u64().expect("usage");
+    assert!(used < estimate, "{used} {estimate}");
+    // Each is admitted while its estimate fits on top of what the ones
+    // before really used: one quota, wherever they come through.
+    let expected = (1_000 - estimate) / used + 1;
+    let mut admitted = 0;
+    for i in 0..200 {
+        let response = client
+            .post(format!("{}/v1/chat/completions", urls[i % 2]))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        // Read to its end: the answer settles its charge there.
+        let _ = response.bytes().await;
+        if status == 429 {
+            break;
+        }
+        assert_eq!(status, 200);
+        admitted += 1;
+    }
+    assert_eq!(admitted, expected, "estimate {estimate}, used {used}");
 
     stop(&mut a).await;
     stop(&mut b).await;
