@@ -36,9 +36,13 @@ fn replica(server: &RedisServer, quotas: Vec<Quota>) -> Svc {
 }
 
 async fn send(svc: &mut Svc, cost: u32) -> Result<Settlement, BoxError> {
+    send_key(svc, "k", cost).await
+}
+
+async fn send_key(svc: &mut Svc, key: &str, cost: u32) -> Result<Settlement, BoxError> {
     let settlement = Settlement::new();
     let mut req = http::Request::builder()
-        .header("x-key", "k")
+        .header("x-key", key)
         .header("x-cost", cost.to_string())
         .body(())
         .expect("valid request");
@@ -221,4 +225,67 @@ async fn a_settled_excess_in_redis_goes_back_to_a_sliding_window_and_the_other_q
         refused.quota.expect("a quota").algorithm(),
         Algorithm::TokenBucket
     );
+}
+
+/// An underestimate settled in Redis is charged the difference, without
+/// refusal, for every algorithm: the next request that fits only on the
+/// estimate is refused once the charge is in (a fresh replica asks Redis,
+/// not a cache).
+#[tokio::test]
+async fn an_underestimate_settled_in_redis_is_charged_the_difference() {
+    let Some(server) = RedisServer::start("an_underestimate_settled_in_redis") else {
+        return;
+    };
+    for (n, quota) in [
+        Quota::per_minute(1_000).expect("valid"),
+        Quota::per_minute(1_000).expect("valid").sliding_window(),
+        Quota::per_minute(1_000).expect("valid").fixed_window(),
+        Quota::per_turn(1_000).expect("valid"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let algorithm = quota.algorithm();
+        let clock = Arc::new(AtomicU64::new(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .expect("after 1970")
+                .as_micros() as u64,
+        ));
+        // Each algorithm on a key of its own.
+        let mut svc = replica_at(&server, vec![quota], clock.clone());
+        let key = format!("short-{n}");
+        let settlement = send_key(&mut svc, &key, 100).await.expect("100 of 1,000");
+        let before = scripts_run(&server);
+        assert!(settlement.settle(700), "{algorithm:?}");
+        // The charge runs in a task of its own: once Redis ran it,
+        // 700 are used and 300 left, so 400 no longer fits.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while scripts_run(&server) == before {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{algorithm:?}: never charged"
+            );
+            tokio::task::yield_now().await;
+        }
+        let mut fresh = replica_at(&server, vec![quota], clock.clone());
+        let refused = send_key(&mut fresh, &key, 400).await.unwrap_err();
+        assert!(refused.is::<RateLimited>(), "{algorithm:?}: {refused}");
+        send_key(&mut fresh, &key, 300)
+            .await
+            .unwrap_or_else(|e| panic!("{algorithm:?}: 300 still fit: {e}"));
+    }
+}
+
+/// How many scripts Redis has run (`EVALSHA` calls that ran).
+fn scripts_run(server: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.connection())
+        .expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }

@@ -45,8 +45,9 @@ use super::limiter::{Limiter, Ticket};
 /// - With a [shared store](super::RateLimitLayer::with_store), the excess
 ///   of an estimate is given back to Redis as a refund is, in a task of its
 ///   own, to every algorithm (a sliding window's booking is written again
-///   at its real cost, at its instant); a charge above the estimate is not
-///   made there yet (the estimate stands).
+///   at its real cost, at its instant); a charge above the estimate is made
+///   the same way, without refusal, as in process. If that call fails, the
+///   estimate stands.
 ///
 /// ```
 /// use std::time::Duration;

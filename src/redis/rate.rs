@@ -19,6 +19,7 @@ use crate::store::PassThrough;
 
 static ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("admit.lua")));
 static GIVE_BACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("give_back.lua")));
+static CHARGE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("charge.lua")));
 static DELETE: LazyLock<Script> =
     LazyLock::new(|| Script::new("return redis.call('DEL', unpack(KEYS))"));
 
@@ -449,6 +450,35 @@ impl Grant {
             cost: self.cost - actual,
             excess_of: Some(self.cost),
         })
+    }
+
+    /// What the booking charged.
+    pub(crate) fn cost(&self) -> u32 {
+        self.cost
+    }
+
+    /// Whether a real cost of `actual` is above this booking's charge, on a
+    /// quota that counts cost (see [`charge`](Self::charge)).
+    pub(crate) fn falls_short_of(&self, actual: u32) -> bool {
+        self.excess_of.is_none() && actual > self.cost && self.quotas.iter().any(|q| !q.per_request)
+    }
+
+    /// Charge `extra` more on this booking, without refusal (a settled
+    /// estimate below the real cost). When the call fails the estimate
+    /// stands.
+    pub(crate) async fn charge(&self, store: &RedisStore, extra: u32) -> Result<(), StoreError> {
+        let mut args = Vec::with_capacity(3 + 4 * self.quotas.len());
+        args.push(extra.to_string());
+        args.push(store.now_arg());
+        args.push(self.at.to_string());
+        for (q, mark) in self.quotas.iter().zip(&self.marks) {
+            args.push(q.arg_kind());
+            args.push(q.a.to_string());
+            args.push(q.b.to_string());
+            args.push(mark.clone());
+        }
+        let _: i64 = store.run("rate limit", &CHARGE, &self.keys, &args).await?;
+        Ok(())
     }
 
     /// Give the booking back (`cancel`: a waiter left before its turn;

@@ -61,6 +61,18 @@ impl Remote {
             }
         });
     }
+
+    /// Charge `extra` more on `grant`, in a task of its own (see
+    /// [`Grant::charge`]).
+    pub(crate) fn charge(self: &Arc<Self>, grant: Arc<Grant>, extra: u32) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let remote = self.clone();
+        runtime.spawn(async move {
+            let _ = grant.charge(&remote.store, extra).await;
+        });
+    }
 }
 
 /// A decision on Redis, to be awaited.

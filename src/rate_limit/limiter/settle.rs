@@ -47,8 +47,12 @@ impl Limiter {
     pub(crate) fn settle(&self, ticket: &Ticket, actual: u32) {
         #[cfg(feature = "redis")]
         if let Some(grant) = &ticket.remote {
-            if let (Some(remote), Some(excess)) = (&self.remote, grant.excess_over(actual)) {
-                remote.give_back(Arc::new(excess), ticket.key, false);
+            if let Some(remote) = &self.remote {
+                if let Some(excess) = grant.excess_over(actual) {
+                    remote.give_back(Arc::new(excess), ticket.key, false);
+                } else if grant.falls_short_of(actual) {
+                    remote.charge(grant.clone(), actual - grant.cost());
+                }
             }
             return;
         }
