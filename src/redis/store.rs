@@ -149,6 +149,7 @@ impl RedisStore {
             .map_err(not_a_url)?;
         let client = ClusterClientBuilder::new(urls)
             .connection_timeout(Duration::from_secs(1))
+            .tcp_settings(tcp_settings())
             .build()
             .map_err(not_a_url)?;
         let mut store = Self::new(first)?;
