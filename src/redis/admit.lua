@@ -262,8 +262,9 @@ for n, q in ipairs(quotas) do
   local kind = q.kind
   local earliest
   if kind == 'g' then
-    -- So far ahead no clock running forwards leaves it: start afresh.
-    if q.tat > now + q.tol + horizon then q.tat = 0 end
+    -- So far ahead no clock running forwards leaves it (waiters, and one
+    -- burst of debt a settled charge may add): start afresh.
+    if q.tat > now + 2 * q.tol + horizon then q.tat = 0 end
     earliest = max(max(q.tat, now) + q.a * q.c - q.tol, now)
   elseif kind == 'f' then
     if q.e > (floor((now + horizon) / q.b) + 1) * q.b then q.e = 0; q.u = 0 end

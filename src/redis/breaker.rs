@@ -94,13 +94,24 @@ impl Breaker {
         self.open_until.swap(0, Ordering::AcqRel) != 0
     }
 
-    /// A call at `now` got no answer.
-    pub(crate) fn failed(&self, now: u64) -> Failed {
+    /// The probe ended without an outcome (its request was dropped, its
+    /// client gone): the next call after the backoff may probe.
+    pub(crate) fn probe_abandoned(&self) {
+        self.probing.store(false, Ordering::Release);
+    }
+
+    /// A call got no answer, found out at `now`; `probe`: it was the probe.
+    /// A call sent before the breaker opened changes nothing once it is
+    /// open: only the probe's silence opens it again.
+    pub(crate) fn failed(&self, now: u64, probe: bool) -> Failed {
         let failures = self
             .failures
             .fetch_add(1, Ordering::Relaxed)
             .saturating_add(1);
         let open = self.open_until.load(Ordering::Acquire) != 0;
+        if open && !probe {
+            return Failed::StillOpen;
+        }
         if !open && failures < TRIP_AFTER {
             return Failed::Counted;
         }
@@ -125,18 +136,20 @@ mod tests {
     #[test]
     fn it_opens_after_failures_in_a_row_probes_once_and_closes_on_an_answer() {
         let b = Breaker::default();
-        assert_eq!(b.failed(0), Failed::Counted);
+        assert_eq!(b.failed(0, false), Failed::Counted);
         assert!(!b.answered(), "an answer between failures resets the count");
-        assert_eq!(b.failed(0), Failed::Counted);
-        assert_eq!(b.failed(0), Failed::Counted);
-        assert_eq!(b.failed(10), Failed::Tripped);
+        assert_eq!(b.failed(0, false), Failed::Counted);
+        assert_eq!(b.failed(0, false), Failed::Counted);
+        assert_eq!(b.failed(10, false), Failed::Tripped);
         assert_eq!(b.pass(11), Pass::Refuse);
+        // A call sent before it opened, failing now, changes nothing.
+        assert_eq!(b.failed(12, false), Failed::StillOpen);
         // After the backoff: one probe, the others still refused.
         assert_eq!(b.pass(10 + FIRST_BACKOFF_US), Pass::Probe);
         assert_eq!(b.pass(10 + FIRST_BACKOFF_US), Pass::Refuse);
         // The probe fails: open again, twice as long.
         let at = 10 + FIRST_BACKOFF_US;
-        assert_eq!(b.failed(at), Failed::StillOpen);
+        assert_eq!(b.failed(at, true), Failed::StillOpen);
         assert_eq!(b.pass(at + 2 * FIRST_BACKOFF_US - 1), Pass::Refuse);
         assert_eq!(b.pass(at + 2 * FIRST_BACKOFF_US), Pass::Probe);
         assert!(b.answered(), "closed by the probe's answer");
@@ -144,11 +157,23 @@ mod tests {
     }
 
     #[test]
+    fn a_probe_dropped_without_an_outcome_lets_the_next_call_probe() {
+        let b = Breaker::default();
+        for _ in 0..TRIP_AFTER {
+            b.failed(0, false);
+        }
+        assert_eq!(b.pass(FIRST_BACKOFF_US), Pass::Probe);
+        assert_eq!(b.pass(FIRST_BACKOFF_US), Pass::Refuse);
+        b.probe_abandoned();
+        assert_eq!(b.pass(FIRST_BACKOFF_US), Pass::Probe);
+    }
+
+    #[test]
     fn the_backoff_never_passes_its_cap() {
         let b = Breaker::default();
         let mut now = 0;
         for _ in 0..20 {
-            b.failed(now);
+            b.failed(now, true);
             now += MAX_BACKOFF_US;
         }
         assert_eq!(b.pass(now - 1 + MAX_BACKOFF_US), Pass::Probe);

@@ -65,8 +65,9 @@ while ARGV[i] do
       if seq and tonumber(redis.call('ZSCORE', key, mark)) == at then
         local new = min(c + extra, a)
         if new > c then
-          redis.call('ZREM', key, mark)
+          -- Added before the old one goes: the set (and its TTL) stays.
           redis.call('ZADD', key, at, seq .. ':' .. new)
+          redis.call('ZREM', key, mark)
           if redis.call('EXISTS', aux) == 1 then
             redis.call('HINCRBY', aux, 's', new - c)
           end

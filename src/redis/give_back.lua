@@ -44,16 +44,19 @@ while ARGV[i] do
     k = k + 1
     -- The booking itself, not one a state made afresh (after a reset,
     -- or once idle) numbered the same.
-    if tonumber(redis.call('ZSCORE', key, mark)) == at and redis.call('ZREM', key, mark) == 1 then
+    if tonumber(redis.call('ZSCORE', key, mark)) == at then
       if excess then
         -- The booking stays, at its instant, for what it really cost:
         -- the member is written again with the smaller cost (its sequence
         -- number keeps it unique), as Algorithm::settle does in process.
+        -- Added before the old one goes, so the set (and its TTL) never
+        -- goes away in between.
         local seq = string.match(mark, '^(%d+):')
         if seq and whole > cost then
           redis.call('ZADD', key, at, seq .. ':' .. (whole - cost))
         end
       end
+      redis.call('ZREM', key, mark)
       -- A sum evicted without its bookings is counted again from them at
       -- the next admission: never made here, below zero and with no TTL.
       if redis.call('EXISTS', aux) == 1 then

@@ -294,10 +294,16 @@ impl RedisStore {
         keys: &[String],
         args: &[String],
     ) -> Result<T, StoreError> {
-        let now = breaker_clock();
-        if self.conn.breaker.pass(now) == Pass::Refuse {
+        let pass = self.conn.breaker.pass(breaker_clock());
+        if pass == Pass::Refuse {
             return Err(StoreError::NotAsked);
         }
+        // A probe whose request is dropped mid-call (its client gone) must
+        // not leave the breaker waiting for it for good.
+        let mut probe = ProbeGuard {
+            breaker: &self.conn.breaker,
+            pending: pass == Pass::Probe,
+        };
         let call = async {
             let mut conn = self.conn.get().await?;
             let mut invocation = script.prepare_invoke();
@@ -314,12 +320,13 @@ impl RedisStore {
             Ok(Err(e)) => Err(StoreError::Redis(e)),
             Err(_) => Err(StoreError::Timeout(self.timeout)),
         };
+        let was_probe = std::mem::take(&mut probe.pending);
         match &outcome {
             Ok(_) => self.conn.answered(what, None),
             Err(e) if e.is_answer() => self.conn.answered(what, Some(e)),
             Err(e) => self
                 .conn
-                .unanswered(what, self.on_error, self.local_fallback, e, now),
+                .unanswered(what, self.on_error, self.local_fallback, e, was_probe),
         }
         outcome
     }
@@ -544,9 +551,9 @@ impl Connection {
         on_error: OnError,
         fallback: bool,
         error: &StoreError,
-        now: u64,
+        probe: bool,
     ) {
-        if self.breaker.failed(now) != Failed::Tripped {
+        if self.breaker.failed(breaker_clock(), probe) != Failed::Tripped {
             tracing::debug!(store = %Escaped(&self.addr), error = %Escaped(&error.to_string()), "{what}: no answer");
             return;
         }
@@ -570,6 +577,21 @@ impl Connection {
             // A connection whose peer vanished (a failover, a partition)
             // may never fail by itself: the next call makes a new one.
             self.conn.store(None);
+        }
+    }
+}
+
+/// Marks a probe that has not ended: dropped so, it lets the next call
+/// probe (see [`Breaker::probe_abandoned`]).
+struct ProbeGuard<'a> {
+    breaker: &'a Breaker,
+    pending: bool,
+}
+
+impl Drop for ProbeGuard<'_> {
+    fn drop(&mut self) {
+        if self.pending {
+            self.breaker.probe_abandoned();
         }
     }
 }

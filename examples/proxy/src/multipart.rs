@@ -24,11 +24,22 @@ pub enum Problem {
 
 /// The boundary, when `headers` say the body is `multipart/form-data`.
 pub fn boundary(headers: &HeaderMap) -> Option<Result<String, Problem>> {
-    let value = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
-    let essence = value.split(';').next().unwrap_or("").trim();
-    if !essence.eq_ignore_ascii_case("multipart/form-data") {
+    let bytes = headers.get(header::CONTENT_TYPE)?.as_bytes();
+    let essence = bytes
+        .split(|&b| b == b';')
+        .next()
+        .unwrap_or(b"")
+        .trim_ascii();
+    if !essence.eq_ignore_ascii_case(b"multipart/form-data") {
         return None;
     }
+    // A form whose type holds bytes that are not text is refused, not read
+    // as something else (and counted under no model).
+    let Ok(value) = std::str::from_utf8(bytes) else {
+        return Some(Err(Problem::Malformed(
+            "the Content-Type is not text".to_owned(),
+        )));
+    };
     Some(multer::parse_boundary(value).map_err(|e| Problem::Malformed(e.to_string())))
 }
 
@@ -123,5 +134,14 @@ mod tests {
         );
         assert!(matches!(with("multipart/form-data"), Some(Err(_))));
         assert_eq!(with("application/json"), None);
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            http::HeaderValue::from_bytes(b"multipart/form-data; boundary=x; y=\xe9").unwrap(),
+        );
+        assert!(
+            matches!(boundary(&headers), Some(Err(_))),
+            "read as not a form"
+        );
     }
 }

@@ -223,11 +223,13 @@ impl Kind {
     }
 
     /// Whether a stream from this upstream path reports its usage only when
-    /// the request asks (`stream_options.include_usage`): OpenAI's chat and
-    /// text completions, on every provider of OpenAI's shape.
+    /// the request asks (`stream_options.include_usage`), and the gateway
+    /// may ask on a client's behalf: OpenAI's chat and text completions, on
+    /// OpenAI and servers of its shape. Not Azure, whose API versions before
+    /// 2024-09 refuse `stream_options` (a client there asks itself).
     pub fn streams_usage_on_request(self, upstream_path: &str) -> bool {
         let path = upstream_path.trim_end_matches('/');
-        !matches!(self, Self::Anthropic)
+        matches!(self, Self::OpenAi | Self::OpenAiCompatible)
             && (path.ends_with("/chat/completions") || path.ends_with("/completions"))
     }
 }

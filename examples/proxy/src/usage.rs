@@ -134,14 +134,28 @@ struct Unasked {
     partial: BytesMut,
     /// The usage chunk was dropped: its event's blank line goes too.
     dropped: bool,
+    /// The line passing is longer than [`MAX_LINE`]: not a usage chunk,
+    /// passed on as it comes rather than held.
+    passing: bool,
 }
 
 impl Unasked {
     fn pass(&mut self, data: &[u8]) -> Bytes {
         let mut out = BytesMut::with_capacity(data.len());
         for piece in data.split_inclusive(|&b| b == b'\n') {
-            if piece.last() != Some(&b'\n') {
+            let ends = piece.last() == Some(&b'\n');
+            if self.passing {
+                out.extend_from_slice(piece);
+                self.passing = !ends;
+                continue;
+            }
+            if !ends {
                 self.partial.extend_from_slice(piece);
+                if self.partial.len() > MAX_LINE {
+                    out.extend_from_slice(&std::mem::take(&mut self.partial));
+                    self.passing = true;
+                    self.dropped = false;
+                }
                 continue;
             }
             let line = if self.partial.is_empty() {
@@ -555,5 +569,17 @@ mod tests {
             got.extend_from_slice(&unasked.finish());
             assert_eq!(String::from_utf8(got).unwrap(), want, "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn a_line_longer_than_any_usage_chunk_is_passed_on_not_held() {
+        let mut unasked = Unasked::default();
+        let long = vec![b'x'; MAX_LINE + 10];
+        let out = unasked.pass(&long);
+        assert_eq!(out.len(), long.len(), "held instead of passed on");
+        assert_eq!(
+            &unasked.pass(b"yz\ndata: [DONE]\n")[..],
+            b"yz\ndata: [DONE]\n"
+        );
     }
 }
