@@ -463,12 +463,9 @@ impl Grant {
         self.excess_of.is_none() && actual > self.cost && self.quotas.iter().any(|q| !q.per_request)
     }
 
-    /// Charge `extra` more on this booking, without refusal (a settled
-    /// estimate below the real cost). When the call fails the estimate
-    /// stands.
-    pub(crate) async fn charge(&self, store: &RedisStore, extra: u32) -> Result<(), StoreError> {
-        let mut args = Vec::with_capacity(3 + 4 * self.quotas.len());
-        args.push(extra.to_string());
+    /// The arguments give_back.lua and charge.lua share: now, the instant
+    /// booked, and per quota its kind, numbers and mark.
+    fn push_booking(&self, store: &RedisStore, args: &mut Vec<String>) {
         args.push(store.now_arg());
         args.push(self.at.to_string());
         for (q, mark) in self.quotas.iter().zip(&self.marks) {
@@ -477,6 +474,15 @@ impl Grant {
             args.push(q.b.to_string());
             args.push(mark.clone());
         }
+    }
+
+    /// Charge `extra` more on this booking, without refusal (a settled
+    /// estimate below the real cost). When the call fails the estimate
+    /// stands.
+    pub(crate) async fn charge(&self, store: &RedisStore, extra: u32) -> Result<(), StoreError> {
+        let mut args = Vec::with_capacity(3 + 4 * self.quotas.len());
+        args.push(extra.to_string());
+        self.push_booking(store, &mut args);
         let _: i64 = store.run("rate limit", &CHARGE, &self.keys, &args).await?;
         Ok(())
     }
@@ -499,14 +505,7 @@ impl Grant {
         };
         args.push(mode);
         args.push(self.cost.to_string());
-        args.push(store.now_arg());
-        args.push(self.at.to_string());
-        for (q, mark) in self.quotas.iter().zip(&self.marks) {
-            args.push(q.arg_kind());
-            args.push(q.a.to_string());
-            args.push(q.b.to_string());
-            args.push(mark.clone());
-        }
+        self.push_booking(store, &mut args);
         let _: i64 = store
             .run("rate limit", &GIVE_BACK, &self.keys, &args)
             .await?;

@@ -368,7 +368,6 @@ pub fn check_version(text: &str) -> Result<HeaderValue, ConfigError> {
 /// `Value` would not do. `None` when `body` is not a JSON object naming a
 /// model: it then goes as sent.
 pub fn rewrite_model(body: &[u8], model: &str) -> Option<bytes::Bytes> {
-    use serde_json::value::RawValue;
     // Members in order; a `Vec` rather than a map, so none is reordered.
     // A repeated `"model"` never gets here: the model key refuses it.
     let members: Members<'_> = serde_json::from_slice(body).ok()?;
@@ -376,30 +375,44 @@ pub fn rewrite_model(body: &[u8], model: &str) -> Option<bytes::Bytes> {
         return None;
     }
     let model = serde_json::to_string(model).ok()?;
-    let mut out = Vec::with_capacity(body.len() + model.len());
-    out.push(b'{');
-    for (i, (name, value)) in members.0.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(serde_json::to_string(name).ok()?.as_bytes());
-        out.push(b':');
-        let value: &RawValue = value;
-        let text = if name == MODEL_FIELD {
-            &model
-        } else {
-            value.get()
-        };
-        out.extend_from_slice(text.as_bytes());
-    }
-    out.push(b'}');
-    Some(out.into())
+    members.write(&[(MODEL_FIELD, &model)], None)
 }
 
 /// A JSON object's members as written, in order.
 pub(crate) struct Members<'a>(
     pub(crate) Vec<(std::borrow::Cow<'a, str>, &'a serde_json::value::RawValue)>,
 );
+
+impl Members<'_> {
+    /// The object again: every member as written, but those named in
+    /// `replace` (name, JSON text), and `append` (name, JSON text) at the
+    /// end. `None` only if a name cannot be written.
+    pub(crate) fn write(
+        &self,
+        replace: &[(&str, &str)],
+        append: Option<(&str, &str)>,
+    ) -> Option<bytes::Bytes> {
+        let mut out = Vec::with_capacity(256);
+        out.push(b'{');
+        let members = self.0.iter().map(|(name, value)| {
+            let text = replace
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or(value.get(), |(_, text)| text);
+            (&**name, text)
+        });
+        for (i, (name, text)) in members.chain(append).enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(serde_json::to_string(name).ok()?.as_bytes());
+            out.push(b':');
+            out.extend_from_slice(text.as_bytes());
+        }
+        out.push(b'}');
+        Some(out.into())
+    }
+}
 
 impl<'de> Deserialize<'de> for Members<'de> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {

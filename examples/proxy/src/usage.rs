@@ -83,30 +83,10 @@ pub fn ask_for_usage(body: &[u8]) -> Option<Bytes> {
         }
         None => r#"{"include_usage":true}"#.to_owned(),
     };
-    let mut out = Vec::with_capacity(body.len() + 32);
-    out.push(b'{');
-    for (i, (name, value)) in members.0.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(serde_json::to_string(name).ok()?.as_bytes());
-        out.push(b':');
-        let text = if name == "stream_options" {
-            &asked
-        } else {
-            value.get()
-        };
-        out.extend_from_slice(text.as_bytes());
+    match options {
+        Some(_) => members.write(&[("stream_options", &asked)], None),
+        None => members.write(&[], Some(("stream_options", &asked))),
     }
-    if options.is_none() {
-        if !members.0.is_empty() {
-            out.push(b',');
-        }
-        out.extend_from_slice(br#""stream_options":"#);
-        out.extend_from_slice(asked.as_bytes());
-    }
-    out.push(b'}');
-    Some(out.into())
 }
 
 /// Whether an event line is the usage chunk the gateway asked for on the
