@@ -170,20 +170,20 @@ async fn a_settled_excess_in_redis_goes_back_to_a_sliding_window_and_the_other_q
     };
     let quotas = || {
         vec![
-            Quota::per_minute(2_000).expect("valid").sliding_window(),
-            Quota::per_minute(1_000).expect("valid"),
+            Quota::per_minute(150).expect("valid").sliding_window(),
+            Quota::per_minute(100).expect("valid"),
         ]
     };
     let mut svc = replica(&server, quotas());
-    let settlement = send(&mut svc, 600).await.expect("600 of 1,000");
-    // The sliding window's booking is written again at 100 (one member in
+    let settlement = send(&mut svc, 60).await.expect("60 of 100");
+    // The sliding window's booking is written again at 10 (one member in
     // Redis, kept at its instant); the bucket, standing still, takes back
-    // the 500 it did not use.
-    assert!(settlement.settle(100));
+    // the 50 it did not use.
+    assert!(settlement.settle(10));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let mut fresh = replica(&server, quotas());
-        match send(&mut fresh, 900).await {
+        match send(&mut fresh, 90).await {
             Ok(_) => break,
             Err(e) if e.is::<RateLimited>() => {
                 assert!(tokio::time::Instant::now() < deadline, "never given back");
@@ -192,7 +192,7 @@ async fn a_settled_excess_in_redis_goes_back_to_a_sliding_window_and_the_other_q
             Err(e) => panic!("{e}"),
         }
     }
-    // The window holds 100 + 900, as its bookings and its sum say.
+    // The window holds 10 + 90, as its bookings and its sum say.
     let mut redis = server.connection();
     let sums: Vec<String> = redis::cmd("KEYS")
         .arg("settle:*:n")
@@ -204,7 +204,7 @@ async fn a_settled_excess_in_redis_goes_back_to_a_sliding_window_and_the_other_q
         .arg("s")
         .query(&mut redis)
         .expect("HGET");
-    assert_eq!(sum, 1_000, "the sliding window kept the estimate");
+    assert_eq!(sum, 100, "the sliding window kept the estimate");
     let bookings: Vec<String> = redis::cmd("ZRANGE")
         .arg(sums[0].trim_end_matches(":n"))
         .arg(0)
@@ -215,11 +215,11 @@ async fn a_settled_excess_in_redis_goes_back_to_a_sliding_window_and_the_other_q
         .iter()
         .map(|m| m.rsplit(':').next().unwrap().parse::<u64>().unwrap())
         .sum();
-    assert_eq!(costs, 1_000, "{bookings:?}");
-    // And it never went below what was used: 100 more than the bucket
-    // takes now is refused by the bucket, not let through.
+    assert_eq!(costs, 100, "{bookings:?}");
+    // And it never went below what was used: 20 more, which the window
+    // has room for, is refused by the bucket, not let through.
     let mut fresh = replica(&server, quotas());
-    let refused = send(&mut fresh, 600).await.unwrap_err();
+    let refused = send(&mut fresh, 20).await.unwrap_err();
     let refused = refused.downcast_ref::<RateLimited>().expect("refused");
     assert_eq!(
         refused.quota.expect("a quota").algorithm(),
@@ -237,10 +237,10 @@ async fn an_underestimate_settled_in_redis_is_charged_the_difference() {
         return;
     };
     for (n, quota) in [
-        Quota::per_minute(1_000).expect("valid"),
-        Quota::per_minute(1_000).expect("valid").sliding_window(),
-        Quota::per_minute(1_000).expect("valid").fixed_window(),
-        Quota::per_turn(1_000).expect("valid"),
+        Quota::per_minute(100).expect("valid"),
+        Quota::per_minute(100).expect("valid").sliding_window(),
+        Quota::per_minute(100).expect("valid").fixed_window(),
+        Quota::per_turn(100).expect("valid"),
     ]
     .into_iter()
     .enumerate()
@@ -255,11 +255,11 @@ async fn an_underestimate_settled_in_redis_is_charged_the_difference() {
         // Each algorithm on a key of its own.
         let mut svc = replica_at(&server, vec![quota], clock.clone());
         let key = format!("short-{n}");
-        let settlement = send_key(&mut svc, &key, 100).await.expect("100 of 1,000");
+        let settlement = send_key(&mut svc, &key, 10).await.expect("10 of 100");
         let before = scripts_run(&server);
-        assert!(settlement.settle(700), "{algorithm:?}");
+        assert!(settlement.settle(70), "{algorithm:?}");
         // The charge runs in a task of its own: once Redis ran it,
-        // 700 are used and 300 left, so 400 no longer fits.
+        // 70 are used and 30 left, so 40 no longer fits.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while scripts_run(&server) == before {
             assert!(
@@ -283,11 +283,11 @@ async fn an_underestimate_settled_in_redis_is_charged_the_difference() {
             assert!(ttl > 0, "{algorithm:?}: {key} has no TTL ({ttl})");
         }
         let mut fresh = replica_at(&server, vec![quota], clock.clone());
-        let refused = send_key(&mut fresh, &key, 400).await.unwrap_err();
+        let refused = send_key(&mut fresh, &key, 40).await.unwrap_err();
         assert!(refused.is::<RateLimited>(), "{algorithm:?}: {refused}");
-        send_key(&mut fresh, &key, 300)
+        send_key(&mut fresh, &key, 30)
             .await
-            .unwrap_or_else(|e| panic!("{algorithm:?}: 300 still fit: {e}"));
+            .unwrap_or_else(|e| panic!("{algorithm:?}: 30 still fit: {e}"));
     }
 }
 

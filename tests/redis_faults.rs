@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 use tower_throttle::error::{BoxError, RateLimited, StoreUnavailable};
 use tower_throttle::key::GlobalKey;
-use tower_throttle::rate_limit::{Algorithm, RateLimitHandle, RateLimitLayer};
+use tower_throttle::rate_limit::{Algorithm, RateLimitHandle, RateLimitLayer, Unit};
 use tower_throttle::redis::{OnError, RedisStore};
 use tower_throttle::respond::Rejection;
 
@@ -41,7 +41,9 @@ type Svc = tower_throttle::rate_limit::RateLimit<
 >;
 
 fn limiter(store: RedisStore, limit: u32) -> (Svc, RateLimitHandle) {
-    let layer = RateLimitLayer::new(quota(Algorithm::SlidingWindow, limit, MINUTE), GlobalKey)
+    // Counting requests: a Redis store keeps such a window to 10,000.
+    let quota = quota(Algorithm::SlidingWindow, limit, MINUTE).with_unit(Unit::Requests);
+    let layer = RateLimitLayer::new(quota, GlobalKey)
         .with_store(store)
         .expect("a quota Redis keeps");
     let handle = layer.handle();

@@ -170,7 +170,9 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
     /// decides.
     ///
     /// A quota finer than Redis keeps time (a token bucket above 10,000 per
-    /// second per key) is an error naming it, here and in a later retune.
+    /// second per key), or a sliding window larger than Redis keeps
+    /// exactly (see [`RedisStore::MOST_SLIDING_COST`](crate::redis::RedisStore::MOST_SLIDING_COST)),
+    /// is an error naming it, here and in a later retune.
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub fn with_store(self, store: crate::redis::RedisStore) -> Result<Self, ConfigError> {

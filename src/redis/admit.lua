@@ -54,6 +54,13 @@ local max_wait = tonumber(ARGV[2])
 local horizon = tonumber(ARGV[3])
 local rule = ARGV[6]
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+-- The most expired bookings of one each a call removes.
+local TRIM = 64
+-- A booking's member: its number, zero-padded so that bookings at one
+-- instant sort in the order they were made, and its cost.
+local function fmt_member(seq, c)
+  return string.format('%016d:%d', seq, c)
+end
 
 -- Read every quota.
 local quotas = {}
@@ -63,8 +70,9 @@ while ARGV[i] do
   local kind = ARGV[i]
   -- An upper-case kind counts one per request, whatever the cost.
   local c = cost
-  if kind ~= string.lower(kind) then kind = string.lower(kind); c = 1 end
-  local q = { kind = kind, c = c, a = tonumber(ARGV[i + 1]), b = tonumber(ARGV[i + 2]), key = KEYS[k],
+  local per_request = kind ~= string.lower(kind)
+  if per_request then kind = string.lower(kind); c = 1 end
+  local q = { kind = kind, c = c, per_request = per_request, a = tonumber(ARGV[i + 1]), b = tonumber(ARGV[i + 2]), key = KEYS[k],
     pk = ARGV[i + 3], pa = tonumber(ARGV[i + 4]), pb = tonumber(ARGV[i + 5]) }
   k = k + 1
   if kind == 'g' then
@@ -117,17 +125,26 @@ while ARGV[i] do
     local v = redis.call('HMGET', q.aux, 's', 'n')
     q.sum = tonumber(v[1]) or 0
     q.seq = tonumber(v[2]) or 0
+    q.card = 0
     if not q.last then q.sum = 0 end
+    if q.last then q.card = redis.call('ZCARD', q.key) end
     if q.last and not v[1] then
       -- The sum was evicted without its bookings (maxmemory): counted
       -- again from them, never taken as zero, and written back with its
-      -- TTL. Rare, so the whole window is read here.
-      q.sum = 0
-      for _, member in ipairs(redis.call('ZRANGE', q.key, 0, -1)) do
-        local seq, c = string.match(member, '^(%d+):(%d+)$')
-        q.sum = q.sum + tonumber(c)
-        q.seq = max(q.seq, tonumber(seq))
+      -- TTL. A window counting requests holds ones; another is read
+      -- whole, which its limit bounds (rate.rs). Numbering starts
+      -- afresh at now (µs), past every number a key ever had.
+      if q.per_request then
+        -- Ones, but perhaps the oldest.
+        local oldest = redis.call('ZRANGE', q.key, 0, 0)
+        q.sum = q.card - 1 + (tonumber(string.match(oldest[1] or '', ':(%d+)$')) or 1)
+      else
+        q.sum = 0
+        for _, member in ipairs(redis.call('ZRANGE', q.key, 0, -1)) do
+          q.sum = q.sum + tonumber(string.match(member, ':(%d+)$'))
+        end
       end
+      q.seq = max(q.seq, now)
       q.converted = true
     end
   else
@@ -185,9 +202,16 @@ for _, q in ipairs(quotas) do
         if e == (floor(now / w) + 1) * w then used = min(u, l) end
       end
     elseif pk == 's' then
-      local live = redis.call('ZRANGEBYSCORE', q.pkey, string.format('(%d', now - q.pb), '+inf')
-      for _, member in ipairs(live) do
-        used = used + tonumber(string.match(member, ':(%d+)$'))
+      -- Bookings of one each (their sum is their number) are counted by
+      -- Redis; others are read, as many as the old limit allowed.
+      local live = string.format('(%d', now - q.pb)
+      local sum = tonumber(redis.call('HGET', q.paux, 's'))
+      if sum and sum == redis.call('ZCARD', q.pkey) then
+        used = redis.call('ZCOUNT', q.pkey, live, '+inf')
+      else
+        for _, member in ipairs(redis.call('ZRANGEBYSCORE', q.pkey, live, '+inf')) do
+          used = used + tonumber(string.match(member, ':(%d+)$'))
+        end
       end
       used = min(used, q.pa)
     else
@@ -209,8 +233,9 @@ for _, q in ipairs(quotas) do
       elseif kind == 's' then
         local take = min(used, q.a)
         q.seq = q.seq + 1
-        redis.call('ZADD', q.key, now, q.seq .. ':' .. take)
+        redis.call('ZADD', q.key, now, fmt_member(q.seq, take))
         q.sum = q.sum + take
+        q.card = q.card + 1
         q.last = now
       else
         q.s = now; q.u = used; q.x = now + q.b
@@ -245,8 +270,9 @@ if was and was ~= rule then
       elseif kind == 's' then
         -- A whole window's worth now.
         q.seq = q.seq + 1
-        redis.call('ZADD', q.key, now, q.seq .. ':' .. q.a)
+        redis.call('ZADD', q.key, now, fmt_member(q.seq, q.a))
         q.sum = q.sum + q.a
+        q.card = q.card + 1
         q.last = now
       else
         q.s = now; q.u = q.a; q.x = now + q.b
@@ -281,31 +307,78 @@ for n, q in ipairs(quotas) do
       redis.call('DEL', q.key)
       q.last = nil
       q.sum = 0
-    end
-    -- A booking exactly a window old has expired.
-    local gone = redis.call('ZRANGEBYSCORE', q.key, '-inf', now - q.b)
-    if #gone > 0 then
-      for _, member in ipairs(gone) do
-        q.sum = q.sum - tonumber(string.match(member, ':(%d+)$'))
-      end
-      redis.call('ZREMRANGEBYSCORE', q.key, '-inf', now - q.b)
-      q.trimmed = true
+      q.card = 0
     end
     earliest = max(q.last or now, now)
-    local alive = q.sum
     local room = max(q.a - q.c, 0)
-    -- Oldest first, bookings leave the window until this one fits;
-    -- usually none or one has to.
-    local from = 0
-    while alive > room do
-      local page = redis.call('ZRANGE', q.key, from, from + 31, 'WITHSCORES')
-      if #page == 0 then break end
-      for j = 1, #page, 2 do
-        if alive <= room then break end
-        earliest = max(earliest, tonumber(page[j + 1]) + q.b)
-        alive = alive - tonumber(string.match(page[j], ':(%d+)$'))
+    -- A booking exactly a window old has expired.
+    local cut = now - q.b
+    -- Every booking but perhaps the oldest counts one (a booking never
+    -- costs less; the oldest can be what a key took over, spent, when
+    -- its state was made): Redis counts them, in O(log n), and the
+    -- expired go at most TRIM a call, so no call pays for a whole window
+    -- leaving at once. Those left over are counted out here and go in
+    -- later calls.
+    if q.card > 0 and q.sum ~= q.card then
+      local oldest = redis.call('ZRANGE', q.key, 0, 0, 'WITHSCORES')
+      local c0 = tonumber(string.match(oldest[1] or '', ':(%d+)$'))
+      if c0 and q.sum - q.card == c0 - 1 then
+        q.heavy = c0 - 1
+        q.heavy_at = tonumber(oldest[2])
       end
-      from = from + 32
+    elseif q.sum == q.card then
+      q.heavy = 0
+    end
+    if q.heavy then
+      local gone = redis.call('ZCOUNT', q.key, '-inf', cut)
+      local extra = 0
+      if q.heavy > 0 and q.heavy_at <= cut then extra = q.heavy end
+      if gone > 0 then
+        local n = min(gone, TRIM)
+        redis.call('ZREMRANGEBYRANK', q.key, 0, n - 1)
+        q.sum = q.sum - n - extra
+        q.card = q.card - n
+        q.trimmed = true
+        q.heavy = q.heavy - extra
+        gone = gone - n
+      end
+      q.first = gone
+      -- What has to leave, oldest first: the heavy one (when live) takes
+      -- 1 + heavy at once.
+      local over = q.sum - gone - room
+      if over > 0 then
+        local k = over
+        if q.heavy > 0 then k = max(over - q.heavy, 1) end
+        local page = redis.call('ZRANGE', q.key, gone + k - 1, gone + k - 1, 'WITHSCORES')
+        if page[2] then earliest = max(earliest, tonumber(page[2]) + q.b) end
+      end
+    else
+      -- Bookings of several units: each is read, as many as the limit
+      -- allows (rate.rs bounds it so that this stays well under 1 ms).
+      local gone = redis.call('ZRANGEBYSCORE', q.key, '-inf', cut)
+      if #gone > 0 then
+        for _, member in ipairs(gone) do
+          q.sum = q.sum - tonumber(string.match(member, ':(%d+)$'))
+        end
+        redis.call('ZREMRANGEBYSCORE', q.key, '-inf', cut)
+        q.card = q.card - #gone
+        q.trimmed = true
+      end
+      q.first = 0
+      local alive = q.sum
+      -- Oldest first, bookings leave the window until this one fits;
+      -- usually none or one has to.
+      local from = 0
+      while alive > room do
+        local page = redis.call('ZRANGE', q.key, from, from + 31, 'WITHSCORES')
+        if #page == 0 then break end
+        for j = 1, #page, 2 do
+          if alive <= room then break end
+          earliest = max(earliest, tonumber(page[j + 1]) + q.b)
+          alive = alive - tonumber(string.match(page[j], ':(%d+)$'))
+        end
+        from = from + 32
+      end
     end
   else
     -- A turn a dropped waiter opened ahead holds the key until it starts
@@ -349,9 +422,10 @@ if not refused then
       reply[#reply + 1] = e
     elseif kind == 's' then
       q.seq = q.seq + 1
-      local member = q.seq .. ':' .. q.c
+      local member = fmt_member(q.seq, q.c)
       redis.call('ZADD', q.key, at, member)
       q.sum = q.sum + q.c
+      q.card = q.card + 1
       q.last = max(q.last or at, at)
       reply[#reply + 1] = member
     else
@@ -387,12 +461,19 @@ if not refused and ARGV[4] == '1' then
         l = max(q.a - used, 0); r = q.e - goes
       end
     elseif kind == 's' then
-      local live = q.sum
+      -- Expired bookings a count left in place are not live.
+      local live = q.sum - q.first
       if goes > now then
-        live = 0
-        local alive = redis.call('ZRANGEBYSCORE', q.key, string.format('(%d', goes - q.b), '+inf')
-        for _, member in ipairs(alive) do
-          live = live + tonumber(string.match(member, ':(%d+)$'))
+        -- Less those that leave by then.
+        local cut = string.format('%d', goes - q.b)
+        if q.heavy then
+          -- q.first of them the count left in place.
+          live = q.sum - redis.call('ZCOUNT', q.key, '-inf', cut)
+          if q.heavy > 0 and q.heavy_at <= goes - q.b then live = live - q.heavy end
+        else
+          for _, member in ipairs(redis.call('ZRANGEBYSCORE', q.key, '-inf', cut)) do
+            live = live - tonumber(string.match(member, ':(%d+)$'))
+          end
         end
       end
       l = max(q.a - live, 0); r = max((q.last or 0) + q.b - goes, 0)

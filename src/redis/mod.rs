@@ -55,9 +55,10 @@
 //!   ([`RedisStore::cluster`]): every state of one key shares a hash tag.
 //! - **ACL:** a user of its own needs the scripts' calls and the commands
 //!   inside them, on the store's prefix only:
-//!   `+evalsha +script|load +get +set +del +exists +hmget +hset +hincrby
-//!   +pexpire +time +zadd +zrange +zrangebyscore +zrem +zremrangebyscore
-//!   +zscore ~PREFIX*` (`+cluster|slots` as well on a Cluster).
+//!   `+evalsha +script|load +get +set +del +exists +hget +hmget +hset
+//!   +hincrby +pexpire +time +zadd +zcard +zcount +zrange +zrangebyscore
+//!   +zrem +zremrangebyrank +zremrangebyscore +zscore ~PREFIX*`
+//!   (`+cluster|slots` as well on a Cluster).
 //! - **Memory:** `maxmemory-policy noeviction`, or a Redis (or database)
 //!   the store has to itself. Every state has a TTL, so a `volatile-*`
 //!   policy may evict them: an evicted state is a key that spent nothing,
@@ -69,6 +70,16 @@
 //!
 //! # What differs from in process
 //!
+//! - A sliding window is kept exactly, booking by booking, up to a limit:
+//!   [`RedisStore::MOST_SLIDING_REQUESTS`] (10,000) for one counting
+//!   requests, whose bookings Redis counts by itself in O(log n) per call,
+//!   and [`RedisStore::MOST_SLIDING_COST`] (150) for one counting cost,
+//!   whose bookings are read one by one. Redis runs one script at a time,
+//!   so this keeps every call of every key well under a millisecond of
+//!   Redis time (`tests/redis_slow_log.rs`). A larger window is a
+//!   [`ConfigError`](crate::error::ConfigError) naming both, never an
+//!   approximation nobody asked for; a token bucket keeps any limit in one
+//!   value.
 //! - Stats count per replica: each replica's handle sees its own requests.
 //! - A waiter that is dropped, and an admission whose outcome does not
 //!   count ([`count_only`](crate::rate_limit::RateLimitLayer::count_only)),

@@ -104,6 +104,37 @@ pub(crate) fn check_quota(quota: &Quota) -> Result<(), ConfigError> {
             ));
         }
     }
+    if quota.algorithm() == Algorithm::SlidingWindow {
+        let (counting, most, why, instead) = if quota.unit() == Unit::Requests {
+            (
+                "requests",
+                RedisStore::MOST_SLIDING_REQUESTS,
+                "each booking is kept, about 100 bytes",
+                "",
+            )
+        } else {
+            (
+                "cost",
+                RedisStore::MOST_SLIDING_COST,
+                "each booking of several units is read to tell when a request fits, and Redis \
+                 runs one script at a time",
+                "count requests instead (unit = \"requests\", Unit::Requests: exact up to \
+                 10,000), ",
+            )
+        };
+        if quota.limit() > most {
+            return Err(ConfigError::new(
+                "quota",
+                format!(
+                    "a sliding window counting {counting}, {} per {:?}, is more than a Redis \
+                     store keeps exactly ({most}: {why}); {instead}use a token bucket (the \
+                     default algorithm, one value in Redis), or keep this limiter in process",
+                    quota.limit(),
+                    quota.period(),
+                ),
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -560,9 +591,10 @@ impl Default for Refused {
 
 impl Refused {
     /// The wait and slowest quota of a request of `cost` on `key` at `now`
-    /// under policy `generation` that is sure to be refused: one costing no
-    /// less was refused under it, and the instant it could go is still
-    /// beyond `max_wait`.
+    /// under policy `generation` that is sure to be refused: one of the
+    /// same cost was refused under it, and the instant it could go is still
+    /// beyond `max_wait`. Only the same cost: a costlier request is refused
+    /// too, but may have to wait longer, and its `retry_after` is exact.
     pub(crate) fn check(
         &self,
         key: KeyHash,
@@ -578,7 +610,7 @@ impl Refused {
             return None;
         }
         let wait = Duration::from_micros(refusal.until - now);
-        (cost >= refusal.cost && saturating_nanos(wait) > max_wait)
+        (cost == refusal.cost && saturating_nanos(wait) > max_wait)
             .then_some((wait, refusal.slowest))
     }
 
@@ -620,15 +652,8 @@ impl Refused {
             slowest,
             generation,
         };
-        keys.entry(key.0)
-            .and_modify(|r| {
-                // The cheaper refusal says more; a later one replaces one
-                // that is over.
-                if cost <= r.cost || r.expires <= now || r.generation != generation {
-                    *r = refusal;
-                }
-            })
-            .or_insert(refusal);
+        // The latest refusal replaces any other: it is the freshest.
+        keys.insert(key.0, refusal);
     }
 
     /// Forget `key` (a reset), or every key (`None`: a retune).
@@ -650,6 +675,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_sliding_window_beyond_what_redis_keeps_exactly_is_refused_by_name() {
+        let window = |limit| Quota::per_minute(limit).unwrap().sliding_window();
+        assert!(check_quota(&window(RedisStore::MOST_SLIDING_COST)).is_ok());
+        let err = check_quota(&window(RedisStore::MOST_SLIDING_COST + 1))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("counting cost, 151 per 60s"), "{err}");
+        assert!(err.contains("(150: "), "{err}");
+        assert!(err.contains(r#"unit = "requests""#), "{err}");
+        assert!(err.contains("token bucket"), "{err}");
+        let requests = |limit| window(limit).with_unit(Unit::Requests);
+        assert!(check_quota(&requests(RedisStore::MOST_SLIDING_REQUESTS)).is_ok());
+        let err = check_quota(&requests(RedisStore::MOST_SLIDING_REQUESTS + 1))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("counting requests, 10001 per 60s"), "{err}");
+        assert!(!err.contains("unit ="), "{err}");
+        // Other algorithms keep one value per key, at any limit.
+        assert!(check_quota(&Quota::per_hour(1_000_000).unwrap().fixed_window()).is_ok());
+    }
+
+    #[test]
     fn a_refused_key_is_refused_locally_until_it_could_go() {
         let refused = Refused::default();
         let key = KeyHash(1);
@@ -662,14 +709,16 @@ mod tests {
             1,
             refused.epoch(),
         );
-        // As costly or more, beyond max_wait: refused here.
+        // As costly, beyond max_wait: refused here.
         assert_eq!(
             refused.check(key, 2, 0, 1_100, 1),
             Some((Duration::from_micros(400), 0))
         );
-        assert!(refused.check(key, 3, 0, 1_100, 1).is_some());
+        // Costlier: refused too, but its wait may be longer, which only
+        // Redis can tell.
+        assert_eq!(refused.check(key, 3, 0, 1_100, 1), None);
         // Under another policy generation (a retune, a reset): void.
-        assert_eq!(refused.check(key, 3, 0, 1_100, 2), None);
+        assert_eq!(refused.check(key, 2, 0, 1_100, 2), None);
         refused.insert(
             key,
             2,

@@ -104,6 +104,31 @@ impl fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
+    /// The largest limit of a sliding window counting
+    /// [requests](crate::rate_limit::Unit::Requests) this store keeps.
+    ///
+    /// A sliding window keeps each booking (about 100 bytes each), and Redis
+    /// runs one script at a time. Bookings of one unit each are counted by
+    /// Redis itself, in O(log n) per call, so a window counting requests
+    /// costs about the same at any limit; this bounds its memory, about
+    /// 1 MB per key at the limit. A larger window is a [`ConfigError`] when
+    /// the quota is bound to the store, never an approximation nobody asked
+    /// for.
+    pub const MOST_SLIDING_REQUESTS: u32 = 10_000;
+
+    /// The largest limit of a sliding window counting
+    /// [cost](crate::rate_limit::Unit::Cost) this store keeps.
+    ///
+    /// Bookings of several units each have to be read one by one to tell
+    /// when enough of them have left, so the slowest call grows with the
+    /// limit: at this one it costs Redis well under a millisecond
+    /// (`tests/redis_slow_log.rs`). A window counting cost with every
+    /// request costing one is cheaper, but still held to this: the store
+    /// cannot tell. Count requests with
+    /// [`Unit::Requests`](crate::rate_limit::Unit::Requests), or cost with
+    /// a token bucket (which Redis keeps in one value).
+    pub const MOST_SLIDING_COST: u32 = 150;
+
     /// A store on the Redis server at `url` (`redis://[user:password@]host:port[/db]`,
     /// `rediss://` for TLS where the `redis` crate was built with it,
     /// `unix://` or `redis+unix://` for a socket). A URL that cannot be

@@ -1,0 +1,182 @@
+//! A sliding window in Redis decides as the same window in process, over
+//! generated histories: bursts that expire together (more than a call
+//! removes at once, so expired bookings outlive the call that counted them
+//! out), costs of one (which Redis counts by itself) and of several
+//! (which are read), and `retry_after` to the microsecond.
+
+use testkit::redis as redis_server;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use proptest::prelude::*;
+use redis_server::RedisServer;
+use tower::{BoxError, Layer, Service, ServiceExt};
+use tower_throttle::clock::ManualClock;
+use tower_throttle::error::RateLimited;
+use tower_throttle::key::GlobalKey;
+use tower_throttle::rate_limit::{Quota, RateLimitLayer, Unit};
+use tower_throttle::redis::{OnError, RedisStore};
+
+type Svc = tower::util::BoxService<http::Request<()>, http::Response<()>, BoxError>;
+
+const WINDOW: Duration = Duration::from_secs(10);
+
+/// One step of a history.
+#[derive(Clone, Debug)]
+enum Step {
+    /// `n` requests of `cost` each, at the same instant.
+    Burst { n: u32, cost: u32 },
+    /// The clock moves on, in whole milliseconds.
+    Wait(u64),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        3 => (1..160u32, prop_oneof![6 => Just(1u32), 1 => 2..5u32, 1 => 60..150u32])
+            .prop_map(|(n, cost)| Step::Burst { n, cost }),
+        2 => prop_oneof![0..2_000u64, 9_000..12_000u64, Just(10_000u64)].prop_map(Step::Wait),
+    ]
+}
+
+fn cost_of(req: &http::Request<()>) -> u32 {
+    req.headers()
+        .get("x-cost")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .unwrap_or(1)
+}
+
+fn layer(quota: Quota) -> RateLimitLayer<GlobalKey, fn(&http::Request<()>) -> u32> {
+    RateLimitLayer::new(quota, GlobalKey).with_cost(cost_of as fn(&http::Request<()>) -> u32)
+}
+
+fn service<L>(layer: L) -> Svc
+where
+    L: Layer<tower::util::ServiceFn<fn(http::Request<()>) -> Ready>>,
+    L::Service: Service<http::Request<()>, Response = http::Response<()>, Error = BoxError>
+        + Send
+        + 'static,
+    <L::Service as Service<http::Request<()>>>::Future: Send + 'static,
+{
+    tower::util::BoxService::new(layer.layer(tower::service_fn(answer as fn(_) -> Ready)))
+}
+
+type Ready = std::future::Ready<Result<http::Response<()>, Infallible>>;
+
+fn answer(_req: http::Request<()>) -> Ready {
+    std::future::ready(Ok(http::Response::new(())))
+}
+
+/// Admitted, or refused with its `retry_after`.
+async fn outcome(svc: &mut Svc, cost: u32) -> Result<(), Duration> {
+    let req = http::Request::builder()
+        .header("x-cost", cost.to_string())
+        .body(())
+        .expect("valid request");
+    match svc.ready().await.expect("ready").call(req).await {
+        Ok(_) => Ok(()),
+        Err(e) => Err(e
+            .downcast_ref::<RateLimited>()
+            .unwrap_or_else(|| panic!("not a refusal: {e}"))
+            .retry_after),
+    }
+}
+
+/// Run `history` on a window of `quota` in process and in Redis (under
+/// `prefix`, on `server`) side by side; every outcome must agree.
+async fn agree(server: &RedisServer, prefix: &str, quota: Quota, history: &[Step]) {
+    let manual = ManualClock::new();
+    let mut local = service(layer(quota).with_clock(manual.clone()));
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_micros() as u64;
+    let micros = Arc::new(AtomicU64::new(now / 1_000 * 1_000));
+    let store = RedisStore::new(&server.url())
+        .expect("valid URL")
+        .with_prefix(prefix)
+        .expect("a prefix without braces")
+        .with_timeout(Duration::from_secs(5))
+        .on_error(OnError::Closed)
+        .with_test_clock(micros.clone());
+    let mut remote = service(
+        layer(quota)
+            .with_store(store)
+            .expect("a window Redis keeps"),
+    );
+    for (i, step) in history.iter().enumerate() {
+        match *step {
+            Step::Burst { n, cost } => {
+                for j in 0..n {
+                    let here = outcome(&mut local, cost).await;
+                    let there = outcome(&mut remote, cost).await;
+                    assert_eq!(here, there, "step {i} ({step:?}), request {j}: {history:?}");
+                }
+            }
+            Step::Wait(ms) => {
+                manual.advance(Duration::from_millis(ms));
+                micros.fetch_add(ms * 1_000, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("TT_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(12),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn a_sliding_window_in_redis_decides_as_in_process(
+        history in prop::collection::vec(step(), 1..14),
+    ) {
+        let Some(server) = RedisServer::start("a_sliding_window_in_redis_decides_as_in_process") else {
+            return Ok(());
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let window = |limit| Quota::new(limit, WINDOW).expect("valid").sliding_window();
+            // Counting requests: every booking is one, counted by Redis.
+            agree(&server, "requests:", window(300).with_unit(Unit::Requests), &history).await;
+            // Counting cost: bookings of several units, read one by one
+            // (and of one, while every cost is one).
+            agree(&server, "cost:", window(RedisStore::MOST_SLIDING_COST), &history).await;
+        });
+    }
+}
+
+/// Most of a window of ones expires at once, and a call leaves most of
+/// the expired bookings for later calls to remove: a costly request right
+/// after is judged on the live ones only, as in process.
+#[tokio::test]
+async fn expired_bookings_a_call_left_in_place_are_not_counted() {
+    let Some(server) = RedisServer::start("expired_bookings_a_call_left_in_place") else {
+        return;
+    };
+    let most = RedisStore::MOST_SLIDING_COST;
+    let history = [
+        Step::Burst { n: 100, cost: 1 },
+        Step::Wait(5_000),
+        Step::Burst {
+            n: most - 100,
+            cost: 1,
+        },
+        Step::Wait(5_000),
+        // 100 expired, 64 of them removed: 50 live and 36 left in place.
+        Step::Burst {
+            n: 1,
+            cost: most - 30,
+        },
+        Step::Burst { n: 2, cost: 20 },
+        Step::Wait(5_000),
+        Step::Burst { n: 2, cost: 20 },
+    ];
+    let window = Quota::new(most, WINDOW).expect("valid").sliding_window();
+    agree(&server, "left:", window, &history).await;
+}

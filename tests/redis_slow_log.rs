@@ -1,0 +1,211 @@
+//! A sliding window in Redis costs Redis a bounded time per call, at the
+//! largest limit the store accepts: Redis runs one script at a time, so one
+//! slow call stalls every key of every replica. Each call is timed by
+//! Redis itself (`SLOWLOG`, which logs every command here).
+
+use testkit::redis as redis_server;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis_server::RedisServer;
+use tower::{BoxError, Layer, Service, ServiceExt};
+use tower_throttle::error::RateLimited;
+use tower_throttle::key::HeaderKey;
+use tower_throttle::rate_limit::{Estimated, Quota, RateLimitLayer, Settlement, Unit};
+use tower_throttle::redis::{OnError, RedisStore};
+
+type Svc = tower::util::BoxService<http::Request<()>, http::Response<()>, BoxError>;
+
+/// Redis time allowed per call, in microseconds.
+const MOST_MICROS: u64 = 1_000;
+const MINUTE: u64 = 60_000_000;
+
+fn cost_of(req: &http::Request<()>) -> u32 {
+    req.headers()
+        .get("x-cost")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .unwrap_or(1)
+}
+
+/// The largest sliding window a store accepts, per minute: counting
+/// cost (`weighted`) or requests.
+fn largest(weighted: bool) -> Quota {
+    if weighted {
+        Quota::per_minute(RedisStore::MOST_SLIDING_COST)
+            .expect("valid")
+            .sliding_window()
+    } else {
+        Quota::per_minute(RedisStore::MOST_SLIDING_REQUESTS)
+            .expect("valid")
+            .sliding_window()
+            .with_unit(Unit::Requests)
+    }
+}
+
+/// A replica on `server` with the largest window, on the test clock
+/// `clock` (µs), waiting up to `max_wait`.
+fn replica(
+    server: &RedisServer,
+    clock: &Arc<AtomicU64>,
+    weighted: bool,
+    max_wait: Duration,
+) -> Svc {
+    let store = RedisStore::new(&server.url())
+        .expect("valid URL")
+        .with_prefix("slow:")
+        .expect("a prefix without braces")
+        .with_timeout(Duration::from_secs(5))
+        .on_error(OnError::Closed)
+        .with_test_clock(clock.clone());
+    let layer = RateLimitLayer::new(largest(weighted), HeaderKey::new("x-key").expect("valid"))
+        .with_cost(Estimated(cost_of))
+        .with_max_wait(max_wait)
+        .with_store(store)
+        .expect("the largest sliding window Redis keeps");
+    let inner = tower::service_fn(|_req: http::Request<()>| async {
+        Ok::<_, Infallible>(http::Response::new(()))
+    });
+    tower::util::BoxService::new(layer.layer(inner))
+}
+
+fn request(key: &str, cost: u32) -> http::Request<()> {
+    let mut req = http::Request::builder()
+        .header("x-key", key)
+        .header("x-cost", cost.to_string())
+        .body(())
+        .expect("valid request");
+    req.extensions_mut().insert(Settlement::new());
+    req
+}
+
+async fn send(svc: &mut Svc, key: &str, cost: u32) -> Result<http::Response<()>, BoxError> {
+    svc.ready().await?.call(request(key, cost)).await
+}
+
+/// The longest script call Redis logged since the last look, in µs; the
+/// log is emptied.
+fn longest_script(conn: &mut redis::Connection) -> u64 {
+    let entries: Vec<redis::Value> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(-1)
+        .query(conn)
+        .expect("SLOWLOG GET");
+    redis::cmd("SLOWLOG")
+        .arg("RESET")
+        .query::<()>(conn)
+        .expect("SLOWLOG RESET");
+    let mut longest = 0;
+    for entry in entries {
+        let redis::Value::Array(fields) = entry else {
+            continue;
+        };
+        let (Some(redis::Value::Int(micros)), Some(redis::Value::Array(args))) =
+            (fields.get(2), fields.get(3))
+        else {
+            continue;
+        };
+        let is_script = matches!(args.first(), Some(redis::Value::BulkString(name))
+            if name.eq_ignore_ascii_case(b"EVALSHA") || name.eq_ignore_ascii_case(b"EVAL"));
+        if is_script {
+            longest = longest.max(u64::try_from(*micros).unwrap_or(u64::MAX));
+        }
+    }
+    longest
+}
+
+/// Fill `key`'s window with its whole limit in bookings a millisecond
+/// apart: of one request each, or of cost with the first of two (so that
+/// every booking has to be read). Returns the limit.
+async fn fill(svc: &mut Svc, clock: &AtomicU64, key: &str, weighted: bool) -> u32 {
+    let limit = if weighted {
+        RedisStore::MOST_SLIDING_COST
+    } else {
+        RedisStore::MOST_SLIDING_REQUESTS
+    };
+    let mut left = limit;
+    if weighted {
+        send(svc, key, 2).await.expect("within the limit");
+        left -= 2;
+    }
+    for _ in 0..left {
+        send(svc, key, 1).await.expect("within the limit");
+        clock.fetch_add(1_000, Ordering::SeqCst);
+    }
+    limit
+}
+
+/// Each heavy case, twice on fresh keys, for bookings of one unit
+/// and of several: the faster of the two
+/// is the script's own time (a shared machine only ever adds to it).
+#[tokio::test]
+async fn no_admission_costs_redis_more_than_a_millisecond_at_the_largest_sliding_window() {
+    let Some(server) = RedisServer::start_with(
+        "no_admission_costs_redis_more_than_a_millisecond",
+        &[
+            "--slowlog-log-slower-than",
+            "0",
+            "--slowlog-max-len",
+            "100000",
+        ],
+    ) else {
+        return;
+    };
+    let mut conn = server.connection();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_micros() as u64;
+    let clock = Arc::new(AtomicU64::new((now / MINUTE + 1) * MINUTE));
+    let mut cases: Vec<(String, u64)> = Vec::new();
+    let mut fastest = |name: &str, micros: u64| match cases.iter_mut().find(|c| c.0 == name) {
+        Some(case) => case.1 = case.1.min(micros),
+        None => cases.push((name.to_owned(), micros)),
+    };
+    for (round, weighted) in [false, true].repeat(2).into_iter().enumerate() {
+        let shape = if weighted { "weighted" } else { "ones" };
+        // Refused, a whole window's bookings have to leave first: the walk
+        // from the oldest reads them all.
+        let key = format!("whole-{round}");
+        let mut svc = replica(&server, &clock, weighted, Duration::ZERO);
+        let limit = fill(&mut svc, &clock, &key, weighted).await;
+        longest_script(&mut conn);
+        let refused = send(&mut svc, &key, limit).await.unwrap_err();
+        assert!(refused.is::<RateLimited>(), "{refused}");
+        fastest(
+            &format!("{shape}: refused, the whole window to leave"),
+            longest_script(&mut conn),
+        );
+
+        // A waiter behind the whole window (its reply says what is left
+        // when it goes), dropped while it waits (its booking given back).
+        let mut waiting = replica(&server, &clock, weighted, Duration::from_secs(120));
+        let call =
+            tokio::time::timeout(Duration::from_millis(200), send(&mut waiting, &key, limit)).await;
+        assert!(call.is_err(), "waits a window: {call:?}");
+        // The give-back runs in a task of its own.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        fastest(
+            &format!("{shape}: a waiter behind the whole window"),
+            longest_script(&mut conn),
+        );
+
+        // A window on: every booking has expired, and goes at once.
+        clock.fetch_add(MINUTE, Ordering::SeqCst);
+        let mut svc = replica(&server, &clock, weighted, Duration::ZERO);
+        send(&mut svc, &key, 1).await.expect("an empty window");
+        fastest(
+            &format!("{shape}: the whole window expired at once"),
+            longest_script(&mut conn),
+        );
+    }
+    eprintln!("faster of two, µs: {cases:?}");
+    for (name, micros) in cases {
+        assert!(
+            micros <= MOST_MICROS,
+            "{name}: {micros} µs of Redis time, more than {MOST_MICROS} µs"
+        );
+    }
+}
