@@ -86,6 +86,9 @@ pub struct RedisStore {
     /// A clock a test sets, in microseconds since the Unix epoch, read by
     /// the scripts instead of Redis's `TIME`.
     test_clock: Option<Arc<AtomicU64>>,
+    /// For tests: every admission through `admit.lua`, none through its
+    /// short form for one token bucket.
+    whole_script_only: bool,
 }
 
 impl fmt::Debug for RedisStore {
@@ -152,6 +155,7 @@ impl RedisStore {
             local_fallback: true,
             names: Namer::new(None),
             test_clock: None,
+            whole_script_only: false,
         })
     }
 
@@ -261,6 +265,20 @@ impl RedisStore {
     pub fn with_test_clock(mut self, micros: Arc<AtomicU64>) -> Self {
         self.test_clock = Some(micros);
         self
+    }
+
+    /// For tests: every admission runs the whole admission script, none
+    /// its short form for one token bucket, so that a test can run each
+    /// case through both.
+    #[doc(hidden)]
+    pub fn with_whole_admit_script(mut self) -> Self {
+        self.whole_script_only = true;
+        self
+    }
+
+    /// Whether every admission runs the whole script.
+    pub(crate) fn whole_script_only(&self) -> bool {
+        self.whole_script_only
     }
 
     /// Microseconds on this replica's clock, for its cache of refused keys:

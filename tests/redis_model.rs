@@ -1,8 +1,12 @@
-//! A sliding window in Redis decides as the same window in process, over
-//! generated histories: bursts that expire together (more than a call
-//! removes at once, so expired bookings outlive the call that counted them
-//! out), costs of one (which Redis counts by itself) and of several
-//! (which are read), and `retry_after` to the microsecond.
+//! A limiter in Redis decides as the same limiter in process, over
+//! generated histories, to the microsecond of `retry_after`:
+//!
+//! - a sliding window, with bursts that expire together (more than a call
+//!   removes at once, so expired bookings outlive the call that counted
+//!   them out), costs of one (which Redis counts by itself) and of several
+//!   (which are read);
+//! - a token bucket, through both admission scripts: the short one for a
+//!   lone token bucket, and the whole one.
 
 use testkit::redis as redis_server;
 
@@ -84,9 +88,27 @@ async fn outcome(svc: &mut Svc, cost: u32) -> Result<(), Duration> {
     }
 }
 
-/// Run `history` on a window of `quota` in process and in Redis (under
-/// `prefix`, on `server`) side by side; every outcome must agree.
-async fn agree(server: &RedisServer, prefix: &str, quota: Quota, history: &[Step]) {
+/// A store on `server` under `prefix`, on the test clock `micros`.
+fn store(server: &RedisServer, prefix: &str, micros: &Arc<AtomicU64>) -> RedisStore {
+    RedisStore::new(&server.url())
+        .expect("valid URL")
+        .with_prefix(prefix)
+        .expect("a prefix without braces")
+        .with_timeout(Duration::from_secs(5))
+        .on_error(OnError::Closed)
+        .with_test_clock(micros.clone())
+}
+
+/// Run `history` on `quota` in process and in Redis (under `prefix`, on
+/// `server`) side by side, and with `both_scripts` through the whole
+/// admission script too; every outcome must agree.
+async fn agree_on(
+    server: &RedisServer,
+    prefix: &str,
+    quota: Quota,
+    history: &[Step],
+    both_scripts: bool,
+) {
     let manual = ManualClock::new();
     let mut local = service(layer(quota).with_clock(manual.clone()));
     let now = SystemTime::now()
@@ -94,25 +116,29 @@ async fn agree(server: &RedisServer, prefix: &str, quota: Quota, history: &[Step
         .expect("after 1970")
         .as_micros() as u64;
     let micros = Arc::new(AtomicU64::new(now / 1_000 * 1_000));
-    let store = RedisStore::new(&server.url())
-        .expect("valid URL")
-        .with_prefix(prefix)
-        .expect("a prefix without braces")
-        .with_timeout(Duration::from_secs(5))
-        .on_error(OnError::Closed)
-        .with_test_clock(micros.clone());
-    let mut remote = service(
+    let mut remotes = vec![service(
         layer(quota)
-            .with_store(store)
-            .expect("a window Redis keeps"),
-    );
+            .with_store(store(server, prefix, &micros))
+            .expect("a quota Redis keeps"),
+    )];
+    if both_scripts {
+        let whole = store(server, &format!("whole-{prefix}"), &micros).with_whole_admit_script();
+        remotes.push(service(
+            layer(quota).with_store(whole).expect("a quota Redis keeps"),
+        ));
+    }
     for (i, step) in history.iter().enumerate() {
         match *step {
             Step::Burst { n, cost } => {
                 for j in 0..n {
                     let here = outcome(&mut local, cost).await;
-                    let there = outcome(&mut remote, cost).await;
-                    assert_eq!(here, there, "step {i} ({step:?}), request {j}: {history:?}");
+                    for (r, remote) in remotes.iter_mut().enumerate() {
+                        let there = outcome(remote, cost).await;
+                        assert_eq!(
+                            here, there,
+                            "script {r}, step {i} ({step:?}), request {j}: {history:?}"
+                        );
+                    }
                 }
             }
             Step::Wait(ms) => {
@@ -121,6 +147,10 @@ async fn agree(server: &RedisServer, prefix: &str, quota: Quota, history: &[Step
             }
         }
     }
+}
+
+async fn agree(server: &RedisServer, prefix: &str, quota: Quota, history: &[Step]) {
+    agree_on(server, prefix, quota, history, false).await;
 }
 
 proptest! {
@@ -147,6 +177,29 @@ proptest! {
             // Counting cost: bookings of several units, read one by one
             // (and of one, while every cost is one).
             agree(&server, "cost:", window(RedisStore::MOST_SLIDING_COST), &history).await;
+        });
+    }
+
+    #[test]
+    fn a_token_bucket_in_redis_decides_as_in_process_through_either_script(
+        history in prop::collection::vec(step(), 1..14),
+    ) {
+        let Some(server) = RedisServer::start("a_token_bucket_in_redis_decides_as_in_process") else {
+            return Ok(());
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            // A unit every 100 ms (whole microseconds: in Redis a finer
+            // interval is rounded up to one).
+            let bucket = Quota::new(160, Duration::from_secs(16)).expect("valid");
+            agree_on(&server, "bucket:", bucket, &history, true).await;
+            let requests = Quota::new(320, Duration::from_secs(16))
+                .expect("valid")
+                .with_unit(Unit::Requests);
+            agree_on(&server, "bucket-requests:", requests, &history, true).await;
         });
     }
 }
