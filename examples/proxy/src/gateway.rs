@@ -83,7 +83,7 @@ use crate::preset::{self, Aliases, Kind, LimitHeaders, UsageFormat};
 use crate::simulator::Simulator;
 use crate::stats::{OTHER, TrackedRoutes};
 use crate::tls::{HttpsClient, TlsClients, UpstreamTls, Via};
-use crate::usage::{self, UsageBody};
+use crate::usage::{self, Tally, UsageBody};
 use crate::{edge, live, multipart, operator, serve, stats};
 
 /// The model part of a route whose body names none (`GET /v1/models`).
@@ -167,6 +167,40 @@ pub struct UpstreamCounts {
     pub server_errors: u64,
     /// No response: unreachable, reset, or too slow.
     pub failed: u64,
+    /// The tokens of the answers' requests, where a quota counts tokens.
+    pub tokens: TokenCounts,
+}
+
+/// Tokens of token quotas: what requests were charged at admission (their
+/// estimates), and what their answers settled it to.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct TokenCounts {
+    /// Tokens charged at admission: the requests' estimates.
+    pub charged: u64,
+    /// Tokens the answers reported used (those that reported usage).
+    pub used: u64,
+    /// Estimates above the usage, handed back to the limiter (a token
+    /// bucket takes back only what it has not refilled since).
+    pub given_back: u64,
+    /// Usage above the estimate, charged after the answer.
+    pub charged_after: u64,
+    /// Answers that reported no usage, or ended early: their estimate
+    /// stands.
+    pub kept: u64,
+}
+
+impl TokenCounts {
+    fn add(&mut self, charged: u32, used: Option<u32>) {
+        self.charged += u64::from(charged);
+        match used {
+            Some(used) => {
+                self.used += u64::from(used);
+                self.given_back += u64::from(charged.saturating_sub(used));
+                self.charged_after += u64::from(used.saturating_sub(charged));
+            }
+            None => self.kept += 1,
+        }
+    }
 }
 
 impl UpstreamCounts {
@@ -240,18 +274,23 @@ impl UpstreamCounters {
         }
     }
 
+    /// The name `route` is counted under: its own, or [`OTHER`].
+    fn name(&self, route: &Route) -> String {
+        let name = route.to_string();
+        if self.tracked.contains(&name) {
+            name
+        } else {
+            OTHER.to_owned()
+        }
+    }
+
     fn record(&self, route: Option<&Route>, status: Option<StatusCode>) {
         let name = route.map(|route| {
             // A route the upstream serves is real: counted by name from now.
             if status.is_some_and(|s| s.is_success()) {
                 self.tracked.answered(route);
             }
-            let name = route.to_string();
-            if self.tracked.contains(&name) {
-                name
-            } else {
-                OTHER.to_owned()
-            }
+            self.name(route)
         });
         {
             let mut table = self.table.lock();
@@ -259,6 +298,18 @@ impl UpstreamCounters {
             if let Some(name) = name {
                 table.1.entry(name).or_default().add(status);
             }
+        }
+        self.changed.touch();
+    }
+
+    /// An answer on `route` whose request was charged `charged` tokens
+    /// settled it to `used` (`None`: it reported none; the charge stands).
+    pub fn settled(&self, route: &Route, charged: u32, used: Option<u32>) {
+        let name = self.name(route);
+        {
+            let mut table = self.table.lock();
+            table.0.tokens.add(charged, used);
+            table.1.entry(name).or_default().tokens.add(charged, used);
         }
         self.changed.touch();
     }
@@ -1245,12 +1296,21 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
     strip_hop_by_hop(&mut parts.headers);
     // Only an answer the upstream gave; a refusal or an error of the
     // gateway's own reports no usage, and its request was not admitted.
-    if let Some(settlement) = settlement.filter(|s| s.charged().is_some()) {
+    if let Some((settlement, charged)) = settlement.and_then(|s| s.charged().map(|c| (s, c))) {
         if unasked {
             // The chunk taken out makes the answer shorter than it said.
             parts.headers.remove(header::CONTENT_LENGTH);
         }
-        body = Body::new(UsageBody::new(body, &parts.headers, settlement, unasked));
+        let counters = gateway.inner.counters.clone();
+        let settled = route.clone();
+        let tally = Tally::new(move |used| counters.settled(&settled, charged, used));
+        body = Body::new(UsageBody::new(
+            body,
+            &parts.headers,
+            settlement,
+            tally,
+            unasked,
+        ));
     }
     tracing::debug!(
         route = %Quoted(&route.to_string()),

@@ -880,6 +880,30 @@ pub fn prometheus(s: &Snapshot) -> String {
         r,
         |x| n(x.upstream.failed),
     );
+    p.family(
+        "proxy_tokens_total",
+        "counter",
+        "Tokens of token quotas: charged at admission (estimates), used (as answers reported), \
+         given back (estimates above the usage), charged after (usage above the estimate).",
+    );
+    for x in r {
+        let t = &x.upstream.tokens;
+        for (kind, v) in [
+            ("charged", t.charged),
+            ("used", t.used),
+            ("given_back", t.given_back),
+            ("charged_after", t.charged_after),
+        ] {
+            p.route_sample("proxy_tokens_total", Some(x), &[("kind", kind)], v as f64);
+        }
+    }
+    p.per_route(
+        "proxy_tokens_kept_total",
+        "counter",
+        "Answers that reported no usage, or ended early: their estimate stands.",
+        r,
+        |x| n(x.upstream.tokens.kept),
+    );
     learned_families(&mut p, r);
     p.family(
         "proxy_backoff_cooldowns_started_total",

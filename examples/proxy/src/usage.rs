@@ -395,15 +395,48 @@ pin_project_lite::pin_project! {
         reader: Reader,
         usage: Usage,
         settlement: Option<Settlement>,
+        tally: Tally,
         unasked: Option<Unasked>,
     }
 }
 
+/// Tells, once, what an answer settled its charge to: the usage it
+/// reported, or `None` (none reported, or the body ended early or was
+/// dropped: the estimate stands).
+pub struct Tally(Option<Box<dyn FnOnce(Option<u32>) + Send>>);
+
+impl Tally {
+    /// A tally that calls `report`.
+    pub fn new(report: impl FnOnce(Option<u32>) + Send + 'static) -> Self {
+        Self(Some(Box::new(report)))
+    }
+
+    fn report(&mut self, used: Option<u32>) {
+        if let Some(report) = self.0.take() {
+            report(used);
+        }
+    }
+}
+
+impl Drop for Tally {
+    fn drop(&mut self) {
+        // Dropped before its end (the client went away): nothing settled.
+        self.report(None);
+    }
+}
+
 impl UsageBody {
-    /// Read `inner`, an answer with `headers`, and settle `settlement` at
-    /// its end. `unasked`: the gateway asked for the usage chunk (see
-    /// [`ask_for_usage`]), which the client does not get.
-    pub fn new(inner: Body, headers: &HeaderMap, settlement: Settlement, unasked: bool) -> Self {
+    /// Read `inner`, an answer with `headers`, settle `settlement` at its
+    /// end, and tell `tally` what it was settled to. `unasked`: the gateway
+    /// asked for the usage chunk (see [`ask_for_usage`]), which the client
+    /// does not get.
+    pub fn new(
+        inner: Body,
+        headers: &HeaderMap,
+        settlement: Settlement,
+        tally: Tally,
+        unasked: bool,
+    ) -> Self {
         let reader = reader_for(headers);
         let events = matches!(reader, Reader::Events { .. });
         Self {
@@ -411,18 +444,28 @@ impl UsageBody {
             reader,
             usage: Usage::default(),
             settlement: Some(settlement),
+            tally,
             unasked: (unasked && events).then(Unasked::default),
         }
     }
 }
 
 /// The body has ended: settle at the usage it reported, if it did.
-fn settle(reader: &mut Reader, usage: &mut Usage, settlement: &mut Option<Settlement>) {
+fn settle(
+    reader: &mut Reader,
+    usage: &mut Usage,
+    settlement: &mut Option<Settlement>,
+    tally: &mut Tally,
+) {
     if let Some(settlement) = settlement.take() {
         reader.finish(usage);
-        if let Some(tokens) = usage.tokens() {
-            settlement.settle(u32::try_from(tokens).unwrap_or(u32::MAX));
+        let used = usage
+            .tokens()
+            .map(|tokens| u32::try_from(tokens).unwrap_or(u32::MAX));
+        if let Some(used) = used {
+            settlement.settle(used);
         }
+        tally.report(used);
     }
 }
 
@@ -446,12 +489,15 @@ impl HttpBody for UsageBody {
                     // ended, or that it has no bytes left (an HTTP/2 answer
                     // whose end comes in a frame of its own).
                     if this.inner.is_end_stream() || this.inner.size_hint().exact() == Some(0) {
-                        settle(this.reader, this.usage, this.settlement);
+                        settle(this.reader, this.usage, this.settlement, this.tally);
                     }
                 }
                 // A body cut short: the estimate stands.
-                Some(Err(_)) => *this.settlement = None,
-                None => settle(this.reader, this.usage, this.settlement),
+                Some(Err(_)) => {
+                    *this.settlement = None;
+                    this.tally.report(None);
+                }
+                None => settle(this.reader, this.usage, this.settlement, this.tally),
             }
             let Some(unasked) = this.unasked.as_mut() else {
                 return Poll::Ready(frame);

@@ -147,6 +147,23 @@ async fn admitted_with(gateway: &Running, provider: &str, body: String) -> usize
     panic!("never refused");
 }
 
+/// The tokens `/stats` shows for route `up/m`, the same as in all:
+/// charged, used, given back, charged after, kept.
+async fn tokens(gateway: &Running) -> [u64; 5] {
+    let stats = support::sim::stats(&reqwest::Client::new(), &gateway.url()).await;
+    let of = |t: &serde_json::Value| {
+        ["charged", "used", "given_back", "charged_after", "kept"]
+            .map(|k| t[k].as_u64().unwrap_or_else(|| panic!("{k} in {t}")))
+    };
+    let route = of(&support::sim::route(&stats, "up/m")["upstream"]["tokens"]);
+    assert_eq!(
+        route,
+        of(&stats["aggregate"]["upstream"]["tokens"]),
+        "{stats}"
+    );
+    route
+}
+
 // A sliding window, so that nothing comes back while the test runs.
 const THOUSAND_TOKENS: &str =
     r#"[{ limit = 1000, period = "1m", unit = "tokens", algorithm = "sliding_window" }]"#;
@@ -159,6 +176,30 @@ async fn an_overestimate_is_settled_to_the_usage_a_json_answer_reports() {
     // 8th fits (700 + 300) and the 9th does not (800 + 300); unsettled, 3.
     assert_eq!(admitted(&gateway, 300).await, 8);
     assert_eq!(served.load(Ordering::SeqCst), 8);
+    // Charged 8 × 300, used 8 × 100, the rest given back.
+    assert_eq!(tokens(&gateway).await, [2_400, 800, 1_600, 0, 0]);
+    let metrics = reqwest::get(format!("{}/metrics", gateway.url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = |kind: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("proxy_tokens_total{")
+                    && l.contains(r#"model="m""#)
+                    && l.contains(&format!("kind=\"{kind}\""))
+            })
+            .unwrap_or_else(|| panic!("no {kind} in {metrics}"))
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(line("charged"), "2400");
+    assert_eq!(line("given_back"), "1600");
     gateway.shutdown().await;
 }
 
@@ -169,6 +210,7 @@ async fn an_underestimate_is_charged_the_difference() {
     // Estimated at 100, using 300: 300, 600, 900, then 1,000 with the 4th
     // on its estimate; unsettled, 10.
     assert_eq!(admitted(&gateway, 100).await, 4);
+    assert_eq!(tokens(&gateway).await, [400, 1_200, 0, 800, 0]);
     gateway.shutdown().await;
 }
 
@@ -177,6 +219,7 @@ async fn an_answer_without_usage_leaves_the_estimate() {
     let (addr, _) = upstream(Answer::NoUsage).await;
     let gateway = start_gateway(addr, THOUSAND_TOKENS).await;
     assert_eq!(admitted(&gateway, 300).await, 3);
+    assert_eq!(tokens(&gateway).await, [900, 0, 0, 0, 3]);
     gateway.shutdown().await;
 }
 
