@@ -651,6 +651,7 @@ async fn the_documented_acl_is_enough() {
                 "+get",
                 "+set",
                 "+del",
+                "+unlink",
                 "+exists",
                 "+hget",
                 "+hmget",
@@ -663,9 +664,9 @@ async fn the_documented_acl_is_enough() {
                 "+zcount",
                 "+zrange",
                 "+zrangebyscore",
+                "+zrevrange",
                 "+zrem",
                 "+zremrangebyrank",
-                "+zremrangebyscore",
                 "+zscore",
             ][..],
         )

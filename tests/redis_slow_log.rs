@@ -209,3 +209,69 @@ async fn no_admission_costs_redis_more_than_a_millisecond_at_the_largest_sliding
         );
     }
 }
+
+/// Waiters booked far ahead fill a window counting cost many times over
+/// (its limit bounds the live bookings, not those ahead): a refusal and a
+/// new waiter still read no more than the limit's worth.
+#[tokio::test]
+async fn waiters_booked_far_ahead_cost_redis_no_more_than_the_limit() {
+    let Some(server) = RedisServer::start_with(
+        "waiters_booked_far_ahead_cost_redis_no_more",
+        &[
+            "--slowlog-log-slower-than",
+            "0",
+            "--slowlog-max-len",
+            "100000",
+        ],
+    ) else {
+        return;
+    };
+    let mut conn = server.connection();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_micros() as u64;
+    let clock = Arc::new(AtomicU64::new((now / MINUTE + 1) * MINUTE));
+    let waiting = replica(&server, &clock, true, Duration::from_secs(24 * 3_600));
+    let waiting = Arc::new(tokio::sync::Mutex::new(waiting));
+    // 2,000 waiters of 2 units: 75 a minute, booked up to 26 minutes
+    // ahead, each asleep until its instant (real time), aborted at the end.
+    let mut waiters = Vec::new();
+    for _ in 0..2_000 {
+        let mut svc = replica(&server, &clock, true, Duration::from_secs(24 * 3_600));
+        waiters.push(tokio::spawn(async move {
+            let _ = send(&mut svc, "ahead", 2).await;
+        }));
+    }
+    // Every waiter booked: the set holds them all.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let booked: u64 = redis::cmd("EVAL")
+            .arg("local n = 0 for _, k in ipairs(redis.call('KEYS', 'slow:*')) do if redis.call('TYPE', k).ok == 'zset' then n = n + redis.call('ZCARD', k) end end return n")
+            .arg(0)
+            .query(&mut conn)
+            .expect("EVAL");
+        if booked >= 2_000 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{booked} booked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    longest_script(&mut conn);
+    let mut refused = replica(&server, &clock, true, Duration::ZERO);
+    let err = send(&mut refused, "ahead", 2).await.unwrap_err();
+    assert!(err.is::<RateLimited>(), "{err}");
+    let refusal = longest_script(&mut conn);
+    let call = tokio::time::timeout(Duration::from_millis(200), async {
+        send(&mut *waiting.lock().await, "ahead", 2).await
+    })
+    .await;
+    assert!(call.is_err(), "waits: {call:?}");
+    let waiter = longest_script(&mut conn);
+    for w in waiters {
+        w.abort();
+    }
+    eprintln!("µs: refusal {refusal}, a waiter behind 2,000 {waiter}");
+    assert!(refusal <= MOST_MICROS, "a refusal took {refusal} µs");
+    assert!(waiter <= MOST_MICROS, "a waiter took {waiter} µs");
+}

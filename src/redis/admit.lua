@@ -61,6 +61,26 @@ local TRIM = 64
 local function fmt_member(seq, c)
   return string.format('%016d:%d', seq, c)
 end
+local function cost_of(member)
+  return tonumber(string.match(member, ':(%d+)$'))
+end
+-- The units of the bookings in sorted set `key` that live past `edge`
+-- (score above it), read from the newest end, stopping once `enough` are
+-- counted: never more than that many bookings are read, whatever waiters
+-- ahead or expired bookings the set holds.
+local function live_from_newest(key, edge, enough)
+  local acc, from = 0, 0
+  while acc < enough do
+    local page = redis.call('ZREVRANGE', key, from, from + 31, 'WITHSCORES')
+    if #page == 0 then break end
+    for j = 1, #page, 2 do
+      if tonumber(page[j + 1]) <= edge or acc >= enough then return acc end
+      acc = acc + cost_of(page[j])
+    end
+    from = from + 32
+  end
+  return acc
+end
 
 -- Read every quota.
 local quotas = {}
@@ -135,9 +155,13 @@ while ARGV[i] do
       -- whole, which its limit bounds (rate.rs). Numbering starts
       -- afresh at now (µs), past every number a key ever had.
       if q.per_request then
-        -- Ones, but perhaps the oldest.
-        local oldest = redis.call('ZRANGE', q.key, 0, 0)
-        q.sum = q.card - 1 + (tonumber(string.match(oldest[1] or '', ':(%d+)$')) or 1)
+        -- Ones, but for the oldest two at most: what a key took over
+        -- and a whole window when it moved between rules, both made with
+        -- its state.
+        q.sum = q.card
+        for _, member in ipairs(redis.call('ZRANGE', q.key, 0, 1)) do
+          q.sum = q.sum + cost_of(member) - 1
+        end
       else
         q.sum = 0
         for _, member in ipairs(redis.call('ZRANGE', q.key, 0, -1)) do
@@ -202,16 +226,18 @@ for _, q in ipairs(quotas) do
         if e == (floor(now / w) + 1) * w then used = min(u, l) end
       end
     elseif pk == 's' then
-      -- Bookings of one each (their sum is their number) are counted by
-      -- Redis; others are read, as many as the old limit allowed.
-      local live = string.format('(%d', now - q.pb)
+      -- Bookings of one each, but perhaps the oldest, are counted by
+      -- Redis; others are read from the newest end, no more than the old
+      -- limit's worth.
+      local cut = now - q.pb
       local sum = tonumber(redis.call('HGET', q.paux, 's'))
-      if sum and sum == redis.call('ZCARD', q.pkey) then
-        used = redis.call('ZCOUNT', q.pkey, live, '+inf')
-      else
-        for _, member in ipairs(redis.call('ZRANGEBYSCORE', q.pkey, live, '+inf')) do
-          used = used + tonumber(string.match(member, ':(%d+)$'))
-        end
+      local oldest = redis.call('ZRANGE', q.pkey, 0, 0, 'WITHSCORES')
+      local c0 = oldest[1] and cost_of(oldest[1])
+      if sum and c0 and sum - redis.call('ZCARD', q.pkey) == c0 - 1 then
+        used = redis.call('ZCOUNT', q.pkey, string.format('(%d', cut), '+inf')
+        if tonumber(oldest[2]) > cut then used = used + c0 - 1 end
+      elseif c0 then
+        used = live_from_newest(q.pkey, cut, q.pa)
       end
       used = min(used, q.pa)
     else
@@ -242,8 +268,9 @@ for _, q in ipairs(quotas) do
       end
       q.converted = true
     end
-    redis.call('DEL', q.pkey)
-    if q.paux then redis.call('DEL', q.paux) end
+    -- UNLINK: a large set is freed off Redis's main thread.
+    redis.call('UNLINK', q.pkey)
+    if q.paux then redis.call('UNLINK', q.paux) end
   end
 end
 
@@ -304,7 +331,7 @@ for n, q in ipairs(quotas) do
     end
   elseif kind == 's' then
     if q.last and q.last > now + horizon then
-      redis.call('DEL', q.key)
+      redis.call('UNLINK', q.key)
       q.last = nil
       q.sum = 0
       q.card = 0
@@ -353,29 +380,35 @@ for n, q in ipairs(quotas) do
         if page[2] then earliest = max(earliest, tonumber(page[2]) + q.b) end
       end
     else
-      -- Bookings of several units: each is read, as many as the limit
-      -- allows (rate.rs bounds it so that this stays well under 1 ms).
-      local gone = redis.call('ZRANGEBYSCORE', q.key, '-inf', cut)
+      -- Bookings of several units. The expired go at most TRIM a call
+      -- (read for their costs, then removed); whether this one fits, and
+      -- when, is read from the newest end: the last booking that has to
+      -- leave is the one past which the newer ones leave no room, and no
+      -- more than the limit's worth is read to find it, whatever waiters
+      -- or expired bookings the set holds.
+      local gone = redis.call('ZRANGEBYSCORE', q.key, '-inf', cut, 'LIMIT', 0, TRIM)
       if #gone > 0 then
         for _, member in ipairs(gone) do
-          q.sum = q.sum - tonumber(string.match(member, ':(%d+)$'))
+          q.sum = q.sum - cost_of(member)
         end
-        redis.call('ZREMRANGEBYSCORE', q.key, '-inf', cut)
+        redis.call('ZREMRANGEBYRANK', q.key, 0, #gone - 1)
         q.card = q.card - #gone
         q.trimmed = true
       end
-      q.first = 0
-      local alive = q.sum
-      -- Oldest first, bookings leave the window until this one fits;
-      -- usually none or one has to.
-      local from = 0
-      while alive > room do
-        local page = redis.call('ZRANGE', q.key, from, from + 31, 'WITHSCORES')
+      local acc, from = 0, 0
+      local done = false
+      while not done do
+        local page = redis.call('ZREVRANGE', q.key, from, from + 31, 'WITHSCORES')
         if #page == 0 then break end
         for j = 1, #page, 2 do
-          if alive <= room then break end
-          earliest = max(earliest, tonumber(page[j + 1]) + q.b)
-          alive = alive - tonumber(string.match(page[j], ':(%d+)$'))
+          local booked = tonumber(page[j + 1])
+          if booked <= cut then done = true; break end
+          acc = acc + cost_of(page[j])
+          if acc > room then
+            earliest = max(earliest, booked + q.b)
+            done = true
+            break
+          end
         end
         from = from + 32
       end
@@ -461,20 +494,17 @@ if not refused and ARGV[4] == '1' then
         l = max(q.a - used, 0); r = q.e - goes
       end
     elseif kind == 's' then
-      -- Expired bookings a count left in place are not live.
-      local live = q.sum - q.first
-      if goes > now then
-        -- Less those that leave by then.
-        local cut = string.format('%d', goes - q.b)
-        if q.heavy then
-          -- q.first of them the count left in place.
-          live = q.sum - redis.call('ZCOUNT', q.key, '-inf', cut)
+      local live
+      if q.heavy then
+        -- Less the expired bookings a count left in place (ones), and
+        -- those that leave by then.
+        live = q.sum - q.first
+        if goes > now then
+          live = q.sum - redis.call('ZCOUNT', q.key, '-inf', string.format('%d', goes - q.b))
           if q.heavy > 0 and q.heavy_at <= goes - q.b then live = live - q.heavy end
-        else
-          for _, member in ipairs(redis.call('ZRANGEBYSCORE', q.key, '-inf', cut)) do
-            live = live - tonumber(string.match(member, ':(%d+)$'))
-          end
         end
+      else
+        live = live_from_newest(q.key, goes - q.b, q.a)
       end
       l = max(q.a - live, 0); r = max((q.last or 0) + q.b - goes, 0)
     else

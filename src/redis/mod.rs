@@ -55,9 +55,9 @@
 //!   ([`RedisStore::cluster`]): every state of one key shares a hash tag.
 //! - **ACL:** a user of its own needs the scripts' calls and the commands
 //!   inside them, on the store's prefix only:
-//!   `+evalsha +script|load +get +set +del +exists +hget +hmget +hset
-//!   +hincrby +pexpire +time +zadd +zcard +zcount +zrange +zrangebyscore
-//!   +zrem +zremrangebyrank +zremrangebyscore +zscore ~PREFIX*`
+//!   `+evalsha +script|load +get +set +del +unlink +exists +hget +hmget
+//!   +hset +hincrby +pexpire +time +zadd +zcard +zcount +zrange
+//!   +zrangebyscore +zrevrange +zrem +zremrangebyrank +zscore ~PREFIX*`
 //!   (`+cluster|slots` as well on a Cluster).
 //! - **Memory:** `maxmemory-policy noeviction`, or a Redis (or database)
 //!   the store has to itself. Every state has a TTL, so a `volatile-*`

@@ -670,8 +670,16 @@ impl Refused {
             slowest,
             generation,
         };
-        // The latest refusal replaces any other: it is the freshest.
-        keys.insert(key.0, refusal);
+        keys.entry(key.0)
+            .and_modify(|r| {
+                // The cheaper refusal answers more of a flood (the cheaper
+                // requests; the costlier ask Redis); one that is over, or
+                // of an older policy, is replaced.
+                if cost <= r.cost || r.expires <= now || r.generation != generation {
+                    *r = refusal;
+                }
+            })
+            .or_insert(refusal);
     }
 
     /// Forget `key` (a reset), or every key (`None`: a retune).
