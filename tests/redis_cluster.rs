@@ -29,7 +29,7 @@ async fn every_quota_of_a_key_lives_in_one_slot_and_keys_spread_over_the_masters
         .with_timeout(Duration::from_secs(2))
         // A script the cluster refused (CROSSSLOT, MOVED) shows as an error.
         .on_error(OnError::Closed);
-    // Three quotas, four Redis keys per key (a sliding window has two):
+    // Three quotas, three Redis keys per key (one each):
     // one script touches them all.
     let quotas = vec![
         Quota::per_minute(2).expect("valid"),
@@ -56,7 +56,7 @@ async fn every_quota_of_a_key_lives_in_one_slot_and_keys_spread_over_the_masters
         assert!(err.is::<RateLimited>(), "{key}: {err}");
     }
     // Where each key's states landed: each hash tag on one master only,
-    // with all four of its keys; the tags spread over every master.
+    // with all three of its keys; the tags spread over every master.
     let mut tags: HashMap<String, (usize, usize)> = HashMap::new();
     let mut used = 0;
     for (n, node) in cluster.nodes.iter().enumerate() {
@@ -77,7 +77,7 @@ async fn every_quota_of_a_key_lives_in_one_slot_and_keys_spread_over_the_masters
         }
     }
     assert_eq!(tags.len(), 30);
-    assert!(tags.values().all(|&(_, keys)| keys == 4), "{tags:?}");
+    assert!(tags.values().all(|&(_, keys)| keys == 3), "{tags:?}");
     assert_eq!(used, 3, "30 keys all on fewer than 3 masters");
 }
 

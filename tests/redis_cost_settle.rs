@@ -194,23 +194,23 @@ async fn a_settled_excess_in_redis_goes_back_to_a_sliding_window_and_the_other_q
     }
     // The window holds 10 + 90, as its bookings and its sum say.
     let mut redis = server.connection();
-    let sums: Vec<String> = redis::cmd("KEYS")
-        .arg("settle:*:n")
+    let windows: Vec<String> = redis::cmd("KEYS")
+        .arg("settle:*w")
         .query(&mut redis)
         .expect("KEYS");
-    assert_eq!(sums.len(), 1, "{sums:?}");
-    let sum: u64 = redis::cmd("HGET")
-        .arg(&sums[0])
-        .arg("s")
+    assert_eq!(windows.len(), 1, "{windows:?}");
+    let sum: f64 = redis::cmd("ZSCORE")
+        .arg(&windows[0])
+        .arg("#s")
         .query(&mut redis)
-        .expect("HGET");
-    assert_eq!(sum, 100, "the sliding window kept the estimate");
-    let bookings: Vec<String> = redis::cmd("ZRANGE")
-        .arg(sums[0].trim_end_matches(":n"))
+        .expect("ZSCORE");
+    assert_eq!(-1.0 - sum, 100.0, "the sliding window kept the estimate");
+    let bookings: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+        .arg(&windows[0])
         .arg(0)
-        .arg(-1)
+        .arg("+inf")
         .query(&mut redis)
-        .expect("ZRANGE");
+        .expect("ZRANGEBYSCORE");
     let costs: u64 = bookings
         .iter()
         .map(|m| m.rsplit(':').next().unwrap().parse::<u64>().unwrap())

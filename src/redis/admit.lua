@@ -11,13 +11,12 @@
 --
 -- KEYS[1]      the key's rule marker (which rule it last spent under),
 --              used only when the limiter has rules
--- KEYS[2..]    each quota's state; a sliding window has two keys (its
---              bookings and its sum), the others one
+-- KEYS[2..]    each quota's state, one key each
 -- KEYS[next]   with a probe (ARGV[9]): the default rule's first state, to
 --              tell whether a key never seen under a rule spent under the
 --              default before the rules came
 -- KEYS[rest]   the states of the quotas of another algorithm that quotas
---              replaced in a retune (a sliding window's two), in order
+--              replaced in a retune, in order
 -- ARGV         cost, max_wait, horizon, info (0/1), waits (0/1), rule
 --              (empty: no rules), marker_ttl (ms), now (empty: Redis's
 --              TIME; a number: a clock a test sets), probe (0/1), then per
@@ -34,9 +33,13 @@
 --      kept under, so that a retune converts it as Gcra::retune does
 --   f  "e,u,w,l": the end of the latest window with bookings, its use, and
 --      the window and limit it was kept under
---   s  a sorted set of bookings (score: instant; member: a sequence number
---      and the cost, so each is unique), and a hash: s (their sum), n (the
---      sequence)
+--   s  one sorted set: the bookings (score: instant; member: a sequence
+--      number and the cost, so each is unique) and, before them at
+--      negative scores (-1 - value), the window's figures: #s (the
+--      bookings' sum), #n (the sequence), #c (how many), #l (the latest
+--      booking's instant), #x (until when the set's TTL holds). One key:
+--      read with one command, written with the booking's own ZADD, and
+--      evicted, if ever, whole.
 --   t  "s,u,x": the turn's start, its use, and when it goes stale
 --
 -- Returns {0, wait, slowest} when refused (nothing booked), else
@@ -54,8 +57,10 @@ local max_wait = tonumber(ARGV[2])
 local horizon = tonumber(ARGV[3])
 local rule = ARGV[6]
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
--- The most expired bookings of one each a call removes.
+-- The most expired bookings a call removes, and the fewest one each
+-- (counted, not read) it bothers to.
 local TRIM = 64
+local BATCH = 32
 -- A booking's member: its number, zero-padded so that bookings at one
 -- instant sort in the order they were made, and its cost.
 local function fmt_member(seq, c)
@@ -63,6 +68,18 @@ local function fmt_member(seq, c)
 end
 local function cost_of(member)
   return tonumber(string.match(member, ':(%d+)$'))
+end
+-- How many figures a sliding window's set holds before its bookings.
+local META = 5
+-- A sliding window's figures: sum, sequence, count, latest, TTL until
+-- (nil when its set has none).
+local function read_meta(key)
+  local m = {}
+  local got = redis.call('ZRANGE', key, 0, META - 1, 'WITHSCORES')
+  for j = 1, #got, 2 do
+    if string.sub(got[j], 1, 1) == '#' then m[got[j]] = -1 - tonumber(got[j + 1]) end
+  end
+  return m['#s'], m['#n'], m['#c'], m['#l'], m['#x']
 end
 -- The units of the bookings in sorted set `key` that live past `edge`
 -- (score above it), read from the newest end, stopping once `enough` are
@@ -137,40 +154,34 @@ while ARGV[i] do
       q.converted = true
     end
   elseif kind == 's' then
-    q.aux = KEYS[k]
-    k = k + 1
-    local last = redis.call('ZRANGE', q.key, -1, -1, 'WITHSCORES')
-    q.last = tonumber(last[2])
-    q.fresh = not q.last
-    local v = redis.call('HMGET', q.aux, 's', 'n')
-    q.sum = tonumber(v[1]) or 0
-    q.seq = tonumber(v[2]) or 0
-    q.card = 0
-    if not q.last then q.sum = 0 end
-    if q.last then q.card = redis.call('ZCARD', q.key) end
-    if q.last and not v[1] then
-      -- The sum was evicted without its bookings (maxmemory): counted
-      -- again from them, never taken as zero, and written back with its
-      -- TTL. A window counting requests holds ones; another is read
-      -- whole, which its limit bounds (rate.rs). Numbering starts
-      -- afresh at now (µs), past every number a key ever had.
-      if q.per_request then
-        -- Ones, but for the oldest two at most: what a key took over
-        -- and a whole window when it moved between rules, both made with
-        -- its state.
+    q.sum, q.seq, q.card, q.last, q.ttl = read_meta(q.key)
+    -- The rank of the oldest booking: past the figures.
+    q.base = META
+    if not (q.sum and q.seq and q.card and q.last and q.ttl) then
+      -- No figures: a fresh key, or bookings without them (no script of
+      -- ours leaves that): counted again from the bookings, and written
+      -- back. A window counting requests holds ones, but for the oldest
+      -- two at most (what a key took over, and a whole window when it
+      -- moved between rules, both made with its state); another is read
+      -- whole, which its limit bounds (rate.rs). Numbering starts afresh
+      -- at now (µs), past every number a key ever had.
+      q.sum, q.seq, q.card, q.ttl, q.last = 0, 0, 0, 0, nil
+      q.base = 0
+      local newest = redis.call('ZREVRANGEBYSCORE', q.key, '+inf', 0, 'WITHSCORES', 'LIMIT', 0, 1)
+      if newest[2] then
+        q.last = tonumber(newest[2])
+        q.card = redis.call('ZCOUNT', q.key, 0, '+inf')
+        local read = redis.call('ZRANGEBYSCORE', q.key, 0, '+inf', 'LIMIT', 0, 2)
+        if not q.per_request then read = redis.call('ZRANGEBYSCORE', q.key, 0, '+inf') end
         q.sum = q.card
-        for _, member in ipairs(redis.call('ZRANGE', q.key, 0, 1)) do
+        for _, member in ipairs(read) do
           q.sum = q.sum + cost_of(member) - 1
         end
-      else
-        q.sum = 0
-        for _, member in ipairs(redis.call('ZRANGE', q.key, 0, -1)) do
-          q.sum = q.sum + tonumber(string.match(member, ':(%d+)$'))
-        end
+        q.seq = now
+        q.converted = true
       end
-      q.seq = max(q.seq, now)
-      q.converted = true
     end
+    q.fresh = not q.last
   else
     local v = redis.call('GET', q.key)
     q.fresh = not v
@@ -192,10 +203,6 @@ for _, q in ipairs(quotas) do
   if q.pk ~= '-' then
     q.pkey = KEYS[k]
     k = k + 1
-    if q.pk == 's' then
-      q.paux = KEYS[k]
-      k = k + 1
-    end
   end
 end
 
@@ -230,10 +237,10 @@ for _, q in ipairs(quotas) do
       -- Redis; others are read from the newest end, no more than the old
       -- limit's worth.
       local cut = now - q.pb
-      local sum = tonumber(redis.call('HGET', q.paux, 's'))
-      local oldest = redis.call('ZRANGE', q.pkey, 0, 0, 'WITHSCORES')
+      local sum, _, card = read_meta(q.pkey)
+      local oldest = redis.call('ZRANGEBYSCORE', q.pkey, 0, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
       local c0 = oldest[1] and cost_of(oldest[1])
-      if sum and c0 and sum - redis.call('ZCARD', q.pkey) == c0 - 1 then
+      if sum and card and c0 and sum - card == c0 - 1 then
         used = redis.call('ZCOUNT', q.pkey, string.format('(%d', cut), '+inf')
         if tonumber(oldest[2]) > cut then used = used + c0 - 1 end
       elseif c0 then
@@ -270,7 +277,6 @@ for _, q in ipairs(quotas) do
     end
     -- UNLINK: a large set is freed off Redis's main thread.
     redis.call('UNLINK', q.pkey)
-    if q.paux then redis.call('UNLINK', q.paux) end
   end
 end
 
@@ -335,6 +341,7 @@ for n, q in ipairs(quotas) do
       q.last = nil
       q.sum = 0
       q.card = 0
+      q.ttl = 0
     end
     earliest = max(q.last or now, now)
     local room = max(q.a - q.c, 0)
@@ -347,8 +354,8 @@ for n, q in ipairs(quotas) do
     -- leaving at once. Those left over are counted out here and go in
     -- later calls.
     if q.card > 0 and q.sum ~= q.card then
-      local oldest = redis.call('ZRANGE', q.key, 0, 0, 'WITHSCORES')
-      local c0 = tonumber(string.match(oldest[1] or '', ':(%d+)$'))
+      local oldest = redis.call('ZRANGE', q.key, q.base, q.base, 'WITHSCORES')
+      local c0 = oldest[1] and cost_of(oldest[1])
       if c0 and q.sum - q.card == c0 - 1 then
         q.heavy = c0 - 1
         q.heavy_at = tonumber(oldest[2])
@@ -357,12 +364,15 @@ for n, q in ipairs(quotas) do
       q.heavy = 0
     end
     if q.heavy then
-      local gone = redis.call('ZCOUNT', q.key, '-inf', cut)
+      local gone = 0
+      if q.card > 0 then gone = redis.call('ZCOUNT', q.key, 0, cut) end
       local extra = 0
       if q.heavy > 0 and q.heavy_at <= cut then extra = q.heavy end
-      if gone > 0 then
+      -- Removed BATCH or more at a time (an expired heavy one at once):
+      -- most calls remove nothing, and counting them out costs the same.
+      if gone >= BATCH or extra > 0 then
         local n = min(gone, TRIM)
-        redis.call('ZREMRANGEBYRANK', q.key, 0, n - 1)
+        redis.call('ZREMRANGEBYRANK', q.key, q.base, q.base + n - 1)
         q.sum = q.sum - n - extra
         q.card = q.card - n
         q.trimmed = true
@@ -376,7 +386,8 @@ for n, q in ipairs(quotas) do
       if over > 0 then
         local k = over
         if q.heavy > 0 then k = max(over - q.heavy, 1) end
-        local page = redis.call('ZRANGE', q.key, gone + k - 1, gone + k - 1, 'WITHSCORES')
+        local r = q.base + gone + k - 1
+        local page = redis.call('ZRANGE', q.key, r, r, 'WITHSCORES')
         if page[2] then earliest = max(earliest, tonumber(page[2]) + q.b) end
       end
     else
@@ -386,12 +397,12 @@ for n, q in ipairs(quotas) do
       -- leave is the one past which the newer ones leave no room, and no
       -- more than the limit's worth is read to find it, whatever waiters
       -- or expired bookings the set holds.
-      local gone = redis.call('ZRANGEBYSCORE', q.key, '-inf', cut, 'LIMIT', 0, TRIM)
+      local gone = redis.call('ZRANGEBYSCORE', q.key, 0, cut, 'LIMIT', 0, TRIM)
       if #gone > 0 then
         for _, member in ipairs(gone) do
           q.sum = q.sum - cost_of(member)
         end
-        redis.call('ZREMRANGEBYRANK', q.key, 0, #gone - 1)
+        redis.call('ZREMRANGEBYRANK', q.key, q.base, q.base + #gone - 1)
         q.card = q.card - #gone
         q.trimmed = true
       end
@@ -456,7 +467,8 @@ if not refused then
     elseif kind == 's' then
       q.seq = q.seq + 1
       local member = fmt_member(q.seq, q.c)
-      redis.call('ZADD', q.key, at, member)
+      -- Added with the figures, in one ZADD (below).
+      q.booked, q.booked_at = member, at
       q.sum = q.sum + q.c
       q.card = q.card + 1
       q.last = max(q.last or at, at)
@@ -500,11 +512,12 @@ if not refused and ARGV[4] == '1' then
         -- those that leave by then.
         live = q.sum - q.first
         if goes > now then
-          live = q.sum - redis.call('ZCOUNT', q.key, '-inf', string.format('%d', goes - q.b))
+          live = q.sum - redis.call('ZCOUNT', q.key, 0, string.format('%d', goes - q.b))
           if q.heavy > 0 and q.heavy_at <= goes - q.b then live = live - q.heavy end
         end
       else
-        live = live_from_newest(q.key, goes - q.b, q.a)
+        -- The booking just made is not in the set yet (see below).
+        live = live_from_newest(q.key, goes - q.b, q.a) + q.c
       end
       l = max(q.a - live, 0); r = max((q.last or 0) + q.b - goes, 0)
     else
@@ -528,7 +541,9 @@ for _, q in ipairs(quotas) do
   -- Numbers as integers: tostring would write 1e+15.
   local fmt = string.format
   if refused and not (q.spent or q.converted) then
-    if q.trimmed then redis.call('HSET', q.aux, 's', q.sum) end
+    if q.trimmed then
+      redis.call('ZADD', q.key, -1 - q.sum, '#s', -1 - q.card, '#c')
+    end
   elseif kind == 'g' then
     redis.call('SET', q.key, fmt('%d,%d,%d', q.tat, q.a, q.b),
       'PX', max(ceil((q.tat - now) / 1000), 0) + 1000)
@@ -536,10 +551,19 @@ for _, q in ipairs(quotas) do
     redis.call('SET', q.key, fmt('%d,%d,%d,%d', q.e, q.u, q.b, q.a),
       'PX', max(ceil((q.e - now) / 1000), 0) + 1000)
   elseif kind == 's' then
-    local ttl = max(ceil(((q.last or now) + q.b - now) / 1000), 0) + 1000
-    redis.call('HSET', q.aux, 's', q.sum, 'n', q.seq)
-    redis.call('PEXPIRE', q.key, ttl)
-    redis.call('PEXPIRE', q.aux, ttl)
+    -- The TTL holds a second past the latest booking's expiry; set a
+    -- second further still, so that a busy key sets it about once a
+    -- second, not at every booking.
+    local needed = now + (max(ceil(((q.last or now) + q.b - now) / 1000), 0) + 1000) * 1000
+    local ttl = q.ttl < needed
+    if ttl then q.ttl = needed + 1000000 end
+    local figures = { -1 - q.sum, '#s', -1 - q.seq, '#n', -1 - q.card, '#c',
+      -1 - (q.last or 0), '#l', -1 - q.ttl, '#x' }
+    if q.booked then
+      figures[11], figures[12] = q.booked_at, q.booked
+    end
+    redis.call('ZADD', q.key, unpack(figures))
+    if ttl then redis.call('PEXPIRE', q.key, ceil((q.ttl - now) / 1000)) end
   else
     redis.call('SET', q.key, fmt('%d,%d,%d', q.s, q.u, q.x),
       'PX', max(ceil((q.x - now) / 1000), 0) + 1000)

@@ -27,11 +27,6 @@ while ARGV[i] do
   kind = string.lower(kind)
   local key = KEYS[k]
   k = k + 1
-  local aux = nil
-  if kind == 's' then
-    aux = KEYS[k]
-    k = k + 1
-  end
   if not per_request then
     if kind == 'g' then
       local v = redis.call('GET', key)
@@ -64,13 +59,13 @@ while ARGV[i] do
       c = tonumber(c)
       if seq and tonumber(redis.call('ZSCORE', key, mark)) == at then
         local new = min(c + extra, a)
-        if new > c then
-          -- Added before the old one goes: the set (and its TTL) stays.
-          redis.call('ZADD', key, at, seq .. ':' .. new)
+        -- The window's figures (see admit.lua): a set without them is
+        -- counted again at its next admission.
+        local sum = redis.call('ZSCORE', key, '#s')
+        if new > c and sum then
+          -- Its sum, at score -1 - sum, grows with the booking.
+          redis.call('ZADD', key, at, seq .. ':' .. new, tonumber(sum) - (new - c), '#s')
           redis.call('ZREM', key, mark)
-          if redis.call('EXISTS', aux) == 1 then
-            redis.call('HINCRBY', aux, 's', new - c)
-          end
         end
       end
     end

@@ -2,7 +2,8 @@
 -- (src/rate_limit/algorithm/*.rs), where that never lets a later booking
 -- overtake an earlier one. A state kept under other parameters (a retune
 -- came between) is left as it is: keeping the capacity spent is the safe
--- side. States are as admit.lua keeps them; their TTLs are kept.
+-- side. States are as admit.lua keeps them; their TTLs are kept (a
+-- sliding window's set keeps its figures, so it never goes away here).
 --
 -- KEYS         each quota's state, as for the admission
 -- ARGV         mode (r: the outcome did not count; c: a waiter left before
@@ -25,6 +26,17 @@ local whole = tonumber(string.sub(ARGV[1], 2)) or charged
 local at = tonumber(ARGV[4])
 local max, min, fmt = math.max, math.min, string.format
 
+-- A sliding window's figures, kept in its set before the bookings at
+-- score -1 - value (see admit.lua): sum, count, latest booking.
+local function read_meta(key)
+  local m = {}
+  local got = redis.call('ZRANGE', key, 0, 4, 'WITHSCORES')
+  for j = 1, #got, 2 do
+    if string.sub(got[j], 1, 1) == '#' then m[got[j]] = -1 - tonumber(got[j + 1]) end
+  end
+  return m['#s'], m['#c'], m['#l']
+end
+
 local k = 1
 local i = 5
 while ARGV[i] do
@@ -38,29 +50,30 @@ while ARGV[i] do
   local key = KEYS[k]
   k = k + 1
   if cost == 0 then
-    if kind == 's' then k = k + 1 end
+    -- Nothing to give back to this quota.
   elseif kind == 's' then
-    local aux = KEYS[k]
-    k = k + 1
     -- The booking itself, not one a state made afresh (after a reset,
-    -- or once idle) numbered the same.
-    if tonumber(redis.call('ZSCORE', key, mark)) == at then
-      if excess then
+    -- or once idle) numbered the same; and the window's figures, which
+    -- a set without them (no script of ours leaves one) has counted
+    -- again at its next admission.
+    local sum, count, latest = read_meta(key)
+    if sum and count and latest and tonumber(redis.call('ZSCORE', key, mark)) == at then
+      local seq = string.match(mark, '^(%d+):')
+      if excess and seq and whole > cost then
         -- The booking stays, at its instant, for what it really cost:
         -- the member is written again with the smaller cost (its sequence
         -- number keeps it unique), as Algorithm::settle does in process.
-        -- Added before the old one goes, so the set (and its TTL) never
-        -- goes away in between.
-        local seq = string.match(mark, '^(%d+):')
-        if seq and whole > cost then
-          redis.call('ZADD', key, at, seq .. ':' .. (whole - cost))
+        redis.call('ZADD', key, at, seq .. ':' .. (whole - cost), -1 - (sum - cost), '#s')
+        redis.call('ZREM', key, mark)
+      else
+        redis.call('ZREM', key, mark)
+        if at == latest then
+          -- A later booking goes no earlier than the latest one left.
+          local newest = redis.call('ZREVRANGEBYSCORE', key, '+inf', 0, 'WITHSCORES', 'LIMIT', 0, 1)
+          latest = tonumber(newest[2]) or 0
         end
-      end
-      redis.call('ZREM', key, mark)
-      -- A sum evicted without its bookings is counted again from them at
-      -- the next admission: never made here, below zero and with no TTL.
-      if redis.call('EXISTS', aux) == 1 then
-        redis.call('HINCRBY', aux, 's', -cost)
+        redis.call('ZADD', key, -1 - max(sum - cost, 0), '#s', -1 - max(count - 1, 0), '#c',
+          -1 - latest, '#l')
       end
     end
   else

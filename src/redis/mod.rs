@@ -23,7 +23,9 @@
 //! text (see [`RedisStore::with_hash_key`]), between braces so that every
 //! state of one key lands in one Redis Cluster slot. Every Redis key gets a
 //! TTL a second past the moment its state says nothing a fresh one would
-//! not, so memory stays bounded with no sweeper.
+//! not (a sliding window's, one to two seconds: it is set ahead, so that a
+//! busy key sets it about once a second), so memory stays bounded with no
+//! sweeper.
 //!
 //! # When Redis is away
 //!
@@ -55,16 +57,17 @@
 //!   ([`RedisStore::cluster`]): every state of one key shares a hash tag.
 //! - **ACL:** a user of its own needs the scripts' calls and the commands
 //!   inside them, on the store's prefix only:
-//!   `+evalsha +script|load +get +set +del +unlink +exists +hget +hmget
-//!   +hset +hincrby +pexpire +time +zadd +zcard +zcount +zrange
-//!   +zrangebyscore +zrevrange +zrem +zremrangebyrank +zscore ~PREFIX*`
+//!   `+evalsha +script|load +get +set +del +unlink +exists +hmget +hset
+//!   +pexpire +time +zadd +zcount +zrange +zrangebyscore +zrevrange
+//!   +zrevrangebyscore +zrem +zremrangebyrank +zscore ~PREFIX*`
 //!   (`+cluster|slots` as well on a Cluster).
 //! - **Memory:** `maxmemory-policy noeviction`, or a Redis (or database)
 //!   the store has to itself. Every state has a TTL, so a `volatile-*`
 //!   policy may evict them: an evicted state is a key that spent nothing,
-//!   a quota handed out again. The scripts never make that worse: a
-//!   sliding window's sum evicted without its bookings is counted again
-//!   from them, and no state is left without a TTL. Under `noeviction` a
+//!   a quota handed out again. The scripts never make that worse: every
+//!   state is one key (a sliding window's bookings and their sums in one
+//!   sorted set), evicted whole or not at all, and none is left without a
+//!   TTL. Under `noeviction` a
 //!   full Redis answers writes with `OOM`: logged as such, and decided by
 //!   the fail mode.
 //!

@@ -142,9 +142,17 @@ pub(crate) fn check_quota(quota: &Quota) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// The rule marker of the key with `parts`, then the state keys of each
-/// quota `which` accepts (a sliding window's bookings, then their sum),
-/// under the rule tagged `tag`.
+/// The state key of quota `i` of kind `kind` under the rule tagged `tag`.
+/// A sliding window's is `…w`: one sorted set of its bookings and their
+/// figures (an older version kept them in `…s` and `…s:n`, never read
+/// now: during a rolling upgrade the two versions count apart).
+fn state_key(base: &str, tag: &str, i: usize, kind: char) -> String {
+    let kind = if kind == 's' { 'w' } else { kind };
+    format!("{base}:rl:{tag}:{i}{kind}")
+}
+
+/// The rule marker of the key with `parts`, then the state key of each
+/// quota `which` accepts, under the rule tagged `tag`.
 fn state_keys(
     store: &RedisStore,
     parts: &[String],
@@ -159,17 +167,13 @@ fn state_keys(
         if !which(q) {
             continue;
         }
-        let key = format!("{base}:rl:{tag}:{i}{}", q.kind);
-        let sum = (q.kind == 's').then(|| format!("{key}:n"));
-        keys.push(key);
-        keys.extend(sum);
+        keys.push(state_key(&base, tag, i, q.kind));
     }
     keys
 }
 
 /// The state keys, under the rule tagged `tag`, of the quotas of another
-/// algorithm that `replaced` says each quota replaced (a sliding window's
-/// two).
+/// algorithm that `replaced` says each quota replaced.
 fn replaced_keys(
     store: &RedisStore,
     parts: &[String],
@@ -183,10 +187,7 @@ fn replaced_keys(
     let mut keys = Vec::new();
     for (i, q) in replaced.iter().enumerate() {
         let Some(q) = q else { continue };
-        let key = format!("{base}:rl:{tag}:{i}{}", q.kind);
-        let sum = (q.kind == 's').then(|| format!("{key}:n"));
-        keys.push(key);
-        keys.extend(sum);
+        keys.push(state_key(&base, tag, i, q.kind));
     }
     keys
 }
@@ -280,7 +281,7 @@ impl Admission {
         let probe = ask.rule.and(ask.default_quota).map(|quota| {
             let default = store.names.tag(DEFAULT_POLICY);
             let base = store.names.base(&store.prefix, ask.parts);
-            format!("{base}:rl:{default}:0{}", QuotaArgs::of(quota).kind)
+            state_key(&base, &default, 0, QuotaArgs::of(quota).kind)
         });
         let probed = probe.is_some();
         keys.extend(probe);

@@ -693,7 +693,7 @@ mod tests {
             let names = [
                 format!("{base}:rl:r"),
                 format!("{base}:rl:tag:0g"),
-                format!("{base}:rl:tag:1s:n"),
+                format!("{base}:rl:tag:1w"),
                 format!("{base}:cd"),
             ];
             let first = slot(&names[0]);
