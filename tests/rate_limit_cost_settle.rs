@@ -153,6 +153,26 @@ async fn a_token_bucket_charge_is_at_most_one_burst() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn several_token_bucket_charges_add_up_to_one_burst_of_debt() {
+    // 1,000 a minute, one unit every 60 ms. Three requests of one, each
+    // settled at a whole burst more: one burst of debt in all beyond the
+    // empty bucket, never so far ahead that the key is taken for a clock
+    // that ran backwards and forgiven.
+    let mut svc = service(vec![Quota::per_minute(1_000).unwrap()], Duration::ZERO);
+    let mut settlements = Vec::new();
+    for _ in 0..3 {
+        settlements.push(send(&mut svc, "k", 1).await.unwrap());
+    }
+    for settlement in settlements {
+        assert!(settlement.settle(1_001));
+    }
+    let refused = send(&mut svc, "k", 1).await.unwrap_err();
+    let wait = refused.downcast_ref::<RateLimited>().unwrap().retry_after;
+    // Two bursts ahead, less the burst a request may go early.
+    assert_eq!(wait, Duration::from_millis(1_001 * 60));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_refund_gives_back_only_what_has_not_come_back_by_itself() {
     // 10 a second (100 ms a unit), burst 10. Charged 10 at 0 and settled
     // at 500 ms to 4: had it cost 4, the bucket would be full again at

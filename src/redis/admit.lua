@@ -57,10 +57,8 @@ local max_wait = tonumber(ARGV[2])
 local horizon = tonumber(ARGV[3])
 local rule = ARGV[6]
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
--- The most expired bookings a call removes, and the fewest one each
--- (counted, not read) it bothers to.
+-- The most expired bookings a call removes.
 local TRIM = 64
-local BATCH = 32
 -- A booking's member: its number, zero-padded so that bookings at one
 -- instant sort in the order they were made, and its cost.
 local function fmt_member(seq, c)
@@ -72,14 +70,17 @@ end
 -- How many figures a sliding window's set holds before its bookings.
 local META = 5
 -- A sliding window's figures: sum, sequence, count, latest, TTL until
--- (nil when its set has none).
+-- (nil when its set has none), and how many it has.
 local function read_meta(key)
-  local m = {}
+  local m, n = {}, 0
   local got = redis.call('ZRANGE', key, 0, META - 1, 'WITHSCORES')
   for j = 1, #got, 2 do
-    if string.sub(got[j], 1, 1) == '#' then m[got[j]] = -1 - tonumber(got[j + 1]) end
+    if string.sub(got[j], 1, 1) == '#' then
+      m[got[j]] = -1 - tonumber(got[j + 1])
+      n = n + 1
+    end
   end
-  return m['#s'], m['#n'], m['#c'], m['#l'], m['#x']
+  return m['#s'], m['#n'], m['#c'], m['#l'], m['#x'], n
 end
 -- The units of the bookings in sorted set `key` that live past `edge`
 -- (score above it), read from the newest end, stopping once `enough` are
@@ -91,7 +92,9 @@ local function live_from_newest(key, edge, enough)
     local page = redis.call('ZREVRANGE', key, from, from + 31, 'WITHSCORES')
     if #page == 0 then break end
     for j = 1, #page, 2 do
-      if tonumber(page[j + 1]) <= edge or acc >= enough then return acc end
+      -- The figures, at negative scores, end the bookings.
+      local booked = tonumber(page[j + 1])
+      if booked <= edge or booked < 0 or acc >= enough then return acc end
       acc = acc + cost_of(page[j])
     end
     from = from + 32
@@ -154,9 +157,8 @@ while ARGV[i] do
       q.converted = true
     end
   elseif kind == 's' then
-    q.sum, q.seq, q.card, q.last, q.ttl = read_meta(q.key)
-    -- The rank of the oldest booking: past the figures.
-    q.base = META
+    q.sum, q.seq, q.card, q.last, q.ttl, q.base = read_meta(q.key)
+    -- q.base: the rank of the oldest booking, past the figures.
     if not (q.sum and q.seq and q.card and q.last and q.ttl) then
       -- No figures: a fresh key, or bookings without them (no script of
       -- ours leaves that): counted again from the bookings, and written
@@ -166,7 +168,6 @@ while ARGV[i] do
       -- whole, which its limit bounds (rate.rs). Numbering starts afresh
       -- at now (µs), past every number a key ever had.
       q.sum, q.seq, q.card, q.ttl, q.last = 0, 0, 0, 0, nil
-      q.base = 0
       local newest = redis.call('ZREVRANGEBYSCORE', q.key, '+inf', 0, 'WITHSCORES', 'LIMIT', 0, 1)
       if newest[2] then
         q.last = tonumber(newest[2])
@@ -241,7 +242,7 @@ for _, q in ipairs(quotas) do
       local oldest = redis.call('ZRANGEBYSCORE', q.pkey, 0, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
       local c0 = oldest[1] and cost_of(oldest[1])
       if sum and card and c0 and sum - card == c0 - 1 then
-        used = redis.call('ZCOUNT', q.pkey, string.format('(%d', cut), '+inf')
+        used = redis.call('ZCOUNT', q.pkey, string.format('(%d', max(cut, 0)), '+inf')
         if tonumber(oldest[2]) > cut then used = used + c0 - 1 end
       elseif c0 then
         used = live_from_newest(q.pkey, cut, q.pa)
@@ -368,9 +369,7 @@ for n, q in ipairs(quotas) do
       if q.card > 0 then gone = redis.call('ZCOUNT', q.key, 0, cut) end
       local extra = 0
       if q.heavy > 0 and q.heavy_at <= cut then extra = q.heavy end
-      -- Removed BATCH or more at a time (an expired heavy one at once):
-      -- most calls remove nothing, and counting them out costs the same.
-      if gone >= BATCH or extra > 0 then
+      if gone > 0 then
         local n = min(gone, TRIM)
         redis.call('ZREMRANGEBYRANK', q.key, q.base, q.base + n - 1)
         q.sum = q.sum - n - extra
@@ -413,7 +412,7 @@ for n, q in ipairs(quotas) do
         if #page == 0 then break end
         for j = 1, #page, 2 do
           local booked = tonumber(page[j + 1])
-          if booked <= cut then done = true; break end
+          if booked <= cut or booked < 0 then done = true; break end
           acc = acc + cost_of(page[j])
           if acc > room then
             earliest = max(earliest, booked + q.b)

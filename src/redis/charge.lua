@@ -35,8 +35,10 @@ while ARGV[i] do
       -- A state kept under other parameters (a retune came between) is
       -- left as it is; a key gone idle owes from now.
       if not v or (tonumber(e) == a and tonumber(bb) == b) then
+        -- And one burst of debt in all, as Gcra::settle: several charges
+        -- add up to no more than an empty bucket and a burst.
         local from = max(tonumber(tat) or 0, now)
-        local new = from + min(a * extra, a * b)
+        local new = min(from + min(a * extra, a * b), max(from, now + 2 * a * b))
         redis.call('SET', key, fmt('%d,%d,%d', new, a, b),
           'PX', max(math.ceil((new - now) / 1000), 0) + 1000)
       end

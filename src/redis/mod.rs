@@ -84,6 +84,11 @@
 //!   approximation nobody asked for; a token bucket keeps any limit in one
 //!   value.
 //! - Stats count per replica: each replica's handle sees its own requests.
+//! - A token bucket whose arrival time is more than a burst ahead (waiters
+//!   booked, or a debt a [`Settlement`](crate::rate_limit::Settlement)
+//!   charged) keeps a give-back spent: Redis cannot tell that debt from
+//!   waiters booked ahead on another replica, whom a give-back could let a
+//!   newcomer overtake. In process only waiters do.
 //! - A waiter that is dropped, and an admission whose outcome does not
 //!   count ([`count_only`](crate::rate_limit::RateLimitLayer::count_only)),
 //!   give their capacity back by a call of their own, after the fact; if

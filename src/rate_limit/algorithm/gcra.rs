@@ -183,8 +183,17 @@ impl Algorithm for Gcra {
             // most one burst: beyond it, one bad estimate would silence the
             // key for longer than a refill. `earliest` allows for that debt
             // before it takes a state ahead for a clock that ran backwards.
+            // And one burst of debt in all: several charges add up to no
+            // more than an empty bucket and a burst (past that, `earliest`
+            // would take the debt for a clock that ran backwards and start
+            // the key afresh, forgiving it all).
             let from = tat.0.max(now);
-            tat.0 = from.saturating_add(self.units(actual - grant.cost).min(self.tolerance));
+            let most = now
+                .saturating_add(self.tolerance.saturating_mul(2))
+                .max(from);
+            tat.0 = from
+                .saturating_add(self.units(actual - grant.cost).min(self.tolerance))
+                .min(most);
         }
     }
 

@@ -62,15 +62,18 @@ impl Remote {
         });
     }
 
-    /// Charge `extra` more on `grant`, in a task of its own (see
-    /// [`Grant::charge`]).
-    pub(crate) fn charge(self: &Arc<Self>, grant: Arc<Grant>, extra: u32) {
+    /// Charge `extra` more on `grant` of `key`, in a task of its own (see
+    /// [`Grant::charge`]). Once Redis has it, a refusal of the key
+    /// remembered here no longer says how long the key waits: forgotten.
+    pub(crate) fn charge(self: &Arc<Self>, grant: Arc<Grant>, key: KeyHash, extra: u32) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let remote = self.clone();
         runtime.spawn(async move {
-            let _ = grant.charge(&remote.store, extra).await;
+            if grant.charge(&remote.store, extra).await.is_ok() {
+                remote.refused.forget(Some(key));
+            }
         });
     }
 }

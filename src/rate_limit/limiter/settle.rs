@@ -51,7 +51,7 @@ impl Limiter {
                 if let Some(excess) = grant.excess_over(actual) {
                     remote.give_back(Arc::new(excess), ticket.key, false);
                 } else if grant.falls_short_of(actual) {
-                    remote.charge(grant.clone(), actual - grant.cost());
+                    remote.charge(grant.clone(), ticket.key, actual - grant.cost());
                 }
             }
             return;
