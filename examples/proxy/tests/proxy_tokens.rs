@@ -532,3 +532,79 @@ async fn a_stream_that_did_not_ask_for_usage_is_settled_and_its_client_sees_no_u
     assert!(text.contains("\"usage\""), "{text}");
     gateway.shutdown().await;
 }
+
+/// An upstream whose one streamed answer is sent chunk by chunk as the test
+/// says: each chunk is handed to the returned sender.
+async fn stepped_upstream() -> (SocketAddr, tokio::sync::mpsc::UnboundedSender<&'static str>) {
+    let (send, receive) = tokio::sync::mpsc::unbounded_channel::<&'static str>();
+    let receive = Arc::new(parking_lot::Mutex::new(Some(receive)));
+    let app = Router::new().fallback(post(move || {
+        let receive = receive.lock().take().expect("one answer");
+        async move {
+            let chunks = futures::stream::unfold(receive, |mut receive| async move {
+                let chunk = receive.recv().await?;
+                Some((Ok::<_, std::io::Error>(chunk), receive))
+            });
+            Response::builder()
+                .header(header::CONTENT_TYPE, "text/event-stream")
+                .body(Body::from_stream(chunks))
+                .unwrap()
+        }
+    }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, send)
+}
+
+/// Each chunk of a streamed answer reaches the client before the upstream
+/// sends the next: the upstream sends a chunk only once the client has the
+/// one before, so a gateway that held back any chunk (to read the usage,
+/// or to gather a line) would never finish; the hang guard fails it. The
+/// client gets the bytes as sent, and the charge is settled at the end.
+#[tokio::test]
+async fn a_stream_passes_chunk_by_chunk_with_nothing_held_back() {
+    let (addr, upstream) = stepped_upstream().await;
+    let gateway = start_gateway(addr, THOUSAND_TOKENS).await;
+    let asked = body_with(
+        300,
+        r#""model":"m","stream":true,"stream_options":{"include_usage":true}"#,
+    );
+    let mut answer = reqwest::Client::new()
+        .post(format!("{}/up/v1/chat/completions", gateway.url()))
+        .header("content-type", "application/json")
+        .body(asked)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    // Chunks cut anywhere, a line across two of them included.
+    let chunks = [
+        "data: {\"choices\":[{\"delta\":{\"content\":\"one\"}}]}\n\n",
+        "data: {\"choices\":[{\"delta\":",
+        "{\"content\":\"two\"}}]}\n\n",
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":41,\"total_tokens\":42}}\n\n",
+        "data: [DONE]\n\n",
+    ];
+    let mut received = String::new();
+    for chunk in chunks {
+        upstream.send(chunk).unwrap();
+        let mut got = String::new();
+        while got.len() < chunk.len() {
+            let next = tokio::time::timeout(std::time::Duration::from_secs(10), answer.chunk())
+                .await
+                .unwrap_or_else(|_| panic!("{chunk:?} held back: {got:?} so far"))
+                .unwrap()
+                .expect("more of the answer");
+            got.push_str(std::str::from_utf8(&next).unwrap());
+        }
+        assert_eq!(got, chunk);
+        received.push_str(&got);
+    }
+    drop(upstream);
+    assert!(answer.chunk().await.unwrap().is_none(), "the answer ends");
+    assert_eq!(received, chunks.concat());
+    // Settled at the usage the stream reported.
+    assert_eq!(tokens(&gateway).await, [300, 42, 258, 0, 0]);
+    gateway.shutdown().await;
+}
