@@ -212,15 +212,7 @@ return {1, 0}
 
 /// Redis's own time per script call since the last reset, in µs.
 fn usec_per_call(conn: &mut redis::Connection) -> f64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(conn)
-        .expect("INFO");
-    info.lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("usec_per_call=")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(f64::NAN)
+    testkit::redis::RedisServer::command_stat(conn, "evalsha", "usec_per_call")
 }
 
 fn reset_stats(conn: &mut redis::Connection) {
@@ -266,6 +258,9 @@ async fn redis_time(url: &str, conn: &mut redis::Connection, svc: &Svc, rounds: 
         .await
         .expect("a connection");
     let floor = redis::Script::new(FLOOR);
+    // 6 µs a unit, a minute's burst: it always admits.
+    let mut invocation = floor.key("bench-floor");
+    invocation.arg(6).arg(60_000_000);
     let (clock, window) = sliding(url);
     let slide = || {
         clock.fetch_add(1_000, Ordering::SeqCst);
@@ -273,10 +268,7 @@ async fn redis_time(url: &str, conn: &mut redis::Connection, svc: &Svc, rounds: 
     };
     // Warm: the scripts loaded, the window full.
     for _ in 0..1_000 {
-        let _: redis::Value = floor
-            .key("bench-floor")
-            .arg(6)
-            .arg(60_000_000)
+        let _: redis::Value = invocation
             .invoke_async(&mut floor_conn)
             .await
             .expect("the floor script");
@@ -288,10 +280,7 @@ async fn redis_time(url: &str, conn: &mut redis::Connection, svc: &Svc, rounds: 
     for round in 1..=rounds {
         reset_stats(conn);
         for _ in 0..n {
-            let _: redis::Value = floor
-                .key("bench-floor")
-                .arg(6)
-                .arg(60_000_000)
+            let _: redis::Value = invocation
                 .invoke_async(&mut floor_conn)
                 .await
                 .expect("the floor script");
@@ -376,20 +365,14 @@ fn report(server: &testkit::redis::RedisServer, runtime: &tokio::runtime::Runtim
         println!("  admission / PING at p50: {:.2}×", adm_p50 / ping_p50);
 
         // The admission's own call, as Redis received it.
-        redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("slowlog-log-slower-than")
-            .arg(0)
-            .query::<()>(&mut conn)
-            .expect("CONFIG SET");
+        let log_every = |conn: &mut redis::Connection, on: bool| {
+            let slower_than = if on { 0 } else { 10_000 };
+            testkit::redis::RedisServer::config_set(conn, "slowlog-log-slower-than", slower_than);
+        };
+        log_every(&mut conn, true);
         admit(&svc).await;
         let command = logged_admission(&mut conn);
-        redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("slowlog-log-slower-than")
-            .arg(10_000)
-            .query::<()>(&mut conn)
-            .expect("CONFIG SET");
+        log_every(&mut conn, false);
 
         let (in_flight, n) = (64, 200_000);
         let ping_store = store.clone();

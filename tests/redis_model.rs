@@ -166,11 +166,7 @@ proptest! {
         let Some(server) = RedisServer::start("a_sliding_window_in_redis_decides_as_in_process") else {
             return Ok(());
         };
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a runtime");
-        runtime.block_on(async {
+        redis_server::runtime().block_on(async {
             let window = |limit| Quota::new(limit, WINDOW).expect("valid").sliding_window();
             // Counting requests: every booking is one, counted by Redis.
             agree(&server, "requests:", window(300).with_unit(Unit::Requests), &history).await;
@@ -187,11 +183,7 @@ proptest! {
         let Some(server) = RedisServer::start("a_token_bucket_in_redis_decides_as_in_process") else {
             return Ok(());
         };
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a runtime");
-        runtime.block_on(async {
+        redis_server::runtime().block_on(async {
             // A unit every 100 ms (whole microseconds: in Redis a finer
             // interval is rounded up to one).
             let bucket = Quota::new(160, Duration::from_secs(16)).expect("valid");

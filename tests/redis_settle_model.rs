@@ -78,15 +78,7 @@ async fn outcome(svc: &mut Svc, cost: u32) -> Result<Settlement, Duration> {
 
 /// Script calls Redis has run to the end.
 fn scripts_run(conn: &mut redis::Connection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(conn)
-        .expect("INFO");
-    info.lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split([',', ':']).find_map(|f| f.strip_prefix("calls=")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    RedisServer::command_stat(conn, "evalsha", "calls") as u64
 }
 
 /// `charges_only`: every settle at or above its estimate (see the token
@@ -180,11 +172,7 @@ proptest! {
         let Some(server) = RedisServer::start("settled_costs_in_redis_decide_as_in_process") else {
             return Ok(());
         };
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a runtime");
-        runtime.block_on(async {
+        redis_server::runtime().block_on(async {
             // Whole microseconds per unit (100 ms), as Redis keeps time.
             // Charges only: with a debt a settlement charged, the arrival
             // time is more than a burst ahead, which Redis cannot tell from

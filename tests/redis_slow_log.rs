@@ -133,6 +133,27 @@ fn longest_script(conn: &mut redis::Connection) -> u64 {
     longest
 }
 
+/// A server of the test's own that logs every command's time, a
+/// connection to read the log, and the scripts' clock (µs, on a minute).
+fn logging_server(test: &str) -> Option<(RedisServer, redis::Connection, Arc<AtomicU64>)> {
+    let server = RedisServer::start_with(
+        test,
+        &[
+            "--slowlog-log-slower-than",
+            "0",
+            "--slowlog-max-len",
+            "100000",
+        ],
+    )?;
+    let conn = server.connection();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_micros() as u64;
+    let clock = Arc::new(AtomicU64::new((now / MINUTE + 1) * MINUTE));
+    Some((server, conn, clock))
+}
+
 /// Fill `key`'s window with its whole limit in bookings a millisecond
 /// apart: of one request each, or of cost with the first of two (so that
 /// every booking has to be read). Returns the limit.
@@ -159,23 +180,11 @@ async fn fill(svc: &mut Svc, clock: &AtomicU64, key: &str, weighted: bool) -> u3
 /// is the script's own time (a shared machine only ever adds to it).
 #[tokio::test]
 async fn no_admission_costs_redis_more_than_a_millisecond_at_the_largest_sliding_window() {
-    let Some(server) = RedisServer::start_with(
-        "no_admission_costs_redis_more_than_a_millisecond",
-        &[
-            "--slowlog-log-slower-than",
-            "0",
-            "--slowlog-max-len",
-            "100000",
-        ],
-    ) else {
+    let Some((server, mut conn, clock)) =
+        logging_server("no_admission_costs_redis_more_than_a_millisecond")
+    else {
         return;
     };
-    let mut conn = server.connection();
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("after 1970")
-        .as_micros() as u64;
-    let clock = Arc::new(AtomicU64::new((now / MINUTE + 1) * MINUTE));
     let mut cases: Vec<(String, u64)> = Vec::new();
     let mut fastest = |name: &str, micros: u64| match cases.iter_mut().find(|c| c.0 == name) {
         Some(case) => case.1 = case.1.min(micros),
@@ -232,23 +241,11 @@ async fn no_admission_costs_redis_more_than_a_millisecond_at_the_largest_sliding
 /// new waiter still read no more than the limit's worth.
 #[tokio::test]
 async fn waiters_booked_far_ahead_cost_redis_no_more_than_the_limit() {
-    let Some(server) = RedisServer::start_with(
-        "waiters_booked_far_ahead_cost_redis_no_more",
-        &[
-            "--slowlog-log-slower-than",
-            "0",
-            "--slowlog-max-len",
-            "100000",
-        ],
-    ) else {
+    let Some((server, mut conn, clock)) =
+        logging_server("waiters_booked_far_ahead_cost_redis_no_more")
+    else {
         return;
     };
-    let mut conn = server.connection();
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("after 1970")
-        .as_micros() as u64;
-    let clock = Arc::new(AtomicU64::new((now / MINUTE + 1) * MINUTE));
     let day = Duration::from_secs(24 * 3_600);
     // 1,000 waiters of 2 units, on replicas of their own: 75 a minute,
     // booked up to 14 minutes ahead, each asleep until its instant (real

@@ -140,6 +140,33 @@ impl RedisServer {
             .expect("connects to the test's redis-server")
     }
 
+    /// `field` (`calls`, `usec_per_call`, ...) of command `name`
+    /// (`evalsha`) in `INFO commandstats`: since the server started, or
+    /// since the last `CONFIG RESETSTAT`. Zero before the first call.
+    pub fn command_stat(conn: &mut redis::Connection, name: &str, field: &str) -> f64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(conn)
+            .expect("INFO commandstats");
+        let line = format!("cmdstat_{name}:");
+        let field = format!("{field}=");
+        info.lines()
+            .find_map(|l| l.strip_prefix(line.as_str()))
+            .and_then(|l| l.split(',').find_map(|f| f.strip_prefix(field.as_str())))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// `CONFIG SET name value`.
+    pub fn config_set(conn: &mut redis::Connection, name: &str, value: impl ToString) {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value.to_string())
+            .query::<()>(conn)
+            .expect("CONFIG SET");
+    }
+
     /// Kill the server (SIGKILL: no goodbye to its clients).
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -153,6 +180,15 @@ impl RedisServer {
         self.kill();
         self.launch_on(false);
     }
+}
+
+/// A runtime for a synchronous test (a property's case) that drives the
+/// layers, on the test's own thread.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
 }
 
 impl Drop for RedisServer {
