@@ -143,7 +143,7 @@ async fn the_cooldown_generation_grows_across_the_state_expiring() {
     let Some(server) = RedisServer::start("generation_grows") else {
         return;
     };
-    let script = redis::Script::new(include_str!("../src/redis/cooldown.lua"));
+    let script = redis::Script::new(include_str!("../src/backoff/cooldown.lua"));
     let mut conn = server.connection();
     let t0: u64 = 1_800_000_000_000_000;
     // mode, generation sent under, advised wait, forget_after, now, delays.

@@ -615,7 +615,7 @@ impl Cooldowns {
     pub(crate) fn merge_shared(
         &self,
         key: KeyHash,
-        shared: crate::redis::cooldown::Shared,
+        shared: super::redis::Shared,
         text: &Arc<str>,
     ) {
         let now = self.timeline.now();

@@ -29,7 +29,7 @@ pub(crate) type Route = std::convert::Infallible;
 
 /// What reading a shared route gives.
 #[cfg(feature = "redis")]
-type Read = Result<crate::redis::cooldown::Shared, crate::redis::StoreError>;
+type Read = Result<super::redis::Shared, crate::redis::StoreError>;
 #[cfg(not(feature = "redis"))]
 type Read = std::convert::Infallible;
 
@@ -296,7 +296,7 @@ fn report(
     let hold = route.2;
     let report = async move {
         let (store, name, _) = *route;
-        let reported = crate::redis::cooldown::report(
+        let reported = super::redis::report(
             &store,
             &name,
             generation,

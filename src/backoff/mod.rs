@@ -65,6 +65,8 @@ mod future;
 mod handle;
 mod headers;
 mod layer;
+#[cfg(feature = "redis")]
+mod redis;
 mod retry;
 mod service;
 mod stats;

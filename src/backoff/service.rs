@@ -178,7 +178,7 @@ impl<S, X> Backoff429<S, X> {
         S: Service<R> + Clone,
         X: KeyExtractor<R>,
     {
-        use crate::redis::cooldown;
+        use super::redis as cooldown;
 
         let shared = &*self.shared;
         let parts = match (

@@ -44,7 +44,7 @@ pub(crate) struct Ticket {
     grants: SmallVec<[Grant; 2]>,
     /// The booking in Redis, for a limiter that keeps its state there.
     #[cfg(feature = "redis")]
-    remote: Option<Arc<crate::redis::rate::Grant>>,
+    remote: Option<Arc<super::redis::Grant>>,
 }
 
 /// What a caller of [`Limiter::acquire`] needs back besides the decision.

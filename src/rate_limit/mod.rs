@@ -50,6 +50,8 @@ mod limiter;
 pub(crate) mod lines;
 mod policy;
 mod quota;
+#[cfg(feature = "redis")]
+pub(crate) mod redis;
 mod rule;
 mod service;
 mod settlement;

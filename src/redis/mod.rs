@@ -137,9 +137,7 @@
 //! ```
 
 mod breaker;
-pub(crate) mod cooldown;
 mod names;
-pub(crate) mod rate;
 mod store;
 
 pub(crate) use store::StoreError;

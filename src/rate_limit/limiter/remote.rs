@@ -17,7 +17,7 @@ use crate::rate_limit::lines::turn_for;
 use crate::rate_limit::policy::Policy;
 use crate::rate_limit::quota::Quota;
 use crate::rate_limit::rule::Rule;
-use crate::redis::rate::{self, Admission, Grant, Refused, Reply};
+use crate::rate_limit::redis::{self as rate, Admission, Grant, Refused, Reply};
 use crate::redis::{OnError, RedisStore, StoreError};
 use crate::stats::{Event, StoreCounters};
 

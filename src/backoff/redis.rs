@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use ::redis::Script;
 
-use super::store::{RedisStore, StoreError};
-use crate::backoff::{ExponentialBackoff, Said};
+use crate::redis::{RedisStore, StoreError};
+use super::ExponentialBackoff;
+use super::cooldown::Said;
 
 static COOLDOWN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("cooldown.lua")));
 
