@@ -24,7 +24,8 @@ use serving::edge::Refusal;
 pub use serving::edge::{AllowedHost, AllowedOrigin};
 
 use crate::config::{GatewaySettings, MAX_MODEL_LEN};
-use crate::gateway::{Gateway, json_error};
+use crate::gateway::Gateway;
+use crate::reply::json_error;
 
 /// Middleware on every route: 421 for a `Host` the gateway does not answer
 /// to, 403 for a foreign browser `Origin`. Requests without `Origin` (curl,

@@ -54,6 +54,7 @@ pub mod multipart;
 pub mod operator;
 pub mod preset;
 pub mod reload;
+pub mod reply;
 pub mod simulator;
 pub mod stats;
 pub mod tls;

@@ -20,7 +20,8 @@ use tower_throttle::rate_limit::{Quota, RateLimitLayer};
 use tower_throttle::stats::KeyStats;
 
 use crate::edge;
-use crate::gateway::{Gateway, Route, json_error};
+use crate::gateway::{Gateway, Route};
+use crate::reply::json_error;
 use crate::stats::{self, RouteStats};
 
 /// What the operator endpoints (`/`, `/stats`, `/events`, `/metrics`)

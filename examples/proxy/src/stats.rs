@@ -36,8 +36,9 @@ use tower_throttle::backoff::CooldownEntry;
 use tower_throttle::stats::{KeyStats, OTHER_KEYS};
 
 use crate::config::{Settings, Upstream};
-use crate::gateway::{Gateway, ProviderInfo, Route, UpstreamCounts, json_error};
+use crate::gateway::{Gateway, ProviderInfo, Route, UpstreamCounts};
 use crate::learn::{LearnedInfo, UnitInfo};
+use crate::reply::json_error;
 
 /// The route every route not counted by name is added up in.
 pub const OTHER: &str = OTHER_KEYS;

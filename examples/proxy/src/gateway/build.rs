@@ -1,0 +1,230 @@
+//! The client stack for a configuration: its providers resolved, the
+//! stateful layers' clones layered with the configured waits and queues.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Response, StatusCode};
+use http::uri::{Authority, Scheme};
+use tower::ServiceBuilder;
+use tower::util::BoxCloneSyncService;
+use tower_throttle::concurrency::ConcurrencyBody;
+use tower_throttle::error::{BoxError, ConfigError};
+use tower_throttle::identity::IdentityHeaderLayer;
+use tower_throttle::rate_limit::{Limits, RateLimitInfo};
+use tower_throttle::redact::Quoted;
+use tower_throttle::respond::{RateLimitHeaders, Rejection, ThrottleResponseLayer};
+
+use super::{Current, Layers, Target, Upstream};
+use crate::config::{Settings, Upstream as UpstreamKind};
+use crate::live;
+use crate::reply::json_error;
+use crate::tls::{HttpsClient, TlsClients, UpstreamTls};
+
+fn parse_duration(field: &str, text: Option<&str>) -> Result<Option<Duration>, ConfigError> {
+    text.map(|t| {
+        humantime::parse_duration(t.trim())
+            .map_err(|e| ConfigError::new(field, format!("`{t}` is not a duration ({e})")))
+    })
+    .transpose()
+}
+
+/// Resolve the providers and layer the client stack for `settings`.
+pub(super) fn build(
+    layers: &Layers,
+    upstream: &Upstream,
+    tls: &TlsClients,
+    simulator: Option<SocketAddr>,
+    settings: Settings,
+    generation: u64,
+) -> Result<Current, ConfigError> {
+    let mut targets = Vec::new();
+    let mut https = https_clients(tls, &settings)?.into_iter();
+    for (i, p) in settings.providers.iter().enumerate() {
+        let (scheme, authority, base_path) = match &p.upstream {
+            UpstreamKind::Http {
+                authority,
+                base_path,
+            } => (Scheme::HTTP, authority.clone(), base_path.clone()),
+            UpstreamKind::Https {
+                authority,
+                base_path,
+                ..
+            } => (Scheme::HTTPS, authority.clone(), base_path.clone()),
+            UpstreamKind::Simulator => {
+                let addr = simulator.ok_or_else(|| {
+                    ConfigError::new(
+                        format!("providers[{i}].base_url"),
+                        "the simulator is not running; a new [simulator] section takes effect on restart",
+                    )
+                })?;
+                let authority = Authority::try_from(addr.to_string()).map_err(|_| {
+                    ConfigError::new(format!("providers[{i}].base_url"), "bad simulator address")
+                })?;
+                (Scheme::HTTP, authority, String::new())
+            }
+        };
+        let (https, insecure) = match &p.upstream {
+            UpstreamKind::Https { tls, .. } => (https.next(), tls.insecure_skip_verify),
+            _ => (None, false),
+        };
+        targets.push(Target {
+            name: p.name.clone(),
+            scheme,
+            https,
+            authority,
+            base_path,
+            credential: p.credential.clone(),
+            default: p.default,
+            kind: p.kind,
+            anthropic_version: p.anthropic_version.clone(),
+            limit_headers: p.limit_headers,
+            usage_format: p.usage_format,
+            aliases: p.aliases.clone(),
+            rewrite_model: p.rewrite_model,
+            api_version: p.api_version.clone(),
+            insecure,
+        });
+    }
+    let rate_wait = settings
+        .stack
+        .rate_limit
+        .as_ref()
+        .map_or(Duration::ZERO, |l: &Limits| l.max_wait);
+    let (max_queue, queue_timeout, release_at_headers) = match &settings.file.concurrency {
+        Some(c) => (
+            c.max_queue
+                .map_or(usize::MAX, |q| usize::try_from(q).unwrap_or(usize::MAX)),
+            parse_duration("concurrency.queue_timeout", c.queue_timeout.as_deref())?,
+            c.release_at_headers == Some(true),
+        ),
+        None => (usize::MAX, None, false),
+    };
+    let backoff_wait = match &settings.file.backoff {
+        Some(b) if b.mode.as_deref() == Some("wait") => {
+            parse_duration("backoff.max_wait", b.max_wait.as_deref())?.unwrap_or(Duration::ZERO)
+        }
+        _ => Duration::ZERO,
+    };
+    let identity = identity_layer(layers, &settings)?;
+
+    let rate = layers.rate.clone().with_max_wait(rate_wait);
+    let mut concurrency = layers.concurrency.clone().with_max_queue(max_queue);
+    if let Some(timeout) = queue_timeout {
+        concurrency = concurrency.with_queue_timeout(timeout);
+    }
+    if release_at_headers {
+        concurrency = concurrency.release_at_headers();
+    }
+    let backoff = layers.backoff.clone().with_max_wait(backoff_wait);
+    let service = ServiceBuilder::new()
+        .layer(ThrottleResponseLayer::new())
+        .map_result(finish)
+        .layer(backoff)
+        .layer(concurrency)
+        .layer(rate)
+        .layer(identity)
+        .timeout(settings.gateway.upstream_timeout)
+        .service(upstream.clone());
+    Ok(Current {
+        counts_tokens: crate::config::counts_tokens(settings.stack.rate_limit.as_ref()),
+        settings: Arc::new(settings),
+        targets,
+        service: BoxCloneSyncService::new(service),
+        generation,
+    })
+}
+
+/// The HTTPS client of each https provider of `settings`, in order. A
+/// provider that skips verification is warned about here: at start and on
+/// every reload.
+fn https_clients(tls: &TlsClients, settings: &Settings) -> Result<Vec<HttpsClient>, ConfigError> {
+    settings.check_insecure()?;
+    let mut wanted = Vec::new();
+    for p in &settings.providers {
+        if let UpstreamKind::Https { tls, .. } = &p.upstream {
+            if tls.insecure_skip_verify {
+                tracing::warn!(
+                    provider = %Quoted(&p.name),
+                    "insecure_skip_verify = true: this provider's TLS certificate is NOT checked; \
+                     anyone on the path can read and change its traffic, API key included. \
+                     For tests only"
+                );
+            }
+            wanted.push(tls);
+        }
+    }
+    tls.clients_for(&wanted)
+        .map_err(|m| ConfigError::new("providers", m))
+}
+
+/// The identity layer for `settings`, keeping the ids of the first one
+/// unless the file pins its own. Rebuilt on every reload, so its rules are
+/// live; with the master switch off it has no rule, so it touches nothing.
+fn identity_layer(
+    layers: &Layers,
+    settings: &Settings,
+) -> Result<IdentityHeaderLayer, ConfigError> {
+    // Checked even when off, so that a bad rule is refused either way.
+    let configured = settings.stack.identity_layer()?;
+    let mut layer = match configured {
+        Some(layer) if live::enabled(settings) => layer,
+        _ => IdentityHeaderLayer::new([]).map_err(|e| e.within("identity"))?,
+    };
+    let mut stable = layers.stable.lock();
+    match *stable {
+        None => *stable = Some(layer.stable_ids()),
+        Some(ids) => {
+            let pinned = settings.file.identity.as_ref().map(|c| &c.stable_ids);
+            if pinned.is_none_or(|p| p.client.is_none()) {
+                layer = layer.with_client_id(ids.client);
+            }
+            if pinned.is_none_or(|p| p.project.is_none()) {
+                layer = layer.with_project_id(ids.project);
+            }
+            if pinned.is_none_or(|p| p.session.is_none()) {
+                layer = layer.with_session_id(ids.session);
+            }
+        }
+    }
+    Ok(layer)
+}
+
+/// Responses to the client's body type; failures that are not the layers'
+/// refusals (those become 429/503 in `ThrottleResponseLayer`) to 502/504.
+fn finish(
+    result: Result<Response<ConcurrencyBody<Body>>, BoxError>,
+) -> Result<Response<Body>, BoxError> {
+    match result {
+        Ok(mut response) => {
+            if let Some(info) = response.extensions_mut().remove::<RateLimitInfo>() {
+                RateLimitHeaders::ietf().write(
+                    response.headers_mut(),
+                    &info.policy,
+                    info.quota.as_ref(),
+                    info.remaining,
+                    info.reset,
+                );
+            }
+            Ok(response.map(Body::new))
+        }
+        Err(e) if Rejection::of(&e).is_some() => Err(e),
+        Err(e) if e.is::<UpstreamTls>() => Ok(json_error(
+            StatusCode::BAD_GATEWAY,
+            "upstream_tls",
+            &format!("{e}; the gateway's log names the provider"),
+        )),
+        Err(e) if e.is::<tower::timeout::error::Elapsed>() => Ok(json_error(
+            StatusCode::GATEWAY_TIMEOUT,
+            "upstream_timeout",
+            "the upstream did not answer within upstream_timeout",
+        )),
+        Err(_) => Ok(json_error(
+            StatusCode::BAD_GATEWAY,
+            "upstream_unreachable",
+            "the upstream could not be reached",
+        )),
+    }
+}

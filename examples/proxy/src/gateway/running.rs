@@ -1,0 +1,175 @@
+//! Starting a gateway: the simulator, the listener, the stats hub and the
+//! server; and stopping it.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tower_throttle::error::ConfigError;
+
+use super::{Gateway, router};
+use crate::config::{GatewaySettings, Settings};
+use crate::simulator::Simulator;
+use crate::{serve, stats};
+
+/// Why the proxy could not start.
+#[derive(Debug)]
+pub enum StartError {
+    /// The configuration cannot run (exit code 2).
+    Config(ConfigError),
+    /// A socket could not be opened (exit code 1).
+    Io(String),
+}
+
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Config(e) => write!(f, "{e}"),
+            Self::Io(e) => f.write_str(e),
+        }
+    }
+}
+
+/// A gateway serving, with its simulator if it has one.
+pub struct Running {
+    /// The gateway's state.
+    pub gateway: Gateway,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// The built-in upstream, if configured.
+    pub simulator: Option<Simulator>,
+    /// Client connections and requests in progress.
+    pub connections: serve::Connections,
+    server: JoinHandle<()>,
+    hub: JoinHandle<()>,
+}
+
+impl fmt::Debug for Running {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Running")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Start the simulator (if configured), then the gateway on `listen`.
+pub async fn start(
+    settings: Settings,
+    listen: SocketAddr,
+    source: impl Into<String>,
+) -> Result<Running, StartError> {
+    let simulator = match &settings.simulator {
+        Some(sim) => Some(Simulator::start(sim.clone()).await.map_err(|e| {
+            StartError::Io(format!("cannot start the simulator on {}: {e}", sim.listen))
+        })?),
+        None => None,
+    };
+    let gateway = Gateway::new(settings, simulator.as_ref().map(Simulator::addr), source)
+        .map_err(StartError::Config)?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| StartError::Io(format!("cannot listen on {listen}: {e}")))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| StartError::Io(format!("cannot listen on {listen}: {e}")))?;
+    let _ = gateway.inner.listen.set(addr);
+    if addr.ip().is_unspecified() {
+        tracing::warn!(
+            %addr,
+            "listening on every interface: requests are answered for localhost and IP \
+             addresses on this port; other host names need gateway.allowed_hosts"
+        );
+    }
+    let limits = serve_limits(&gateway.current().settings.gateway);
+    let hub = tokio::spawn(stats::run_hub(gateway.clone()));
+    let app = router(gateway.clone()).map_err(StartError::Config)?;
+    let mut stop = gateway.shutdown_signal();
+    let connections = serve::Connections::default();
+    let _ = gateway.inner.connections.set(connections.clone());
+    let server = tokio::spawn(serve::serve(
+        listener,
+        app,
+        limits,
+        connections.clone(),
+        async move {
+            let _ = stop.wait_for(|s| *s).await;
+        },
+    ));
+    Ok(Running {
+        gateway,
+        addr,
+        simulator,
+        connections,
+        server,
+        hub,
+    })
+}
+
+/// The server's limits from `[gateway]`; a `max_connections` the fd limit
+/// cannot carry is logged, since the process would run out of descriptors
+/// before it reached it.
+fn serve_limits(settings: &GatewaySettings) -> serve::ServeLimits {
+    let max_connections = settings
+        .max_connections
+        .unwrap_or_else(serve::default_max_connections);
+    let fd_limit = serve::fd_limit();
+    if let Some(fds) = fd_limit {
+        if max_connections as u64 > serve::connections_within(fds) {
+            tracing::warn!(
+                max_connections,
+                fd_limit = fds,
+                "max_connections is above what the open-file limit can carry; raise `ulimit -n` or lower it"
+            );
+        }
+    }
+    tracing::debug!(max_connections, ?fd_limit, "connection limit");
+    serve::ServeLimits {
+        max_connections,
+        header_read_timeout: settings.header_read_timeout,
+        max_header_bytes: settings.max_header_bytes,
+        body_write_timeout: settings.body_write_timeout,
+    }
+}
+
+impl Running {
+    /// `http://addr`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stop accepting, end `/events` streams, let in-flight requests finish
+    /// for at most `shutdown_grace`, then stop the simulator. Connections
+    /// with no request in progress (idle, or a request head never
+    /// completed) are closed at once. True when everything finished in
+    /// time.
+    pub async fn shutdown(mut self) -> bool {
+        let grace = self.gateway.current().settings.gateway.shutdown_grace;
+        self.gateway.begin_shutdown();
+        let in_flight = self.connections.requests();
+        if in_flight > 0 {
+            tracing::info!(in_flight, ?grace, "waiting for requests in flight");
+        }
+        let clean = tokio::time::timeout(grace, &mut self.server).await.is_ok();
+        if !clean {
+            tracing::warn!(
+                in_flight = self.connections.requests(),
+                ?grace,
+                "requests still in flight after shutdown_grace; closing them"
+            );
+            self.server.abort();
+        }
+        if let Some(simulator) = self.simulator.take() {
+            simulator.stop(Duration::from_secs(1)).await;
+        }
+        self.hub.abort();
+        clean
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.server.abort();
+        self.hub.abort();
+    }
+}
