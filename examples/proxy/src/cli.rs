@@ -20,7 +20,7 @@ pub struct Cli {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
-    /// Address the gateway listens on [default: [gateway] listen, else
+    /// Address the gateway listens on [default: `[gateway] listen`, else
     /// 127.0.0.1:8080].
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,

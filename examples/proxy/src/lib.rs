@@ -25,15 +25,19 @@
 //! change. The banner says which.
 //!
 //! The module layout: `cli` (arguments), `config` (the file and its checks),
-//! `app` (start, banner, shutdown), `gateway` (routing and the client
-//! stack), `edge` (what is refused before forwarding: foreign `Host` and
-//! `Origin`, paths leaving the base path, bad model names), `stats` (the
-//! four endpoints and the hub behind `/events`), `operator` (one route's
-//! stats, `POST /stats/reset`), `live` (the settings applied to the
-//! stateful layers through their handles, and the master switch), `reload`
-//! (watching the file), `serve` (connection limits, timeouts and graceful
-//! shutdown), `signal` (Ctrl-C and SIGTERM), `simulator` (the built-in
-//! upstream), `demo` and `bench` (a load generator).
+//! `preset` (what each provider kind expects: auth, usage, limit headers),
+//! `app` (start, banner, shutdown), `gateway` (routing, the client stack,
+//! forwarding and serving; a folder split by role), `tls` (HTTPS upstreams),
+//! `usage` (tokens read from answers as they pass), `learn` (limits learned
+//! from upstream headers), `multipart` (form bodies' model field), `edge`
+//! (what is refused before forwarding: foreign `Host` and `Origin`, paths
+//! leaving the base path, bad model names), `reply` (JSON error bodies),
+//! `stats` (the four endpoints and the hub behind `/events`), `operator`
+//! (one route's stats, `POST /stats/reset`), `live` (the settings applied to
+//! the stateful layers through their handles, and the master switch),
+//! `reload` (watching the file), `serve` (connection limits, timeouts and
+//! graceful shutdown), `signal` (Ctrl-C and SIGTERM), `simulator` (the
+//! built-in upstream), `demo`, `bench` and `bench_tls` (load generators).
 //!
 //! Exit codes: 0 after Ctrl-C or SIGTERM and a graceful shutdown; 2 for a
 //! mistake in the command line or the configuration (one line naming the
