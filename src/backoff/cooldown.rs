@@ -612,12 +612,7 @@ impl Cooldowns {
     /// Fold the route's shared state, as the store says it (`shared`), into
     /// this replica's: the longer cooldown wins, the streak is the
     /// store's.
-    pub(crate) fn merge_shared(
-        &self,
-        key: KeyHash,
-        shared: super::redis::Shared,
-        text: &Arc<str>,
-    ) {
+    pub(crate) fn merge_shared(&self, key: KeyHash, shared: super::redis::Shared, text: &Arc<str>) {
         let now = self.timeline.now();
         let lengths = self.lengths();
         // Redis is outside this process: no cooldown read there lasts

@@ -59,6 +59,7 @@
 //! ```
 
 mod announced;
+mod config;
 mod cooldown;
 mod exponential;
 mod future;
@@ -74,6 +75,7 @@ mod stats;
 pub use announced::{
     Announced, Announcement, HeaderFamily, PROVIDER_WINDOW, announced_limits, announced_limits_in,
 };
+pub use config::BackoffConfig;
 #[cfg(feature = "redis")]
 pub(crate) use cooldown::Said;
 pub use exponential::ExponentialBackoff;

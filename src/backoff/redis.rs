@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use ::redis::Script;
 
-use crate::redis::{RedisStore, StoreError};
 use super::ExponentialBackoff;
 use super::cooldown::Said;
+use crate::redis::{RedisStore, StoreError};
 
 static COOLDOWN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("cooldown.lua")));
 

@@ -107,6 +107,7 @@
 //! checked. With N replicas, give each `max_in_flight / N`.
 
 mod body;
+mod config;
 mod future;
 mod handle;
 mod hold;
@@ -117,6 +118,7 @@ pub(crate) use permits::{Acquire, Granted, KeyState, Permits, QueueTicket, model
 mod service;
 
 pub use body::ConcurrencyBody;
+pub use config::ConcurrencyConfig;
 pub use future::ResponseFuture;
 pub use handle::ConcurrencyHandle;
 pub use hold::HoldPermit;

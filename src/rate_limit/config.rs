@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::quota::{Algorithm, Quota, Unit};
 use super::rule::{KeyPattern, Rule, check_names};
+use crate::config::parse_duration;
 use crate::error::ConfigError;
 
 /// A rate limiter's configuration as written in a file.
@@ -150,7 +151,7 @@ impl RateLimitConfig {
     /// its field (`rules[2].quotas[0].burst`) and value.
     pub fn validate(&self) -> Result<Limits, ConfigError> {
         let max_wait = match &self.max_wait {
-            Some(text) => parse_duration(text).map_err(|e| e.within("max_wait"))?,
+            Some(text) => parse_duration("", text).map_err(|e| e.within("max_wait"))?,
             None => Duration::ZERO,
         };
         let max_wait = match self.mode.as_deref() {
@@ -255,7 +256,7 @@ impl QuotaConfig {
     /// The quota, or `None` for limit 0 (unlimited).
     fn validate(&self) -> Result<Option<Quota>, ConfigError> {
         let limit = count("limit", self.limit)?;
-        let period = parse_duration(&self.period).map_err(|e| e.within("period"))?;
+        let period = parse_duration("", &self.period).map_err(|e| e.within("period"))?;
         const ALL: [Algorithm; 4] = [
             Algorithm::TokenBucket,
             Algorithm::SlidingWindow,
@@ -321,16 +322,6 @@ fn count(field: &str, value: i64) -> Result<u32, ConfigError> {
     }
     u32::try_from(value)
         .map_err(|_| ConfigError::new(field, format!("{value} is larger than {}", u32::MAX)))
-}
-
-/// A duration such as `"60s"`, `"1m"`, `"1h30m"`, `"500ms"` or `"1d"`.
-fn parse_duration(text: &str) -> Result<Duration, ConfigError> {
-    humantime::parse_duration(text.trim()).map_err(|e| {
-        ConfigError::new(
-            "",
-            format!("`{text}` is not a duration ({e}); write e.g. \"60s\", \"1m\" or \"500ms\""),
-        )
-    })
 }
 
 /// A setting a later configuration layer tried to relax, and which was kept

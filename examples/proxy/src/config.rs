@@ -16,7 +16,9 @@ use std::time::Duration;
 use http::uri::{Authority, Scheme};
 use http::{HeaderName, HeaderValue, Uri};
 use serde::Deserialize;
-use tower_throttle::config::{BackoffConfig, ConcurrencyConfig, Stack, StackConfig, StoreConfig};
+use tower_throttle::config::{
+    BackoffConfig, ConcurrencyConfig, Stack, StackConfig, StoreConfig, parse_duration,
+};
 use tower_throttle::error::ConfigError;
 use tower_throttle::identity::IdentityConfig;
 use tower_throttle::rate_limit::{Limits, QuotaConfig, RateLimitConfig, Unit};
@@ -716,15 +718,8 @@ fn duration(
     text: &Option<String>,
     default: Duration,
 ) -> Result<Duration, ConfigError> {
-    match text.as_deref() {
-        None => Ok(default),
-        Some(t) => humantime::parse_duration(t.trim()).map_err(|e| {
-            ConfigError::new(
-                field,
-                format!("`{t}` is not a duration ({e}); write e.g. \"30s\" or \"500ms\""),
-            )
-        }),
-    }
+    text.as_deref()
+        .map_or(Ok(default), |t| parse_duration(field, t))
 }
 
 fn address(field: &str, text: &str) -> Result<SocketAddr, ConfigError> {

@@ -16,8 +16,8 @@ use crate::key::{KeyHash, KeyTexts};
 use crate::rate_limit::lines::turn_for;
 use crate::rate_limit::policy::Policy;
 use crate::rate_limit::quota::Quota;
-use crate::rate_limit::rule::Rule;
 use crate::rate_limit::redis::{self as rate, Admission, Grant, Refused, Reply};
+use crate::rate_limit::rule::Rule;
 use crate::redis::{OnError, RedisStore, StoreError};
 use crate::stats::{Event, StoreCounters};
 

@@ -10,11 +10,11 @@ use std::time::Duration;
 use ::redis::{Script, Value};
 use parking_lot::Mutex;
 
-use crate::redis::{RedisStore, StoreError};
+use super::{Algorithm, DEFAULT_POLICY, Quota, Unit};
 use crate::clock::{Nanos, saturating_nanos};
 use crate::error::ConfigError;
 use crate::key::KeyHash;
-use super::{Algorithm, DEFAULT_POLICY, Quota, Unit};
+use crate::redis::{RedisStore, StoreError};
 use crate::store::PassThrough;
 
 static ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("admit.lua")));

@@ -24,11 +24,8 @@ use crate::reply::json_error;
 use crate::tls::{HttpsClient, TlsClients, UpstreamTls};
 
 fn parse_duration(field: &str, text: Option<&str>) -> Result<Option<Duration>, ConfigError> {
-    text.map(|t| {
-        humantime::parse_duration(t.trim())
-            .map_err(|e| ConfigError::new(field, format!("`{t}` is not a duration ({e})")))
-    })
-    .transpose()
+    text.map(|t| tower_throttle::config::parse_duration(field, t))
+        .transpose()
 }
 
 /// Resolve the providers and layer the client stack for `settings`.
