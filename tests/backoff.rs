@@ -1,5 +1,7 @@
 //! Backoff429Layer: cooldowns per route after upstream 429s, in paused time.
 
+#![cfg(feature = "test-util")]
+
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::future::Future;

@@ -1,6 +1,8 @@
 //! Backoff429Layer's settings changed while it runs, through its handle and
 //! from a config section; and `max_backoff = 0`, a fixed cooldown.
 
+#![cfg(feature = "test-util")]
+
 use std::convert::Infallible;
 use std::time::Duration;
 

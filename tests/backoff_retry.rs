@@ -1,6 +1,8 @@
 //! RetryPolicy: retries 429/503 after the advised delay, within an attempt
 //! limit and a budget, in paused time.
 
+#![cfg(feature = "test-util")]
+
 use std::collections::VecDeque;
 use std::io;
 use std::sync::Arc;

@@ -1,6 +1,8 @@
 //! ConcurrencyLayer: per-key FIFO permits, queue limit and timeout, and the
 //! permit held for the life of a streamed body.
 
+#![cfg(feature = "test-util")]
+
 mod support;
 
 use std::future::Future;

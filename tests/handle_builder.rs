@@ -2,6 +2,8 @@
 //! built services use: the rate limiter, the concurrency permits, the
 //! backoff table.
 
+#![cfg(feature = "test-util")]
+
 mod support;
 
 use std::convert::Infallible;

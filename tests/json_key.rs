@@ -2,6 +2,8 @@
 //! fields, case variants, escapes, encodings, depth, and every layer's
 //! handling of an ambiguous key.
 
+#![cfg(feature = "test-util")]
+
 mod support;
 
 use std::sync::Arc;

@@ -3,9 +3,13 @@
 //! a log line: only its fingerprint does. Keys that are not secret (model
 //! names) are shown as they are, and each extractor can be told otherwise.
 
+#![cfg(feature = "test-util")]
+
 use testkit::capture;
 
 #[allow(dead_code)]
+// The example needs the `axum` feature (its `required-features`).
+#[cfg(feature = "axum")]
 #[path = "../examples/axum_server.rs"]
 mod axum_server;
 
@@ -263,6 +267,7 @@ async fn a_client_address_is_shown_only_as_its_fingerprint() {
     secret_never_shown(Source::ClientIp, "198.51.100.73").await;
 }
 
+#[cfg(feature = "axum")]
 #[tokio::test]
 async fn the_axum_example_refuses_with_a_fingerprint_never_the_api_key() {
     capture_logs();

@@ -1,5 +1,7 @@
 //! Key extraction: built-in extractors, tuples, closures, and key text.
 
+#![cfg(feature = "test-util")]
+
 mod support;
 
 use std::net::{IpAddr, Ipv4Addr};

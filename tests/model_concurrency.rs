@@ -16,6 +16,8 @@
 //!
 //! `TT_PROPTEST_CASES` sets the number of histories per property.
 
+#![cfg(feature = "test-util")]
+
 #[path = "support/props.rs"]
 mod props;
 mod support;

@@ -7,6 +7,8 @@
 //!
 //! `TT_PROPTEST_CASES` sets the cases per property (default below).
 
+#![cfg(feature = "test-util")]
+
 #[path = "support/props.rs"]
 mod props;
 #[path = "support/rate_layer.rs"]

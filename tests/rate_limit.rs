@@ -1,6 +1,8 @@
 //! The rate limiter's conformance suite: written once, run against every
 //! algorithm.
 
+#![cfg(feature = "test-util")]
+
 mod support;
 
 use std::time::Duration;

@@ -1,6 +1,8 @@
 //! Live control and observation: several quotas per key, dry run, retune,
 //! the master switch, turn budgets, stats and their subscription.
 
+#![cfg(feature = "test-util")]
+
 mod support;
 
 use std::time::Duration;

@@ -1,6 +1,8 @@
 //! Costs settled after the response (`Settlement`) and quotas that count
 //! requests next to quotas that count cost (`Unit`), for every algorithm.
 
+#![cfg(feature = "test-util")]
+
 #[path = "support/props.rs"]
 mod props;
 mod support;

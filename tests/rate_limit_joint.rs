@@ -1,6 +1,8 @@
 //! Several limits on their own keys judged as one (`JointRateLimitLayer`),
 //! named limits, retry floors, and resetting every key through the handle.
 
+#![cfg(feature = "test-util")]
+
 mod support;
 
 use std::convert::Infallible;

@@ -2,6 +2,8 @@
 //! decide: `peek_wait` (how long a request arriving now would wait) and
 //! `reset_stats` (counters back to zero), on every layer with stats.
 
+#![cfg(feature = "test-util")]
+
 mod support;
 
 use std::time::Duration;

@@ -2,6 +2,8 @@
 //! for every pair of algorithms (a reload must never hand out a fresh
 //! quota).
 
+#![cfg(feature = "test-util")]
+
 mod support;
 
 use std::time::Duration;

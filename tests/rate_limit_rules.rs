@@ -1,5 +1,7 @@
 //! Per-key rules, configuration files, and the tighten-only merge.
 
+#![cfg(feature = "test-util")]
+
 mod support;
 
 use std::sync::Arc;

@@ -4,6 +4,8 @@
 //! never lets more through than the quota over randomly generated
 //! histories.
 
+#![cfg(feature = "test-util")]
+
 mod support;
 
 use std::convert::Infallible;

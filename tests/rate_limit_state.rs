@@ -1,6 +1,8 @@
 //! The limiter's state: bounded memory, time that runs backwards, absurd
 //! values, and bad configuration.
 
+#![cfg(feature = "test-util")]
+
 mod support;
 
 use std::convert::Infallible;

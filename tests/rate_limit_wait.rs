@@ -1,5 +1,7 @@
 //! Wait mode: strict FIFO per key, each waiter sleeping until its own instant.
 
+#![cfg(feature = "test-util")]
+
 mod support;
 
 use std::time::Duration;

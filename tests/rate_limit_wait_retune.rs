@@ -2,6 +2,8 @@
 //! and go first; requests booked after it are held to the new quota on top
 //! of what was booked.
 
+#![cfg(feature = "test-util")]
+
 mod support;
 
 use std::time::Duration;

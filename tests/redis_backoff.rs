@@ -1,6 +1,8 @@
 //! Backoff429Layer with its cooldowns in Redis: two layers standing for
 //! two replicas of a gateway share each route's cooldown and 429 streak.
 
+#![cfg(all(feature = "test-util", feature = "redis"))]
+
 use testkit::redis as redis_server;
 mod support;
 

@@ -2,6 +2,8 @@
 //! one timeout, not one per call. Each test starts a `redis-server` of its
 //! own (see `support/redis.rs`).
 
+#![cfg(feature = "redis")]
+
 use testkit::redis as redis_server;
 
 use std::convert::Infallible;

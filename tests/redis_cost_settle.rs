@@ -2,6 +2,8 @@
 //! on a rate limiter whose state is in Redis. Each test starts a
 //! `redis-server` of its own (see `support/redis.rs`).
 
+#![cfg(feature = "redis")]
+
 use testkit::redis as redis_server;
 
 use std::convert::Infallible;

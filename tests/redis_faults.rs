@@ -2,6 +2,8 @@
 //! its scripts: every request ends within the timeout (plus a little), as
 //! the chosen fail mode says, and limiting resumes by itself.
 
+#![cfg(all(feature = "test-util", feature = "redis"))]
+
 use testkit::capture;
 use testkit::redis as redis_server;
 mod support;

@@ -8,6 +8,8 @@
 //! - a token bucket, through both admission scripts: the short one for a
 //!   lone token bucket, and the whole one.
 
+#![cfg(feature = "redis")]
+
 use testkit::redis as redis_server;
 
 use std::convert::Infallible;

@@ -7,6 +7,8 @@
 //! (`with_test_clock`), which they move by hand, in place of Redis's
 //! `TIME`. The others run on Redis's clock.
 
+#![cfg(all(feature = "test-util", feature = "redis"))]
+
 use testkit::redis as redis_server;
 mod support;
 

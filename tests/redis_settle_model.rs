@@ -5,6 +5,8 @@
 //! sliding window and the turn budget. (A fixed window's boundaries are
 //! Redis's epoch there and the clock's origin here, so it is left out.)
 
+#![cfg(feature = "redis")]
+
 use testkit::redis as redis_server;
 
 use std::convert::Infallible;

@@ -3,6 +3,8 @@
 //! slow call stalls every key of every replica. Each call is timed by
 //! Redis itself (`SLOWLOG`, which logs every command here).
 
+#![cfg(feature = "redis")]
+
 use testkit::redis as redis_server;
 
 use std::convert::Infallible;

@@ -1,6 +1,8 @@
 //! Server side: refusals become 429/503 responses with `Retry-After`, the
 //! rate-limit headers and a JSON body, checked over real sockets.
 
+#![cfg(feature = "test-util")]
+
 mod support;
 
 use std::net::SocketAddr;

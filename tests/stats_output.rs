@@ -2,6 +2,8 @@
 //! flood of made-up keys cannot take over, and key text that reaches no
 //! error, stats name or log line with a raw control character in it.
 
+#![cfg(feature = "test-util")]
+
 use testkit::capture;
 
 use std::convert::Infallible;
