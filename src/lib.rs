@@ -46,6 +46,10 @@
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+// First: a `macro_rules!` macro can be used only below its declaration.
+#[macro_use]
+mod macros;
+
 pub mod backoff;
 pub mod buffer;
 pub mod clock;

@@ -46,7 +46,7 @@ pub(crate) struct Config {
 }
 
 /// One waiter in a route's queue.
-struct Slot {
+struct QueueEntry {
     id: u64,
     /// Wakes the waiter when it becomes the head; `None` for a waiter that
     /// arrived at an empty queue (it is the head from the start) or was
@@ -68,7 +68,7 @@ pub(crate) struct Route {
     until: Nanos,
     /// A quiet route forgets its streak here.
     forget_at: Nanos,
-    queue: VecDeque<Slot>,
+    queue: VecDeque<QueueEntry>,
     next_id: u64,
     /// The shared cooldown's generation, as the store last said (see
     /// [`Cooldowns::merge_shared`]).
@@ -354,7 +354,7 @@ impl Cooldowns {
                 let (tx, rx) = oneshot::channel();
                 (Some(tx), Some(rx))
             };
-            route.queue.push_back(Slot { id, wake });
+            route.queue.push_back(QueueEntry { id, wake });
             drop(locked);
             record(Event::Queued);
             tracing::debug!(
@@ -612,7 +612,12 @@ impl Cooldowns {
     /// Fold the route's shared state, as the store says it (`shared`), into
     /// this replica's: the longer cooldown wins, the streak is the
     /// store's.
-    pub(crate) fn merge_shared(&self, key: KeyHash, shared: super::redis::Shared, text: &Arc<str>) {
+    pub(crate) fn merge_shared(
+        &self,
+        key: KeyHash,
+        shared: super::redis::SharedCooldown,
+        text: &Arc<str>,
+    ) {
         let now = self.timeline.now();
         let lengths = self.lengths();
         // Redis is outside this process: no cooldown read there lasts

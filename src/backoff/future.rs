@@ -22,14 +22,14 @@ use crate::parts::ResponseParts;
 /// store's timeout after the read: a request spends at most one timeout on
 /// Redis).
 #[cfg(feature = "redis")]
-pub(crate) type Route = Box<(crate::redis::RedisStore, String, Duration)>;
+pub(crate) type SharedRoute = Box<(crate::redis::RedisStore, String, Duration)>;
 /// Without a store there is no shared route.
 #[cfg(not(feature = "redis"))]
-pub(crate) type Route = std::convert::Infallible;
+pub(crate) type SharedRoute = std::convert::Infallible;
 
 /// What reading a shared route gives.
 #[cfg(feature = "redis")]
-type Read = Result<super::redis::Shared, crate::redis::StoreError>;
+type Read = Result<super::redis::SharedCooldown, crate::redis::StoreError>;
 #[cfg(not(feature = "redis"))]
 type Read = std::convert::Infallible;
 
@@ -46,7 +46,7 @@ pub(crate) struct Reading<S, R> {
     pub(crate) text: Arc<str>,
     pub(crate) max_wait: Duration,
     pub(crate) engine: Arc<Cooldowns>,
-    pub(crate) route: Option<Route>,
+    pub(crate) route: Option<SharedRoute>,
 }
 
 /// A request waiting for its route's cooldown to end: the inner service that
@@ -56,7 +56,7 @@ struct Waiter<S, R> {
     req: Option<R>,
     slot: QueueSlot,
     /// The shared route, for the response.
-    route: Option<Route>,
+    route: Option<SharedRoute>,
     /// Fires when this request becomes the head of the queue; `None` once it
     /// is.
     head: Option<oneshot::Receiver<()>>,
@@ -136,7 +136,7 @@ pin_project! {
             #[pin]
             future: Fut,
             watch: Option<Watch>,
-            route: Option<Route>,
+            route: Option<SharedRoute>,
         },
         // The response, held until the shared route has heard what it said.
         Reporting {
@@ -287,7 +287,7 @@ where
 fn report(
     said: Option<super::Said>,
     watch: &Watch,
-    route: Option<Route>,
+    route: Option<SharedRoute>,
 ) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>> {
     let (said, route) = (said?, route?);
     let engine = watch.engine().clone();
@@ -329,7 +329,7 @@ fn report(
 fn report<T>(
     _said: Option<T>,
     _watch: &Watch,
-    _route: Option<Route>,
+    _route: Option<SharedRoute>,
 ) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>> {
     None
 }

@@ -17,9 +17,9 @@ static COOLDOWN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("c
 /// backoff has long reached its cap.
 const MAX_DELAYS: u32 = 64;
 
-/// A route's shared state, as Redis last said.
+/// A route's shared cooldown and streak, as Redis last said.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Shared {
+pub(crate) struct SharedCooldown {
     /// Until the cooldown ends, from when Redis answered (zero: none).
     pub(crate) cooling: Duration,
     /// Consecutive 429s without a success between, across replicas.
@@ -49,12 +49,12 @@ fn micros(d: Duration) -> String {
         .to_string()
 }
 
-fn parse(reply: &[i64]) -> Result<Shared, StoreError> {
+fn parse(reply: &[i64]) -> Result<SharedCooldown, StoreError> {
     let [now, until, streak, generation] = reply else {
         return Err(StoreError::Reply);
     };
     let cooling = u64::try_from(until.saturating_sub(*now)).unwrap_or(0);
-    Ok(Shared {
+    Ok(SharedCooldown {
         cooling: Duration::from_micros(cooling),
         streak: u32::try_from(*streak).unwrap_or(u32::MAX),
         generation: u64::try_from(*generation).unwrap_or(0),
@@ -62,7 +62,7 @@ fn parse(reply: &[i64]) -> Result<Shared, StoreError> {
 }
 
 /// Read the route's shared state.
-pub(crate) async fn read(store: &RedisStore, key: &str) -> Result<Shared, StoreError> {
+pub(crate) async fn read(store: &RedisStore, key: &str) -> Result<SharedCooldown, StoreError> {
     let keys = [key.to_owned()];
     let args = [
         "read".to_owned(),
@@ -85,7 +85,7 @@ pub(crate) async fn report(
     said: Said,
     backoff: &ExponentialBackoff,
     max_cooldown: Duration,
-) -> Result<Shared, StoreError> {
+) -> Result<SharedCooldown, StoreError> {
     let (mode, advised) = match said {
         Said::Refused(advised) => ("429", advised),
         Said::Unavailable(advised) => ("503", Some(advised)),

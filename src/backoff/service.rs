@@ -74,20 +74,7 @@ impl<S, X> Backoff429<S, X> {
         Self { inner, shared }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, unwrapped.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_service_accessors!(inner: S);
 
     /// A handle on the cooldowns this service shares with its clones.
     pub fn handle(&self) -> BackoffHandle {
@@ -178,8 +165,6 @@ impl<S, X> Backoff429<S, X> {
         S: Service<R> + Clone,
         X: KeyExtractor<R>,
     {
-        use super::redis as cooldown;
-
         let shared = &*self.shared;
         let parts = match (
             crate::key::key_parts(&*shared.extractor, &req),
@@ -190,11 +175,11 @@ impl<S, X> Backoff429<S, X> {
             // Refused by `call` already.
             (Err(e), None) => return ResponseFuture::failed(no_key(e)),
         };
-        let name = cooldown::route_key(&store, &parts);
+        let name = super::redis::route_key(&store, &parts);
         let text = shared.key_text(&req);
         let read = {
             let (store, name) = (store.clone(), name.clone());
-            Box::pin(async move { cooldown::read(&store, &name).await })
+            Box::pin(async move { super::redis::read(&store, &name).await })
         };
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);

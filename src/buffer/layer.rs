@@ -76,20 +76,7 @@ pub struct BufferBody<S> {
 }
 
 impl<S> BufferBody<S> {
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, unwrapped.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_service_accessors!(inner: S);
 }
 
 impl<S: fmt::Debug> fmt::Debug for BufferBody<S> {

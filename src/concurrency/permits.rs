@@ -81,8 +81,8 @@ const NO_ROUNDS: Nanos = Nanos::MAX;
 /// idle states (4,096, about half a MiB) stay behind after a flood of keys.
 const LINGER: usize = 64;
 
-/// One waiting request.
-struct Waiter {
+/// One waiting request, in its key's queue.
+struct QueueEntry {
     ticket: u64,
     /// The task to wake when the permit comes; `None` until first polled.
     waker: Option<Waker>,
@@ -92,7 +92,7 @@ struct Waiter {
 struct Queue {
     next_ticket: u64,
     /// Oldest first; tickets strictly rising.
-    waiters: VecDeque<Waiter>,
+    waiters: VecDeque<QueueEntry>,
     /// Admissions moved out of the word of a state that counts its own.
     carried: u64,
     /// Permits out that a state counting its own handed to waiters not yet
@@ -295,7 +295,7 @@ impl KeyState {
         let ticket = queue.next_ticket;
         queue.next_ticket += 1;
         let since = Instant::now();
-        queue.waiters.push_back(Waiter {
+        queue.waiters.push_back(QueueEntry {
             ticket,
             waker: None,
         });
@@ -449,9 +449,9 @@ impl KeyState {
 
 /// A key's place in the store.
 #[derive(Default)]
-pub(crate) struct Slot(Option<Arc<KeyState>>);
+pub(crate) struct StoreEntry(Option<Arc<KeyState>>);
 
-impl Idle for Slot {
+impl Idle for StoreEntry {
     fn is_idle(&self, _now: Nanos) -> bool {
         // Under the shard lock, which every new holder of the state takes
         // (or it already holds the state): nobody can appear meanwhile.
@@ -468,7 +468,7 @@ pub(crate) struct Permits {
     /// Changes of `max` and `enabled` one at a time, each applied to every
     /// key before the next.
     changing: Mutex<()>,
-    store: Store<Slot, ()>,
+    store: Store<StoreEntry, ()>,
     /// The state of the one key of a layer keyed by
     /// [`GlobalKey`](crate::key::GlobalKey): always at hand, never hashed
     /// nor looked up, never in the store.

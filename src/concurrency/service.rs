@@ -123,20 +123,7 @@ impl<S, X> Concurrency<S, X> {
         }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, unwrapped.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_service_accessors!(inner: S);
 
     /// A handle on the permits this service shares with its clones.
     pub fn handle(&self) -> ConcurrencyHandle {

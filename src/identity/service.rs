@@ -101,20 +101,7 @@ impl<S> IdentityHeader<S> {
         Self { inner, shared }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, unwrapped.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_service_accessors!(inner: S);
 }
 
 impl<S: Clone> Clone for IdentityHeader<S> {

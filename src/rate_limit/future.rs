@@ -10,7 +10,7 @@ use tower_service::Service;
 
 use super::accounting::{Annotate, Counts};
 use super::limiter::{Decision, Limiter, RateLimitInfo, Ticket};
-use super::service::{Refusals, Settle, decide};
+use super::service::{DecisionContext, Refusals, decide};
 use super::settlement::{Pending, Settlement};
 use crate::error::BoxError;
 use crate::key::{KeyHash, KeyTexts};
@@ -420,7 +420,7 @@ where
                         return Poll::Ready(Err(polled_after_completion()));
                     };
                     let texts = std::mem::take(&mut asking.texts);
-                    let settle = Settle {
+                    let context = DecisionContext {
                         limiter: &asking.limiter,
                         counts: &asking.counts,
                         annotate: &asking.annotate,
@@ -429,7 +429,9 @@ where
                         cost: asking.cost,
                         settlement: asking.settlement.take(),
                     };
-                    let next = decide(decision, settle, &mut asking.inner, req, &|_| texts.clone());
+                    let next = decide(decision, context, &mut asking.inner, req, &|_| {
+                        texts.clone()
+                    });
                     self.as_mut().project().state.set(next.state);
                 }
                 StateProj::Failed { error } => {

@@ -25,15 +25,15 @@ use crate::redact::Quoted;
 use crate::stats::{Event, KeyTracking, Stats};
 use crate::store::{Idle, Store, Tidy};
 
-mod joint;
 mod peek;
 #[cfg(feature = "redis")]
 mod remote;
 mod settle;
+mod together;
 
-pub(crate) use joint::{Entrant, JointDecision, acquire_joint};
 #[cfg(feature = "redis")]
 pub(crate) use remote::{Asked, Remote, check_quotas};
+pub(crate) use together::{Entrant, JointDecision, acquire_joint};
 
 /// Capacity booked on one key: enough to give it back.
 #[derive(Clone, Debug)]
@@ -44,7 +44,7 @@ pub(crate) struct Ticket {
     grants: SmallVec<[Grant; 2]>,
     /// The booking in Redis, for a limiter that keeps its state there.
     #[cfg(feature = "redis")]
-    remote: Option<Arc<super::redis::Grant>>,
+    remote: Option<Arc<super::redis::RemoteGrant>>,
 }
 
 /// What a caller of [`Limiter::acquire`] needs back besides the decision.

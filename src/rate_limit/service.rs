@@ -153,20 +153,7 @@ impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
         }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, unwrapped.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_service_accessors!(inner: S);
 
     /// A handle on the limiter this service shares with its clones.
     pub fn handle(&self) -> RateLimitHandle {
@@ -288,7 +275,7 @@ impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
         H: Annotate<S::Response>,
     {
         let shared = &*self.shared;
-        let after = Settle {
+        let context = DecisionContext {
             limiter: &shared.limiter,
             counts: &shared.counts,
             annotate: &shared.annotate,
@@ -297,7 +284,7 @@ impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
             cost,
             settlement,
         };
-        decide(decision, after, &mut self.inner, req, &|req| {
+        decide(decision, context, &mut self.inner, req, &|req| {
             shared.key_texts(req)
         })
     }
@@ -374,8 +361,8 @@ impl<S, X, F, A, H> RateLimit<S, X, F, A, H> {
     }
 }
 
-/// What a decision is settled with, besides the request and its service.
-pub(super) struct Settle<'a, A, H> {
+/// What a decision is carried out with, besides the request and its service.
+pub(super) struct DecisionContext<'a, A, H> {
     pub(super) limiter: &'a Arc<Limiter>,
     pub(super) counts: &'a A,
     pub(super) annotate: &'a H,
@@ -392,7 +379,7 @@ pub(super) struct Settle<'a, A, H> {
 #[inline]
 pub(super) fn decide<S, R, A, H>(
     decision: Decision,
-    settle: Settle<'_, A, H>,
+    context: DecisionContext<'_, A, H>,
     inner: &mut S,
     req: R,
     texts: &dyn Fn(&R) -> KeyTexts,
@@ -402,7 +389,7 @@ where
     A: Counts<S::Response, S::Error>,
     H: Annotate<S::Response>,
 {
-    let Settle {
+    let DecisionContext {
         limiter,
         counts,
         annotate,
@@ -410,7 +397,7 @@ where
         key,
         cost,
         settlement,
-    } = settle;
+    } = context;
     let pending = |ticket: &Ticket| {
         settlement.map(|settlement| {
             Box::new(Pending {

@@ -2,19 +2,19 @@
 
 use std::sync::Arc;
 
-use super::algorithm::{Algorithm, FixedWindow, Gcra, Grant, SlidingWindow, TurnBudget};
+use super::algorithm::{FixedWindow, Gcra, Grant, Meter, SlidingWindow, TurnBudget};
 use super::lines::{Lines, turn_for};
-use super::quota::{Algorithm as Kind, Quota};
+use super::quota::{Algorithm, Quota};
 use crate::clock::{Nanos, Timeline, saturating_nanos};
 use crate::key::KeyHash;
 use crate::store::{FastWord, Idle, Slot, Store, Tidy};
 
 /// A quota's states for every key, under one algorithm.
 pub(crate) enum Table {
-    TokenBucket(Store<<Gcra as Algorithm>::State, Gcra>),
-    SlidingWindow(Store<<SlidingWindow as Algorithm>::State, SlidingWindow>),
-    FixedWindow(Store<<FixedWindow as Algorithm>::State, FixedWindow>),
-    TurnBudget(Store<<TurnBudget as Algorithm>::State, TurnBudget>),
+    TokenBucket(Store<<Gcra as Meter>::State, Gcra>),
+    SlidingWindow(Store<<SlidingWindow as Meter>::State, SlidingWindow>),
+    FixedWindow(Store<<FixedWindow as Meter>::State, FixedWindow>),
+    TurnBudget(Store<<TurnBudget as Meter>::State, TurnBudget>),
 }
 
 /// Dispatch once on the algorithm, then run monomorphic code.
@@ -31,10 +31,10 @@ macro_rules! each {
 
 /// One key's state in one table, locked.
 pub(crate) enum Held<'a> {
-    TokenBucket(Slot<'a, <Gcra as Algorithm>::State, Gcra>),
-    SlidingWindow(Slot<'a, <SlidingWindow as Algorithm>::State, SlidingWindow>),
-    FixedWindow(Slot<'a, <FixedWindow as Algorithm>::State, FixedWindow>),
-    TurnBudget(Slot<'a, <TurnBudget as Algorithm>::State, TurnBudget>),
+    TokenBucket(Slot<'a, <Gcra as Meter>::State, Gcra>),
+    SlidingWindow(Slot<'a, <SlidingWindow as Meter>::State, SlidingWindow>),
+    FixedWindow(Slot<'a, <FixedWindow as Meter>::State, FixedWindow>),
+    TurnBudget(Slot<'a, <TurnBudget as Meter>::State, TurnBudget>),
 }
 
 /// What a request asks of its quotas.
@@ -69,8 +69,8 @@ pub(crate) enum One {
 /// clock under the lock, decide, book, release, tidy. The common case (a
 /// layer with one quota) runs only this.
 #[inline]
-fn admit_in<A: Algorithm>(
-    store: &Store<A::State, A>,
+fn admit_in<M: Meter>(
+    store: &Store<M::State, M>,
     key: KeyHash,
     timeline: &Timeline,
     ask: Ask<'_>,
@@ -116,15 +116,17 @@ impl Params {
     pub(crate) fn of(quota: &Quota, epoch_offset: Nanos) -> Self {
         let period = saturating_nanos(quota.period());
         match quota.algorithm() {
-            Kind::TokenBucket => Self::TokenBucket(Gcra::new(
+            Algorithm::TokenBucket => Self::TokenBucket(Gcra::new(
                 period.div_ceil(u64::from(quota.limit())),
                 quota.burst(),
             )),
-            Kind::SlidingWindow => Self::SlidingWindow(SlidingWindow::new(quota.limit(), period)),
-            Kind::FixedWindow => {
+            Algorithm::SlidingWindow => {
+                Self::SlidingWindow(SlidingWindow::new(quota.limit(), period))
+            }
+            Algorithm::FixedWindow => {
                 Self::FixedWindow(FixedWindow::new(quota.limit(), period, epoch_offset))
             }
-            Kind::TurnBudget => Self::TurnBudget(TurnBudget::new(quota.limit(), period)),
+            Algorithm::TurnBudget => Self::TurnBudget(TurnBudget::new(quota.limit(), period)),
         }
     }
 }
@@ -193,7 +195,7 @@ impl Table {
 
     /// Carry what each key has spent in `old`, a table of another algorithm
     /// this one replaces: a key that used 3 of its 3 stays refused, whatever
-    /// the new algorithm (see [`Algorithm::hold_spent`]). What each
+    /// the new algorithm (see [`Meter::hold_spent`]). What each
     /// algorithm remembers differs (a log, a count, an arrival time), so
     /// the units in use now are what carries: as if all were taken now,
     /// which never frees anything earlier than the new quota would.
@@ -262,7 +264,7 @@ impl Table {
         each!(self, Table, |s| s.tidy(key, now, tidy))
     }
 
-    /// Give `grant` back (see [`Algorithm::refund`]). `settle` runs under
+    /// Give `grant` back (see [`Meter::refund`]). `settle` runs under
     /// the key's lock: `None` when the grant is no longer the key's to give
     /// back (a reset forgot it), else whether requests wait on the key
     /// (waiters join under this lock, so none is missed).
@@ -280,7 +282,7 @@ impl Table {
         }))
     }
 
-    /// Settle a grant at `actual` (see [`Algorithm::settle`]), if `settle`
+    /// Settle a grant at `actual` (see [`Meter::settle`]), if `settle`
     /// says under the key's lock that the grant is still the key's (and
     /// whether requests wait on it). A charge makes the key's state if it
     /// has gone idle; a refund has nothing to give back to one.
@@ -312,7 +314,7 @@ impl Table {
         }
     }
 
-    /// Undo a waiter's booking (see [`Algorithm::cancel`]), if `current`
+    /// Undo a waiter's booking (see [`Meter::cancel`]), if `current`
     /// says under the key's lock that it is still the key's.
     pub(crate) fn cancel(
         &self,

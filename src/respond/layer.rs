@@ -143,20 +143,7 @@ impl<S: fmt::Debug, M> fmt::Debug for ThrottleResponse<S, M> {
 }
 
 impl<S, M> ThrottleResponse<S, M> {
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, unwrapped.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_service_accessors!(inner: S);
 }
 
 impl<S, R, B, M> Service<R> for ThrottleResponse<S, M>

@@ -1,6 +1,6 @@
 //! Fixed windows: a counter per key, reset at each window boundary.
 
-use super::{Algorithm, Grant};
+use super::{Grant, Meter};
 use crate::clock::Nanos;
 use crate::store::Idle;
 
@@ -52,7 +52,7 @@ impl FixedWindow {
     }
 }
 
-impl Algorithm for FixedWindow {
+impl Meter for FixedWindow {
     type State = WindowCount;
 
     fn earliest(&self, state: &mut WindowCount, now: Nanos, cost: u32, horizon: Nanos) -> Nanos {

@@ -1,6 +1,6 @@
 //! Token bucket as GCRA: one number per key, the theoretical arrival time.
 
-use super::{Algorithm, Grant};
+use super::{Grant, Meter};
 use crate::clock::Nanos;
 use crate::store::{FastWord, Idle};
 
@@ -104,7 +104,7 @@ impl Gcra {
     }
 }
 
-impl Algorithm for Gcra {
+impl Meter for Gcra {
     type State = Tat;
 
     #[inline]

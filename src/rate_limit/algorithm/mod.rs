@@ -32,12 +32,13 @@ pub(crate) struct Grant {
     pub(crate) mark: u64,
 }
 
-/// One admission algorithm over its per-key state.
+/// What one [`Algorithm`](super::Algorithm) runs: its arithmetic over a
+/// key's state, metering the key's use.
 ///
 /// Admission is two steps so that several quotas can admit together: each
 /// says the earliest instant it could admit, and each books the latest of
 /// those. Nothing is booked when any quota's instant is too far away.
-pub(crate) trait Algorithm: Clone + Send + Sync + 'static {
+pub(crate) trait Meter: Clone + Send + Sync + 'static {
     type State: Idle + Clone;
 
     /// The earliest instant, not before `now` nor before any earlier

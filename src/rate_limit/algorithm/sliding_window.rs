@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Algorithm, Grant};
+use super::{Grant, Meter};
 use crate::clock::Nanos;
 use crate::store::Idle;
 
@@ -50,7 +50,7 @@ impl SlidingWindow {
     }
 }
 
-impl Algorithm for SlidingWindow {
+impl Meter for SlidingWindow {
     type State = Log;
 
     fn earliest(&self, log: &mut Log, now: Nanos, cost: u32, horizon: Nanos) -> Nanos {

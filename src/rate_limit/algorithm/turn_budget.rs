@@ -1,7 +1,7 @@
 //! Budget per turn: at most N admissions per key until the key's turn ends,
 //! by an explicit `new_turn` or by going stale.
 
-use super::{Algorithm, Grant};
+use super::{Grant, Meter};
 use crate::clock::Nanos;
 use crate::store::Idle;
 
@@ -47,7 +47,7 @@ impl TurnBudget {
     }
 }
 
-impl Algorithm for TurnBudget {
+impl Meter for TurnBudget {
     type State = Turn;
 
     fn earliest(&self, turn: &mut Turn, now: Nanos, cost: u32, horizon: Nanos) -> Nanos {

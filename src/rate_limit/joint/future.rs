@@ -13,12 +13,12 @@ use crate::rate_limit::limiter::{Limiter, Ticket};
 
 /// What an admitted request took in each limit, to give back if its
 /// outcome does not count.
-pub(crate) struct Settle<A> {
+pub(crate) struct Refunds<A> {
     pub(crate) tickets: SmallVec<[(Arc<Limiter>, Box<Ticket>); 2]>,
     pub(crate) counts: A,
 }
 
-impl<A> Settle<A> {
+impl<A> Refunds<A> {
     fn settle<Res, E>(self, outcome: &Result<Res, E>)
     where
         A: Counts<Res, E>,
@@ -45,7 +45,7 @@ pin_project! {
         Called {
             #[pin]
             future: Fut,
-            settle: Option<Settle<A>>,
+            refunds: Option<Refunds<A>>,
         },
         Failed {
             error: Option<BoxError>,
@@ -54,9 +54,9 @@ pin_project! {
 }
 
 impl<Fut, A> JointResponseFuture<Fut, A> {
-    pub(crate) fn called(future: Fut, settle: Option<Settle<A>>) -> Self {
+    pub(crate) fn called(future: Fut, refunds: Option<Refunds<A>>) -> Self {
         Self {
-            state: State::Called { future, settle },
+            state: State::Called { future, refunds },
         }
     }
 
@@ -77,10 +77,10 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
-            StateProj::Called { future, settle } => {
+            StateProj::Called { future, refunds } => {
                 let outcome = ready!(future.poll(cx));
-                if let Some(settle) = settle.take() {
-                    settle.settle(&outcome);
+                if let Some(refunds) = refunds.take() {
+                    refunds.settle(&outcome);
                 }
                 Poll::Ready(outcome.map_err(Into::into))
             }

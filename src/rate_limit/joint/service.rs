@@ -6,7 +6,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use tower_service::Service;
 
-use super::future::{JointResponseFuture, Settle};
+use super::future::{JointResponseFuture, Refunds};
 use super::part::Part;
 use crate::error::{BoxError, CostTooHigh};
 use crate::key::KeyHash;
@@ -36,20 +36,7 @@ impl<S, R, A> JointRateLimit<S, R, A> {
         }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, unwrapped.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_service_accessors!(inner: S);
 }
 
 impl<S: Clone, R, A: Clone> Clone for JointRateLimit<S, R, A> {
@@ -137,11 +124,11 @@ where
                         ticket.map(|t| (self.parts[i].limiter().clone(), t))
                     })
                     .collect();
-                let settle = (!tickets.is_empty()).then(|| Settle {
+                let refunds = (!tickets.is_empty()).then(|| Refunds {
                     tickets,
                     counts: self.counts.clone(),
                 });
-                JointResponseFuture::called(self.inner.call(req), settle)
+                JointResponseFuture::called(self.inner.call(req), refunds)
             }
             JointDecision::Refused {
                 first,

@@ -16,7 +16,7 @@ use crate::key::{KeyHash, KeyTexts};
 use crate::rate_limit::lines::turn_for;
 use crate::rate_limit::policy::Policy;
 use crate::rate_limit::quota::Quota;
-use crate::rate_limit::redis::{self as rate, Admission, Grant, Refused, Reply};
+use crate::rate_limit::redis::{self as rate, Admission, Refused, RemoteAsk, RemoteGrant, Reply};
 use crate::rate_limit::rule::Rule;
 use crate::redis::{OnError, RedisStore, StoreError};
 use crate::stats::{Event, StoreCounters};
@@ -50,7 +50,7 @@ impl Remote {
     /// future or a waiter being dropped cannot wait for Redis. Once Redis
     /// has it, a refusal of the key remembered here no longer holds. Outside
     /// a runtime, or when the call fails, the capacity stays spent.
-    pub(crate) fn give_back(self: &Arc<Self>, grant: Arc<Grant>, key: KeyHash, cancel: bool) {
+    pub(crate) fn give_back(self: &Arc<Self>, grant: Arc<RemoteGrant>, key: KeyHash, cancel: bool) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -63,9 +63,9 @@ impl Remote {
     }
 
     /// Charge `extra` more on `grant` of `key`, in a task of its own (see
-    /// [`Grant::charge`]). Once Redis has it, a refusal of the key
+    /// [`RemoteGrant::charge`]). Once Redis has it, a refusal of the key
     /// remembered here no longer says how long the key waits: forgotten.
-    pub(crate) fn charge(self: &Arc<Self>, grant: Arc<Grant>, key: KeyHash, extra: u32) {
+    pub(crate) fn charge(self: &Arc<Self>, grant: Arc<RemoteGrant>, key: KeyHash, extra: u32) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -79,14 +79,14 @@ impl Remote {
 }
 
 /// A decision on Redis, to be awaited.
-pub(crate) type Asking = Pin<Box<dyn Future<Output = Decision> + Send>>;
+pub(crate) type RemoteDecision = Pin<Box<dyn Future<Output = Decision> + Send>>;
 
 /// What a request on a Redis-backed limiter gets: a decision made here (no
 /// quota, a cost above capacity, a key refused a moment ago), or one to
 /// await.
 pub(crate) enum Asked {
     Decided(Decision),
-    Asking(Asking),
+    Asking(RemoteDecision),
 }
 
 /// One request's question to Redis, to read the answer by.
@@ -187,7 +187,7 @@ impl Limiter {
         let waits = max_wait > 0 && !dry_run;
         let admission = Admission::new(
             &remote.store,
-            rate::Ask {
+            RemoteAsk {
                 parts: texts.parts(),
                 rule: policy.has_rules().then_some(&*rule.name),
                 default_quota: (index != 0)

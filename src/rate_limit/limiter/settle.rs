@@ -15,7 +15,7 @@ use super::{Limiter, Ticket};
 use crate::clock::Nanos;
 use crate::key::KeyHash;
 use crate::rate_limit::algorithm::Grant;
-use crate::rate_limit::quota::{Algorithm as Kind, Quota, Unit};
+use crate::rate_limit::quota::{Algorithm, Quota, Unit};
 use crate::rate_limit::table::Table;
 
 impl Limiter {
@@ -116,7 +116,7 @@ impl Limiter {
             .compiled
             .iter()
             .flat_map(|c| &c.quotas)
-            .all(|q| q.algorithm() == Kind::TurnBudget);
+            .all(|q| q.algorithm() == Algorithm::TurnBudget);
         if only_turns {
             self.lines.lift(key);
         }

@@ -1,6 +1,6 @@
 -- Charge a booking's shortfall: the request cost more than it was charged
 -- at admission (a settled estimate). Charged without refusal and without
--- moving any booking, as Algorithm::settle does in process: a token bucket
+-- moving any booking, as Meter::settle does in process: a token bucket
 -- owes it after every booking (at most one burst), a window or a turn
 -- counts it in the window or turn the request was counted in, a sliding
 -- window's booking is written again at its real cost (at most the limit).

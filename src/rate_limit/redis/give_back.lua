@@ -62,7 +62,7 @@ while ARGV[i] do
       if excess and seq and whole > cost then
         -- The booking stays, at its instant, for what it really cost:
         -- the member is written again with the smaller cost (its sequence
-        -- number keeps it unique), as Algorithm::settle does in process.
+        -- number keeps it unique), as Meter::settle does in process.
         redis.call('ZADD', key, at, seq .. ':' .. (whole - cost), -1 - (sum - cost), '#s')
         redis.call('ZREM', key, mark)
       else

@@ -247,8 +247,8 @@ pub(crate) struct Admission {
     one_bucket: bool,
 }
 
-/// What one admission asks.
-pub(crate) struct Ask<'a> {
+/// What one admission asks of Redis.
+pub(crate) struct RemoteAsk<'a> {
     pub(crate) parts: &'a [String],
     /// The rule's name; `None` when the limiter has no rules (no key can
     /// move between rules, so none is remembered).
@@ -274,7 +274,7 @@ pub(crate) struct Ask<'a> {
 }
 
 impl Admission {
-    pub(crate) fn new(store: &RedisStore, ask: Ask<'_>) -> Self {
+    pub(crate) fn new(store: &RedisStore, ask: RemoteAsk<'_>) -> Self {
         let tag = store.names.tag(ask.rule.unwrap_or(DEFAULT_POLICY));
         let quotas: Vec<QuotaArgs> = ask.quotas.iter().map(QuotaArgs::of).collect();
         let mut keys = state_keys(store, ask.parts, &tag, &quotas, |_| true);
@@ -390,7 +390,7 @@ pub(crate) enum Reply {
         left: u32,
         reset: Duration,
         tightest: usize,
-        grant: Arc<Grant>,
+        grant: Arc<RemoteGrant>,
     },
 }
 
@@ -451,7 +451,7 @@ impl Reply {
                     left: u32::try_from(int(reply.get(3))?).unwrap_or(u32::MAX),
                     reset: wait(int(reply.get(4))?)?,
                     tightest: index(int(reply.get(5))?)?,
-                    grant: Arc::new(Grant {
+                    grant: Arc::new(RemoteGrant {
                         keys,
                         at,
                         quotas: admission.quotas,
@@ -468,7 +468,7 @@ impl Reply {
 
 /// A booking in Redis: enough to give it back.
 #[derive(Debug)]
-pub(crate) struct Grant {
+pub(crate) struct RemoteGrant {
     keys: Vec<String>,
     /// The instant booked, on Redis's clock.
     at: u64,
@@ -480,19 +480,19 @@ pub(crate) struct Grant {
     excess_of: Option<u32>,
 }
 
-impl Grant {
+impl RemoteGrant {
     /// The part of the booking above `actual`, to give back when the
     /// request's real cost turned out lower (see
     /// [`Settlement`](crate::rate_limit::Settlement)); none when it is not
     /// lower, or when no quota can take it: a quota counting requests has
     /// none (a sliding window's booking is written again at its smaller
     /// cost).
-    pub(crate) fn excess_over(&self, actual: u32) -> Option<Grant> {
+    pub(crate) fn excess_over(&self, actual: u32) -> Option<RemoteGrant> {
         let takes_excess = |q: &QuotaArgs| !q.per_request;
         if actual >= self.cost || !self.quotas.iter().any(takes_excess) {
             return None;
         }
-        Some(Grant {
+        Some(RemoteGrant {
             keys: self.keys.clone(),
             at: self.at,
             quotas: self.quotas.clone(),

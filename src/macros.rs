@@ -1,0 +1,25 @@
+//! The crate's own `macro_rules!`, declared first in `lib.rs` so that every
+//! module can use them.
+
+/// `get_ref`, `get_mut` and `into_inner` for a service that keeps its inner
+/// service in a field, invoked in its `impl` as
+/// `inner_service_accessors!(inner: S)`: written once, so that every layer's
+/// service offers the three alike and documented alike.
+macro_rules! inner_service_accessors {
+    ($field:ident: $Inner:ty) => {
+        /// The inner service.
+        pub fn get_ref(&self) -> &$Inner {
+            &self.$field
+        }
+
+        /// The inner service, mutably.
+        pub fn get_mut(&mut self) -> &mut $Inner {
+            &mut self.$field
+        }
+
+        /// The inner service, unwrapped.
+        pub fn into_inner(self) -> $Inner {
+            self.$field
+        }
+    };
+}
