@@ -1,3 +1,5 @@
+//! `ExponentialBackoff`: the doubling rule for cooldowns the upstream does not time.
+
 use std::time::Duration;
 
 use crate::error::ConfigError;

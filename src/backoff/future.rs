@@ -1,3 +1,5 @@
+//! The backoff response future: waits out or refuses a cooldown, and reads the answer for a 429.
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;

@@ -1,3 +1,5 @@
+//! `BackoffHandle`: reads and changes a running layer's cooldowns and settings.
+
 use std::fmt;
 use std::time::Duration;
 

@@ -1,3 +1,5 @@
+//! `Backoff429Layer`: cooldown lengths, mode and store, and its defaults.
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;

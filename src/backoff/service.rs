@@ -1,3 +1,5 @@
+//! `Backoff429`: refuses or holds requests to a route that is cooling down.
+
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};

@@ -1,3 +1,5 @@
+//! What the backoff layer reports: cooldowns in force, snapshots and subscriptions.
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,3 +1,5 @@
+//! `BufferedBody`: a request body read whole, which key extractors read without consuming.
+
 use std::convert::Infallible;
 use std::fmt;
 use std::pin::Pin;

@@ -1,3 +1,5 @@
+//! The buffer layer's future: reads the body, then calls the inner service.
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;

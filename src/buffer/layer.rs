@@ -1,3 +1,5 @@
+//! `BufferBodyLayer` and `BufferBody`: read a request's body whole before the inner service.
+
 use std::fmt;
 use std::task::{Context, Poll};
 

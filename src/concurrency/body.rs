@@ -1,3 +1,5 @@
+//! `ConcurrencyBody`: a response body that holds its permit until it ends.
+
 use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};

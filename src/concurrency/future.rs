@@ -1,3 +1,5 @@
+//! The concurrency response future: waiting for a permit in FIFO order, then calling the inner service.
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;

@@ -1,3 +1,5 @@
+//! `ConcurrencyHandle`: reads and resizes a running layer's permits.
+
 use std::fmt;
 
 use super::permits::Permits;

@@ -1,3 +1,5 @@
+//! `HoldPermit`: how each kind of response carries its concurrency permit.
+
 use super::body::ConcurrencyBody;
 use super::permits::Permit;
 

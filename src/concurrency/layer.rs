@@ -1,3 +1,5 @@
+//! `ConcurrencyLayer`: the cap, queue and timeout, shared by its services.
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,3 +1,5 @@
+//! `Concurrency`: takes a permit per key, or queues the request for one.
+
 use std::any::TypeId;
 use std::fmt;
 use std::sync::Arc;

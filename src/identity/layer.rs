@@ -1,3 +1,5 @@
+//! `IdentityHeaderLayer`: the compiled rules, and how to build the layer.
+
 use std::fmt;
 use std::sync::Arc;
 

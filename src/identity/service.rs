@@ -1,3 +1,5 @@
+//! `IdentityHeader`: sets the matching rule's headers on each outbound request.
+
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};

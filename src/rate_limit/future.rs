@@ -1,3 +1,5 @@
+//! The rate limiter's response future: waiting in line, then calling the inner service and settling.
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;

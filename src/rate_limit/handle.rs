@@ -1,3 +1,5 @@
+//! `RateLimitHandle`: reads and changes a running layer's limits and state.
+
 use std::fmt;
 use std::time::Duration;
 

@@ -1,3 +1,5 @@
+//! `RateLimitLayer`: quotas, rules, mode and store, set once and shared by its services.
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;

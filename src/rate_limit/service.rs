@@ -1,3 +1,5 @@
+//! `RateLimit`: keys a request, asks its limiter, and refuses, waits or calls the inner service.
+
 use std::fmt;
 use std::mem::ManuallyDrop;
 use std::sync::Arc;

@@ -1,3 +1,5 @@
+//! `RateLimitHeaders`: which rate-limit headers an answer carries, and writing them.
+
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue};

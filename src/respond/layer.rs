@@ -1,3 +1,5 @@
+//! `MakeResponse` and `ThrottleResponseLayer`: a refusal turned into a 429 or 503 answer.
+
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;

@@ -1,3 +1,5 @@
+//! `Rejection`: what refused a request, found in its error chain.
+
 use std::time::Duration;
 
 use http::StatusCode;

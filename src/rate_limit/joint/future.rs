@@ -1,3 +1,5 @@
+//! The joint layer's response future: waits for every part, then gives back what the outcome does not count.
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;

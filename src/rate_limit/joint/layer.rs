@@ -1,3 +1,5 @@
+//! `JointRateLimitLayer`: several rate-limit layers judged as one, all or nothing.
+
 use std::fmt;
 use std::sync::Arc;
 

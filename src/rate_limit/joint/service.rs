@@ -1,3 +1,5 @@
+//! `JointRateLimit`: asks every part for a request, books it in all or none.
+
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
