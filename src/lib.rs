@@ -35,6 +35,28 @@
 //! # Ok::<(), tower_throttle::error::ConfigError>(())
 //! ```
 //!
+//! # Conventions
+//!
+//! - **Constructors.** `new` takes what the type cannot do without and
+//!   returns `Self` when no argument can be wrong
+//!   ([`RateLimitLayer::new`](rate_limit::RateLimitLayer::new): a
+//!   [`Quota`](rate_limit::Quota) is checked when it is made), and
+//!   `Result<Self, ConfigError>` when one can
+//!   ([`ConcurrencyLayer::new`](concurrency::ConcurrencyLayer::new) refuses
+//!   zero permits, [`IdentityHeaderLayer::new`](identity::IdentityHeaderLayer::new)
+//!   rules that do not compile, `RedisStore::new` a URL that is not one).
+//! - **Settings** are `with_<setting>(value)`, a switch taking its `bool`
+//!   (`with_on_503(true)`, `with_release_at_headers(true)`,
+//!   `with_dry_run(true)`), the same on layers, policies and the store;
+//!   each returns `Result` only when its value can be wrong.
+//! - **Live changes** go through a layer's handle: `handle.apply(&section)`
+//!   takes a configuration section
+//!   ([`RateLimitHandle::apply`](rate_limit::RateLimitHandle::apply),
+//!   [`BackoffHandle::apply`](backoff::BackoffHandle::apply)), `set_*` one
+//!   value.
+//! - **Errors** are typed and reachable by downcasting a [`BoxError`]; a bad
+//!   setting is a [`ConfigError`](error::ConfigError) naming its field.
+//!
 //! [tower]: https://docs.rs/tower
 
 #![forbid(unsafe_code)]

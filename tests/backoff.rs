@@ -786,7 +786,7 @@ async fn a_success_saying_the_route_is_exhausted_starts_the_cooldown_when_proact
         ];
         // A 429 first, so that the success also has a streak to end.
         upstream.script("a", [reply(429, &[]), reply(200, &exhausted)]);
-        let layer = layer().proactive(proactive);
+        let layer = layer().with_proactive(proactive);
         let handle = layer.handle();
         let mut svc = service(layer, &upstream);
         send(&mut svc, "a", 0).await.expect("429");
@@ -851,7 +851,7 @@ async fn a_503_with_retry_after_cools_the_route_only_when_enabled() {
         let upstream = Upstream::new();
         upstream.script("a", [reply(503, &[("retry-after", "4")])]);
         upstream.script("b", [reply(503, &[])]);
-        let mut svc = service(layer().on_503(on_503), &upstream);
+        let mut svc = service(layer().with_on_503(on_503), &upstream);
         send(&mut svc, "a", 0).await.expect("503");
         send(&mut svc, "b", 0).await.expect("503");
         let next = send(&mut svc, "a", 1).await;

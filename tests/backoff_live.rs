@@ -165,14 +165,14 @@ async fn a_config_section_applies_to_a_running_layer_and_a_bad_one_changes_nothi
         on_503: Some(true),
         ..BackoffConfig::default()
     };
-    section.apply_to(&handle).expect("valid");
+    handle.apply(&section).expect("valid");
     assert_eq!(send(&svc, answer(429)).await, Ok(429));
     assert_eq!(remaining(&handle), Some(Duration::from_secs(4)));
 
     let mut bad = section.clone();
     bad.initial_backoff = Some("1s".into());
     bad.jitter = Some(1.5);
-    let error = bad.apply_to(&handle).unwrap_err();
+    let error = handle.apply(&bad).unwrap_err();
     assert_eq!(error.field, "jitter");
     assert_eq!(handle.backoff().initial(), Duration::from_secs(4));
 }

@@ -215,7 +215,7 @@ async fn only_429_and_by_option_503_are_retried() {
         (503, true, 2),
     ] {
         let upstream = Upstream::new([reply(status, &[("retry-after", "1")])], reply(200, &[]));
-        send(RetryPolicy::new().on_503(on_503), &upstream)
+        send(RetryPolicy::new().with_on_503(on_503), &upstream)
             .await
             .expect("response");
         assert_eq!(

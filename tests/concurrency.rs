@@ -882,7 +882,9 @@ on_one_key!(
 
 async fn release_at_headers<X: OneKey>(key: X) {
     let upstream = Upstream::default();
-    let layer = ConcurrencyLayer::new(1, key).unwrap().release_at_headers();
+    let layer = ConcurrencyLayer::new(1, key)
+        .unwrap()
+        .with_release_at_headers(true);
     let mut svc = layer.layer(upstream.clone());
     svc.ready().await.unwrap();
     let first = svc

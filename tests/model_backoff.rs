@@ -290,8 +290,8 @@ impl Run {
             .with_initial_backoff(ms(lengths.0))
             .with_max_backoff(ms(lengths.1))
             .with_max_cooldown(ms(lengths.2))
-            .on_503(on_503)
-            .proactive(proactive)
+            .with_on_503(on_503)
+            .with_proactive(proactive)
             .with_key_stats(8);
         let handle = layer.handle();
         let upstream = Upstream::default();

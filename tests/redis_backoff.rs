@@ -64,7 +64,7 @@ fn store(server: &RedisServer, clock: &Arc<AtomicU64>, on_error: OnError) -> Red
         .with_prefix("cool:")
         .expect("a prefix without braces")
         .with_timeout(Duration::from_secs(2))
-        .on_error(on_error)
+        .with_on_error(on_error)
         .with_test_clock(clock.clone())
 }
 
@@ -293,7 +293,7 @@ async fn a_503_is_shared_only_with_a_wait_and_never_touches_the_streak() {
     let clock = clock();
     let make = || {
         tower::ServiceBuilder::new()
-            .layer(layer(store(&server, &clock, OnError::Closed)).on_503(true))
+            .layer(layer(store(&server, &clock, OnError::Closed)).with_on_503(true))
             .service_fn(upstream)
     };
     let (mut a, mut b) = (make(), make());

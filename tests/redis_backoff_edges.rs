@@ -66,7 +66,7 @@ async fn a_429_through_a_stalled_redis_ends_within_one_timeout() {
         .with_prefix("stall:")
         .expect("a prefix without braces")
         .with_timeout(TIMEOUT)
-        .on_error(OnError::Open);
+        .with_on_error(OnError::Open);
     let mut svc = tower::ServiceBuilder::new()
         .layer(
             Backoff429Layer::new(HeaderKey::new("x-route").expect("valid header name"))
@@ -103,7 +103,7 @@ async fn a_cooldown_longer_than_redis_counts_is_still_shared() {
             .with_prefix("long:")
             .expect("a prefix without braces")
             .with_timeout(Duration::from_secs(2))
-            .on_error(OnError::Closed);
+            .with_on_error(OnError::Closed);
         tower::ServiceBuilder::new()
             .layer(
                 Backoff429Layer::new(HeaderKey::new("x-route").expect("valid header name"))

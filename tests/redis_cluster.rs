@@ -30,7 +30,7 @@ async fn every_quota_of_a_key_lives_in_one_slot_and_keys_spread_over_the_masters
         .expect("a prefix without braces")
         .with_timeout(Duration::from_secs(2))
         // A script the cluster refused (CROSSSLOT, MOVED) shows as an error.
-        .on_error(OnError::Closed);
+        .with_on_error(OnError::Closed);
     // Three quotas, three Redis keys per key (one each):
     // one script touches them all.
     let quotas = vec![
@@ -117,7 +117,7 @@ async fn a_cluster_slower_to_greet_than_one_calls_timeout_is_still_reached() {
         .with_prefix("slow:")
         .expect("a prefix without braces")
         .with_timeout(Duration::from_millis(50))
-        .on_error(OnError::Closed);
+        .with_on_error(OnError::Closed);
     let svc = RateLimitLayer::new(
         Quota::per_minute(1_000).expect("valid"),
         HeaderKey::new("x-key").expect("valid"),

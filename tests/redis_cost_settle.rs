@@ -119,7 +119,7 @@ fn replica_at(server: &RedisServer, quotas: Vec<Quota>, clock: Arc<AtomicU64>) -
         .with_prefix("settle:")
         .expect("a prefix without braces")
         .with_timeout(Duration::from_secs(2))
-        .on_error(OnError::Closed)
+        .with_on_error(OnError::Closed)
         .with_test_clock(clock);
     let layer = RateLimitLayer::with_quotas(quotas, HeaderKey::new("x-key").expect("valid"))
         .with_cost(Estimated(cost_of))

@@ -31,7 +31,7 @@ fn store(server: &RedisServer, prefix: &str, on_error: OnError) -> RedisStore {
         .with_prefix(prefix)
         .expect("a prefix without braces")
         .with_timeout(TIMEOUT)
-        .on_error(on_error)
+        .with_on_error(on_error)
 }
 
 type Svc = tower_throttle::rate_limit::RateLimit<
@@ -322,7 +322,7 @@ async fn a_black_holed_redis_is_not_asked_and_is_used_again_once_it_answers() {
         .with_prefix("hole:")
         .expect("a prefix without braces")
         .with_timeout(TIMEOUT)
-        .on_error(OnError::Closed);
+        .with_on_error(OnError::Closed);
     let (svc, handle) = limiter(store, 1_000);
     // (The first call connects and loads the script: under load, that can
     // take longer than the timeout.)

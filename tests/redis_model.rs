@@ -97,7 +97,7 @@ fn store(server: &RedisServer, prefix: &str, micros: &Arc<AtomicU64>) -> RedisSt
         .with_prefix(prefix)
         .expect("a prefix without braces")
         .with_timeout(Duration::from_secs(5))
-        .on_error(OnError::Closed)
+        .with_on_error(OnError::Closed)
         .with_test_clock(micros.clone())
 }
 

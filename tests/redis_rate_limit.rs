@@ -37,7 +37,7 @@ fn store(server: &RedisServer, prefix: &str, clock: Option<&Clock>) -> RedisStor
         .with_prefix(prefix)
         .expect("a prefix without braces")
         .with_timeout(Duration::from_secs(2))
-        .on_error(OnError::Closed)
+        .with_on_error(OnError::Closed)
         .with_hash_key(HASH_KEY)
         .expect("valid hash key");
     match clock {

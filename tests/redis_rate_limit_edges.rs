@@ -40,7 +40,7 @@ fn store(server: &RedisServer, prefix: &str, clock: &Arc<AtomicU64>) -> RedisSto
         .with_prefix(prefix)
         .expect("a prefix without braces")
         .with_timeout(Duration::from_secs(2))
-        .on_error(OnError::Closed)
+        .with_on_error(OnError::Closed)
         .with_test_clock(clock.clone())
 }
 
@@ -405,7 +405,7 @@ async fn an_error_a_hostile_redis_sends_is_escaped_in_the_log() {
         .with_prefix("hostile:")
         .expect("a prefix without braces")
         .with_timeout(Duration::from_secs(2))
-        .on_error(OnError::Closed);
+        .with_on_error(OnError::Closed);
     let mut svc = RateLimitLayer::new(Quota::per_minute(2).expect("valid"), header_key())
         .with_store(store)
         .expect("a quota Redis keeps")
@@ -689,7 +689,7 @@ async fn the_documented_acl_is_enough() {
         .with_prefix("acl:")
         .expect("a prefix without braces")
         .with_timeout(Duration::from_secs(2))
-        .on_error(OnError::Closed);
+        .with_on_error(OnError::Closed);
     let layer = RateLimitLayer::new(Quota::per_minute(2).expect("valid"), header_key())
         .with_quota(Quota::per_minute(2).expect("valid").sliding_window())
         .with_quota(Quota::per_minute(2).expect("valid").fixed_window())

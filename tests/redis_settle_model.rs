@@ -105,7 +105,7 @@ async fn agree(
         .with_prefix(prefix)
         .expect("a prefix without braces")
         .with_timeout(Duration::from_secs(5))
-        .on_error(OnError::Closed)
+        .with_on_error(OnError::Closed)
         .with_test_clock(micros.clone());
     let mut remote = service(layer().with_store(store).expect("a quota Redis keeps"));
     let mut conn = server.connection();

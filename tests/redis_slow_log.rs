@@ -70,7 +70,7 @@ fn layer(
         .with_prefix("slow:")
         .expect("a prefix without braces")
         .with_timeout(Duration::from_secs(5))
-        .on_error(OnError::Closed)
+        .with_on_error(OnError::Closed)
         .with_test_clock(clock.clone());
     RateLimitLayer::new(largest(weighted), HeaderKey::new("x-key").expect("valid"))
         .with_cost(Estimated(cost_of as CostFn))

@@ -1,5 +1,7 @@
 //! The `[backoff]` section of a configuration file.
 
+use std::time::Duration;
+
 use serde::Deserialize;
 
 use super::{
@@ -73,25 +75,18 @@ impl BackoffConfig {
         Ok(())
     }
 
-    /// Apply the cooldown lengths, jitter, `on_503` and `proactive` to a
-    /// running layer through its handle, a field left out taking its
-    /// default; the mode and `max_wait` belong to the services built and
-    /// are left as they are. Everything is checked before anything changes.
-    ///
-    /// ```
-    /// use tower_throttle::backoff::Backoff429Layer;
-    /// use tower_throttle::config::BackoffConfig;
-    /// use tower_throttle::key::GlobalKey;
-    ///
-    /// let handle = Backoff429Layer::new(GlobalKey).handle();
-    /// let mut config = BackoffConfig::default();
-    /// config.initial_backoff = Some("2s".into());
-    /// config.max_backoff = Some("0s".into()); // a fixed 2 s
-    /// config.apply_to(&handle)?;
-    /// assert_eq!(handle.backoff().base(3).as_secs(), 2);
-    /// # Ok::<(), tower_throttle::error::ConfigError>(())
-    /// ```
+    /// Renamed [`BackoffHandle::apply`]: configuration is applied through
+    /// the handle, as [`RateLimitHandle::apply`](crate::rate_limit::RateLimitHandle::apply) does.
+    #[deprecated(since = "0.1.0", note = "use `BackoffHandle::apply(&config)`")]
+    #[doc(hidden)]
     pub fn apply_to(&self, handle: &BackoffHandle) -> Result<(), ConfigError> {
+        handle.apply(self)
+    }
+
+    /// What a running layer takes from this section, checked: the backoff
+    /// rule, the longest cooldown, `on_503` and `proactive`, each left out
+    /// taking its default.
+    pub(crate) fn live(&self) -> Result<Live, ConfigError> {
         self.check()?;
         let initial =
             duration("initial_backoff", &self.initial_backoff)?.unwrap_or(DEFAULT_INITIAL_BACKOFF);
@@ -100,11 +95,12 @@ impl BackoffConfig {
             duration("max_cooldown", &self.max_cooldown)?.unwrap_or(DEFAULT_MAX_COOLDOWN);
         let backoff =
             ExponentialBackoff::new(initial, max).with_jitter(self.jitter.unwrap_or(0.0))?;
-        handle.set_backoff(backoff);
-        handle.set_max_cooldown(max_cooldown);
-        handle.set_on_503(self.on_503.unwrap_or(false));
-        handle.set_proactive(self.proactive.unwrap_or(false));
-        Ok(())
+        Ok(Live {
+            backoff,
+            max_cooldown,
+            on_503: self.on_503.unwrap_or(false),
+            proactive: self.proactive.unwrap_or(false),
+        })
     }
 
     pub(crate) fn layer<X>(&self, extractor: X) -> Result<Backoff429Layer<X>, ConfigError> {
@@ -127,8 +123,8 @@ impl BackoffConfig {
             layer = layer.with_jitter(j).map_err(|e| e.within("jitter"))?;
         }
         Ok(layer
-            .on_503(self.on_503.unwrap_or(false))
-            .proactive(self.proactive.unwrap_or(false)))
+            .with_on_503(self.on_503.unwrap_or(false))
+            .with_proactive(self.proactive.unwrap_or(false)))
     }
 
     /// Merged with a later configuration layer that may lengthen cooldowns
@@ -146,4 +142,13 @@ impl BackoffConfig {
             proactive: Some(self.proactive.unwrap_or(false) || later.proactive.unwrap_or(false)),
         }
     }
+}
+
+/// The settings of a `[backoff]` section a running layer takes through its
+/// handle.
+pub(crate) struct Live {
+    pub(crate) backoff: ExponentialBackoff,
+    pub(crate) max_cooldown: Duration,
+    pub(crate) on_503: bool,
+    pub(crate) proactive: bool,
 }

@@ -3,9 +3,11 @@
 use std::fmt;
 use std::time::Duration;
 
+use super::BackoffConfig;
 use super::cooldown::{Cooldowns, Lengths};
 use super::exponential::ExponentialBackoff;
 use super::stats::{BackoffSnapshot, BackoffSubscription, CooldownEntry};
+use crate::error::ConfigError;
 use crate::home::Cell;
 
 /// A view of a running backoff layer, shared by every service it made, and
@@ -43,6 +45,32 @@ impl fmt::Debug for BackoffHandle {
 }
 
 impl BackoffHandle {
+    /// Apply a `[backoff]` section's cooldown lengths, jitter, `on_503` and
+    /// `proactive` to the running layer, a field left out taking its
+    /// default; the mode and `max_wait` belong to the services built and
+    /// are left as they are. Everything is checked before anything changes.
+    ///
+    /// ```
+    /// use tower_throttle::backoff::{Backoff429Layer, BackoffConfig};
+    /// use tower_throttle::key::GlobalKey;
+    ///
+    /// let handle = Backoff429Layer::new(GlobalKey).handle();
+    /// let mut config = BackoffConfig::default();
+    /// config.initial_backoff = Some("2s".into());
+    /// config.max_backoff = Some("0s".into()); // a fixed 2 s
+    /// handle.apply(&config)?;
+    /// assert_eq!(handle.backoff().base(3).as_secs(), 2);
+    /// # Ok::<(), tower_throttle::error::ConfigError>(())
+    /// ```
+    pub fn apply(&self, config: &BackoffConfig) -> Result<(), ConfigError> {
+        let live = config.live()?;
+        self.set_backoff(live.backoff);
+        self.set_max_cooldown(live.max_cooldown);
+        self.set_on_503(live.on_503);
+        self.set_proactive(live.proactive);
+        Ok(())
+    }
+
     pub(crate) fn new(cell: Cell<Cooldowns>) -> Self {
         Self { cell }
     }

@@ -56,8 +56,8 @@ pub const DEFAULT_MAX_COOLDOWN: Duration = Duration::from_secs(300);
 ///     .with_max_cooldown(Duration::from_secs(120))
 ///     .with_jitter(0.2)?
 ///     .with_max_wait(Duration::from_secs(10))
-///     .on_503(true)
-///     .proactive(true);
+///     .with_on_503(true)
+///     .with_proactive(true);
 /// # let _ = layer;
 /// # Ok::<(), tower_throttle::error::ConfigError>(())
 /// ```
@@ -148,15 +148,31 @@ impl<X> Backoff429Layer<X> {
     /// Also cool a route down on 503 Service Unavailable, when it carries
     /// `Retry-After` (or `retry-after-ms`); off by default. A 503 neither
     /// extends nor ends the 429 streak.
-    pub fn on_503(self, enabled: bool) -> Self {
+    pub fn with_on_503(self, enabled: bool) -> Self {
         self.rebuild(|c| c.on_503 = enabled)
+    }
+
+    /// Renamed [`with_on_503`](Self::with_on_503): every setting of a layer
+    /// is a `with_*`.
+    #[deprecated(since = "0.1.0", note = "renamed `with_on_503`")]
+    #[doc(hidden)]
+    pub fn on_503(self, enabled: bool) -> Self {
+        self.with_on_503(enabled)
     }
 
     /// Start the cooldown before the 429 happens: a successful response that
     /// says the route is exhausted (a `remaining` header of `0` with its
     /// reset time) cools the route until the reset. Off by default.
-    pub fn proactive(self, enabled: bool) -> Self {
+    pub fn with_proactive(self, enabled: bool) -> Self {
         self.rebuild(|c| c.proactive = enabled)
+    }
+
+    /// Renamed [`with_proactive`](Self::with_proactive): every setting of a
+    /// layer is a `with_*`.
+    #[deprecated(since = "0.1.0", note = "renamed `with_proactive`")]
+    #[doc(hidden)]
+    pub fn proactive(self, enabled: bool) -> Self {
+        self.with_proactive(enabled)
     }
 
     /// Count up to `max_keys` keys apart in the [stats](BackoffHandle::stats)
@@ -191,7 +207,7 @@ impl<X> Backoff429Layer<X> {
 
     /// Share every route's cooldown and 429 streak with the other replicas
     /// that use the same store (see [`redis`](crate::redis)): a 429 (or a
-    /// 503, with [`on_503`](Self::on_503)) one replica sees cools the route
+    /// 503, with [`with_on_503`](Self::with_on_503)) one replica sees cools the route
     /// for all, the longer of the cooldown in force and the new one winning.
     ///
     /// Each request reads its route's state in Redis first (one round

@@ -218,9 +218,17 @@ impl<C> RetryPolicy<C> {
     }
 
     /// Retry 503 responses too (on by default).
-    pub fn on_503(mut self, enabled: bool) -> Self {
+    pub fn with_on_503(mut self, enabled: bool) -> Self {
         self.on_503 = enabled;
         self
+    }
+
+    /// Renamed [`with_on_503`](Self::with_on_503): every setting is a
+    /// `with_*`.
+    #[deprecated(since = "0.1.0", note = "renamed `with_on_503`")]
+    #[doc(hidden)]
+    pub fn on_503(self, enabled: bool) -> Self {
+        self.with_on_503(enabled)
     }
 
     /// Withdraw retries from `budget`, shared with whoever else holds it.

@@ -64,10 +64,7 @@ impl ConcurrencyConfig {
         if let Some(t) = duration("queue_timeout", &self.queue_timeout)? {
             layer = layer.with_queue_timeout(t);
         }
-        if self.release_at_headers == Some(true) {
-            layer = layer.release_at_headers();
-        }
-        Ok(layer)
+        Ok(layer.with_release_at_headers(self.release_at_headers == Some(true)))
     }
 
     /// Merged with a later configuration layer that may only tighten: the

@@ -42,7 +42,7 @@ pub trait HoldPermit: Sized {
 
     /// Keep `permit` alive for as long as this response is in use. `None`
     /// when the layer releases permits as soon as the response arrives
-    /// ([`release_at_headers`](super::ConcurrencyLayer::release_at_headers)).
+    /// ([`with_release_at_headers`](super::ConcurrencyLayer::with_release_at_headers)).
     fn hold(self, permit: Option<Permit>) -> Self::Held;
 }
 

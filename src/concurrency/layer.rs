@@ -103,13 +103,22 @@ impl<X> ConcurrencyLayer<X> {
         self
     }
 
-    /// Give the permit back as soon as the response arrives (tower's
-    /// `ConcurrencyLimit` behaviour), not when its body ends. For streamed
-    /// answers this lets through far more load than the limit says; it is
-    /// for callers who read bodies elsewhere or do not care.
-    pub fn release_at_headers(mut self) -> Self {
-        self.shared.release_at_headers = true;
+    /// With `true`, give the permit back as soon as the response arrives
+    /// (tower's `ConcurrencyLimit` behaviour), not when its body ends (the
+    /// default, `false`). For streamed answers this lets through far more
+    /// load than the limit says; it is for callers who read bodies
+    /// elsewhere or do not care.
+    pub fn with_release_at_headers(mut self, enabled: bool) -> Self {
+        self.shared.release_at_headers = enabled;
         self
+    }
+
+    /// Renamed [`with_release_at_headers(true)`](Self::with_release_at_headers):
+    /// every setting of a layer is a `with_*`.
+    #[deprecated(since = "0.1.0", note = "renamed `with_release_at_headers(true)`")]
+    #[doc(hidden)]
+    pub fn release_at_headers(self) -> Self {
+        self.with_release_at_headers(true)
     }
 
     /// Count requests without a key under this one shared key, instead of

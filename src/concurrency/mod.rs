@@ -12,7 +12,7 @@
 //! with the `reqwest` feature) the permit moves into the response body
 //! ([`ConcurrencyBody`]) and is given back when the body ends, fails or is
 //! dropped. An LLM answer streamed for minutes holds its permit for those
-//! minutes. [`ConcurrencyLayer::release_at_headers`] gives tower's behaviour
+//! minutes. [`ConcurrencyLayer::with_release_at_headers`] gives tower's behaviour
 //! instead. Other response types choose through [`HoldPermit`].
 //!
 //! Nothing leaks: a request dropped while waiting leaves the queue at once

@@ -143,7 +143,7 @@ impl StoreConfig {
             store = store.with_timeout(timeout);
         }
         if self.on_error.as_deref() == Some("closed") {
-            store = store.on_error(OnError::Closed);
+            store = store.with_on_error(OnError::Closed);
         }
         store = store.with_local_fallback(self.local_fallback.unwrap_or(true));
         if let Some(secret) = self.secret()? {

@@ -70,7 +70,7 @@ impl OnError {
 /// let store = RedisStore::new("redis://127.0.0.1:6379")?
 ///     .with_prefix("myapp:chat:")?
 ///     .with_timeout(Duration::from_millis(30))
-///     .on_error(OnError::Closed)
+///     .with_on_error(OnError::Closed)
 ///     .with_hash_key("a long random secret, the same in every replica")?;
 /// # let _ = store;
 /// # Ok::<(), tower_throttle::error::ConfigError>(())
@@ -219,7 +219,7 @@ impl RedisStore {
     }
 
     /// Give up on a Redis call after `timeout` (default
-    /// [`DEFAULT_TIMEOUT`], 50 ms) and do what [`on_error`](Self::on_error)
+    /// [`DEFAULT_TIMEOUT`], 50 ms) and do what [`with_on_error`](Self::with_on_error)
     /// says. At least a millisecond.
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout.max(Duration::from_millis(1));
@@ -228,9 +228,17 @@ impl RedisStore {
 
     /// What to do while Redis is unreachable or slow (default
     /// [`OnError::Open`]).
-    pub fn on_error(mut self, on_error: OnError) -> Self {
+    pub fn with_on_error(mut self, on_error: OnError) -> Self {
         self.on_error = on_error;
         self
+    }
+
+    /// Renamed [`with_on_error`](Self::with_on_error): every setting of the
+    /// store is a `with_*`.
+    #[deprecated(since = "0.1.0", note = "renamed `with_on_error`")]
+    #[doc(hidden)]
+    pub fn on_error(self, on_error: OnError) -> Self {
+        self.with_on_error(on_error)
     }
 
     /// When failing open, hold requests to an in-process limiter with the

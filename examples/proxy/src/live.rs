@@ -66,12 +66,9 @@ pub fn apply(handles: &Handles, settings: &Settings) -> Result<(), ConfigError> 
         .set_max_in_flight(max_in_flight(settings))
         .map_err(|e| e.within("concurrency"))?;
     handles.concurrency.set_enabled(on);
-    settings
-        .stack
+    handles
         .backoff
-        .clone()
-        .unwrap_or_default()
-        .apply_to(&handles.backoff)
+        .apply(&settings.stack.backoff.clone().unwrap_or_default())
         .map_err(|e| e.within("backoff"))?;
     if settings.providers.iter().any(|p| p.learn_limits) {
         // A provider saying its limit is spent (remaining 0, with a reset)

@@ -113,7 +113,7 @@ pub(super) fn build(
         concurrency = concurrency.with_queue_timeout(timeout);
     }
     if release_at_headers {
-        concurrency = concurrency.release_at_headers();
+        concurrency = concurrency.with_release_at_headers(true);
     }
     let backoff = layers.backoff.clone().with_max_wait(backoff_wait);
     let service = ServiceBuilder::new()
