@@ -1,0 +1,235 @@
+//! The local cache of keys Redis refused: a flood on a refused key costs no round trips.
+
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::clock::{Nanos, saturating_nanos};
+use crate::key::KeyHash;
+use crate::store::PassThrough;
+
+/// Keys Redis refused, until they could be admitted again: a flood of
+/// requests on a refused key costs no round trips.
+pub(crate) struct Refused {
+    keys: Mutex<HashMap<u64, Refusal, BuildHasherDefault<PassThrough>>>,
+    /// Moves on at every forget, under the lock: a refusal asked before a
+    /// reset and heard after it (the reset's deletion raced its reply) is
+    /// not remembered, or the key would stay refused here past the reset.
+    forgets: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Refusal {
+    /// The earliest a request of `cost` could be admitted, on the store's
+    /// local clock ([`RedisStore::local_micros`]).
+    until: u64,
+    /// Until when the refusal is answered from here: at most
+    /// [`CACHED_FOR`] after it was heard, since a reset, a new turn or a
+    /// give-back on another replica changes Redis without telling this one.
+    expires: u64,
+    cost: u32,
+    /// An index into the quotas of the policy generation below.
+    slowest: usize,
+    /// The limiter's policy generation the refusal was made under: a
+    /// retune or a reset since (which may have heard it late) voids it.
+    generation: u32,
+}
+
+/// At most this many refused keys are remembered; more are asked again.
+const MAX_REFUSED: usize = 10_000;
+
+/// The longest a refusal is answered from a replica's cache, in
+/// microseconds: what another replica's reset, new turn or give-back can
+/// take to be seen here. A flood on a refused key then costs one round
+/// trip a second, not one per request.
+const CACHED_FOR: u64 = 1_000_000;
+
+impl Default for Refused {
+    fn default() -> Self {
+        Self {
+            keys: Mutex::new(HashMap::default()),
+            forgets: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+}
+
+impl Refused {
+    /// The wait and slowest quota of a request of `cost` on `key` at `now`
+    /// under policy `generation` that is sure to be refused: one of the
+    /// same cost was refused under it, and the instant it could go is still
+    /// beyond `max_wait`. Only the same cost: a costlier request is refused
+    /// too, but may have to wait longer, and its `retry_after` is exact.
+    pub(crate) fn check(
+        &self,
+        key: KeyHash,
+        cost: u32,
+        max_wait: Nanos,
+        now: u64,
+        generation: u32,
+    ) -> Option<(Duration, usize)> {
+        let mut keys = self.keys.lock();
+        let refusal = *keys.get(&key.0)?;
+        if refusal.expires <= now || refusal.generation != generation {
+            keys.remove(&key.0);
+            return None;
+        }
+        let wait = Duration::from_micros(refusal.until - now);
+        (cost == refusal.cost && saturating_nanos(wait) > max_wait)
+            .then_some((wait, refusal.slowest))
+    }
+
+    /// Where the forgets are: taken before asking Redis, given back to
+    /// [`insert`](Self::insert).
+    pub(crate) fn epoch(&self) -> u64 {
+        self.forgets.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Remember at `now` that a request of `cost` on `key` cannot go for
+    /// `wait` under policy `generation`, unless something was forgotten
+    /// since [`epoch`](Self::epoch) said `asked`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn insert(
+        &self,
+        key: KeyHash,
+        cost: u32,
+        now: u64,
+        wait: Duration,
+        slowest: usize,
+        generation: u32,
+        asked: u64,
+    ) {
+        let until = now.saturating_add(u64::try_from(wait.as_micros()).unwrap_or(u64::MAX));
+        let mut keys = self.keys.lock();
+        if self.forgets.load(std::sync::atomic::Ordering::Acquire) != asked {
+            return;
+        }
+        if keys.len() >= MAX_REFUSED && !keys.contains_key(&key.0) {
+            keys.retain(|_, r| r.expires > now);
+            if keys.len() >= MAX_REFUSED {
+                return;
+            }
+        }
+        let refusal = Refusal {
+            until,
+            expires: until.min(now.saturating_add(CACHED_FOR)),
+            cost,
+            slowest,
+            generation,
+        };
+        keys.entry(key.0)
+            .and_modify(|r| {
+                // The cheaper refusal answers more of a flood (the cheaper
+                // requests; the costlier ask Redis); one that is over, or
+                // of an older policy, is replaced.
+                if cost <= r.cost || r.expires <= now || r.generation != generation {
+                    *r = refusal;
+                }
+            })
+            .or_insert(refusal);
+    }
+
+    /// Forget `key` (a reset), or every key (`None`: a retune).
+    pub(crate) fn forget(&self, key: Option<KeyHash>) {
+        let mut keys = self.keys.lock();
+        self.forgets
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        match key {
+            Some(key) => {
+                keys.remove(&key.0);
+            }
+            None => keys.clear(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_key_is_refused_locally_until_it_could_go() {
+        let refused = Refused::default();
+        let key = KeyHash(1);
+        refused.insert(
+            key,
+            2,
+            1_000,
+            Duration::from_micros(500),
+            0,
+            1,
+            refused.epoch(),
+        );
+        // As costly, beyond max_wait: refused here.
+        assert_eq!(
+            refused.check(key, 2, 0, 1_100, 1),
+            Some((Duration::from_micros(400), 0))
+        );
+        // Costlier: refused too, but its wait may be longer, which only
+        // Redis can tell.
+        assert_eq!(refused.check(key, 3, 0, 1_100, 1), None);
+        // Under another policy generation (a retune, a reset): void.
+        assert_eq!(refused.check(key, 2, 0, 1_100, 2), None);
+        refused.insert(
+            key,
+            2,
+            1_000,
+            Duration::from_micros(500),
+            0,
+            1,
+            refused.epoch(),
+        );
+        // Cheaper: Redis may admit it.
+        assert_eq!(refused.check(key, 1, 0, 1_100, 1), None);
+        // Within the wait allowed: Redis books it.
+        assert_eq!(refused.check(key, 2, 400_000, 1_100, 1), None);
+        // At the instant: asked again, and forgotten.
+        assert_eq!(refused.check(key, 2, 0, 1_500, 1), None);
+        assert!(refused.keys.lock().is_empty());
+    }
+
+    #[test]
+    fn a_long_refusal_is_answered_from_the_cache_for_a_second_at_most() {
+        // Another replica's reset or new turn is not seen here: past a
+        // second the key is asked again, whatever its wait.
+        let refused = Refused::default();
+        let key = KeyHash(1);
+        let five_minutes = Duration::from_secs(300);
+        refused.insert(key, 1, 0, five_minutes, 0, 1, refused.epoch());
+        assert_eq!(
+            refused.check(key, 1, 0, 999_999, 1),
+            Some((five_minutes - Duration::from_micros(999_999), 0)),
+            "the true wait, not the cache's"
+        );
+        assert_eq!(refused.check(key, 1, 0, 1_000_000, 1), None);
+    }
+
+    #[test]
+    fn the_cache_of_refused_keys_is_bounded() {
+        let refused = Refused::default();
+        for k in 0..(MAX_REFUSED as u64 + 100) {
+            refused.insert(
+                KeyHash(k),
+                1,
+                0,
+                Duration::from_secs(60),
+                0,
+                1,
+                refused.epoch(),
+            );
+        }
+        assert_eq!(refused.keys.lock().len(), MAX_REFUSED);
+        // Once those are over, new ones take their place.
+        refused.insert(
+            KeyHash(u64::MAX),
+            1,
+            61_000_000,
+            Duration::from_secs(1),
+            0,
+            1,
+            refused.epoch(),
+        );
+        assert_eq!(refused.keys.lock().len(), 1);
+    }
+}
