@@ -20,17 +20,23 @@
 //! ```
 
 use std::any::Any;
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde::Serialize;
-use tokio::sync::Notify;
 
 use crate::key::KeyHash;
-use crate::sync::{AtomicBool, AtomicI64, AtomicU64, Mutex, MutexGuard};
+use crate::sync::{AtomicI64, AtomicU64, Mutex, MutexGuard};
+
+mod keys;
+mod subscription;
+
+use keys::KeyTable;
+pub(crate) use keys::{KeyFilter, KeyTracking};
+use subscription::Hub;
+pub use subscription::StatsSubscription;
 
 /// The name under which keys not counted apart are added up: those a
 /// [filter](crate::rate_limit::RateLimitLayer::with_key_stats_where)
@@ -257,135 +263,6 @@ pub(crate) enum Event {
     /// A request in flight finished: its response ended, failed or was
     /// dropped.
     Left,
-}
-
-/// Which keys a layer counts apart: at most `max_keys`, and of those only
-/// the ones `filter` accepts (by the name the stats show).
-#[derive(Clone, Default)]
-pub(crate) struct KeyTracking {
-    pub(crate) max_keys: usize,
-    pub(crate) filter: Option<KeyFilter>,
-}
-
-/// Decides by a key's shown name whether it is counted apart.
-pub(crate) type KeyFilter = Arc<dyn Fn(&str) -> bool + Send + Sync>;
-
-impl KeyTracking {
-    /// Up to `max_keys` keys, each as it comes.
-    pub(crate) fn up_to(max_keys: usize) -> Self {
-        Self {
-            max_keys,
-            filter: None,
-        }
-    }
-
-    /// Up to `max_keys` keys, those `filter` accepts.
-    pub(crate) fn filtered(
-        max_keys: usize,
-        filter: impl Fn(&str) -> bool + Send + Sync + 'static,
-    ) -> Self {
-        Self {
-            max_keys,
-            filter: Some(Arc::new(filter)),
-        }
-    }
-}
-
-impl fmt::Debug for KeyTracking {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KeyTracking")
-            .field("max_keys", &self.max_keys)
-            .field("filtered", &self.filter.is_some())
-            .finish()
-    }
-}
-
-/// The per-key table: the keys counted apart, and the rest added up.
-#[derive(Default)]
-struct KeyTable {
-    keys: HashMap<u64, Tally>,
-    other: Option<Tally>,
-    /// Requests in flight that were counted in `other`, by key (a layer
-    /// that tracks in-flight only): when their key is counted apart later
-    /// (a filter that accepts it once it proves real), they move with it.
-    /// Bounded by the requests in flight: a key leaves at zero.
-    in_flight_as_other: HashMap<u64, u64>,
-    /// Accepted keys met while the table was full (see `make_room`).
-    full_misses: u64,
-}
-
-impl KeyTable {
-    fn other(&mut self) -> &mut Tally {
-        self.other.get_or_insert_with(|| Tally {
-            text: OTHER_KEYS.to_owned(),
-            ..Tally::default()
-        })
-    }
-
-    fn count_other(&mut self, event: Event) {
-        self.other().count(event);
-    }
-
-    /// Count `event` of `key` in `other`, following its in-flight requests.
-    fn count_other_of(&mut self, key: u64, event: Event, tracks_in_flight: bool) {
-        self.count_other(event);
-        if !tracks_in_flight {
-            return;
-        }
-        match event {
-            Event::Entered => *self.in_flight_as_other.entry(key).or_default() += 1,
-            Event::Left => {
-                if let Some(n) = self.in_flight_as_other.get_mut(&key) {
-                    *n -= 1;
-                    if *n == 0 {
-                        self.in_flight_as_other.remove(&key);
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// Count `key` apart from now on as `text`, taking its requests in
-    /// flight out of `other`.
-    fn insert(&mut self, key: u64, text: String) -> &mut Tally {
-        let moved = self.in_flight_as_other.remove(&key).unwrap_or(0);
-        if moved > 0 {
-            // Their `Left` will find the key's own tally in flight.
-            self.other().left += moved;
-        }
-        self.keys.entry(key).or_insert_with(|| Tally {
-            text,
-            carried: moved,
-            ..Tally::default()
-        })
-    }
-
-    /// Drop a key counted apart that nothing is in (no request in flight
-    /// or queued) and that `keep` no longer accepts, adding its counts to
-    /// `other`: room for a key the filter accepts now. Whether it did.
-    fn evict_one(&mut self, candidates: &[(u64, bool)]) -> bool {
-        let found = candidates.iter().find(|&&(key, keep)| {
-            !keep
-                && self
-                    .keys
-                    .get(&key)
-                    .is_some_and(|t| t.in_flight() == 0 && t.queued <= 0)
-        });
-        let Some(tally) = found.and_then(|&(key, _)| self.keys.remove(&key)) else {
-            return false;
-        };
-        let other = self.other();
-        other.admitted += tally.admitted;
-        other.rejected += tally.rejected;
-        other.would_reject += tally.would_reject;
-        other.waited += tally.waited;
-        other.wait_nanos = other.wait_nanos.saturating_add(tally.wait_nanos);
-        // Nothing in flight: what it admitted has all left (what it carried
-        // left `other` when the key came in, or was never in it).
-        other.left += tally.admitted;
-        true
-    }
 }
 
 /// Counts a layer keeps itself instead of in the stripes, added to the
@@ -712,115 +589,5 @@ impl Stats {
     }
 }
 
-/// Wakes subscribers once per burst of changes.
-#[derive(Default)]
-struct Hub {
-    /// Set by the first change after a subscriber looked.
-    dirty: AtomicBool,
-    /// Counts the bursts: a subscriber that saw an older epoch has news.
-    epoch: AtomicU64,
-    notify: Notify,
-}
-
-impl Hub {
-    #[inline]
-    fn touch(&self) {
-        // In a burst the flag is already set: one relaxed load, nothing else.
-        if !self.dirty.load(Ordering::Relaxed) && !self.dirty.swap(true, Ordering::AcqRel) {
-            self.epoch.fetch_add(1, Ordering::Release);
-            self.notify.notify_waiters();
-        }
-    }
-}
-
-/// Delivers a fresh [`StatsSnapshot`] whenever the counters have moved since
-/// the last one this subscription returned. Bursts coalesce: however many
-/// requests happened in between, one snapshot tells of all of them.
-pub struct StatsSubscription {
-    stats: Arc<Stats>,
-    seen: u64,
-    _keep: Option<Arc<dyn Any + Send + Sync>>,
-}
-
-impl fmt::Debug for StatsSubscription {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StatsSubscription")
-            .field("seen", &self.seen)
-            .finish()
-    }
-}
-
-impl StatsSubscription {
-    /// Wait until the counters move, then return a snapshot.
-    pub async fn changed(&mut self) -> StatsSnapshot {
-        let hub = &self.stats.hub;
-        loop {
-            let notified = hub.notify.notified();
-            tokio::pin!(notified);
-            // Register before looking, so a change in between is not missed.
-            notified.as_mut().enable();
-            let epoch = hub.epoch.load(Ordering::Acquire);
-            if epoch != self.seen {
-                self.seen = epoch;
-                // Re-arm first, so changes during the snapshot wake us again.
-                hub.dirty.store(false, Ordering::Release);
-                return self.stats.snapshot();
-            }
-            notified.await;
-        }
-    }
-
-    /// The counters now, without waiting.
-    pub fn snapshot(&self) -> StatsSnapshot {
-        self.stats.snapshot()
-    }
-}
-
-impl Stats {
-    /// Wake subscribers for a change that is not one of the counted events
-    /// (a layer's own state, such as a cooldown starting).
-    #[inline]
-    pub(crate) fn touch(&self) {
-        self.hub.touch();
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use std::sync::atomic::AtomicBool;
-
-    use super::*;
-
-    #[test]
-    fn a_request_that_came_as_other_leaves_as_other_once_its_key_is_counted_apart() {
-        let accept = Arc::new(AtomicBool::new(false));
-        let filter = {
-            let accept = accept.clone();
-            move |_: &str| accept.load(Ordering::SeqCst)
-        };
-        let stats = Stats::new(KeyTracking::filtered(10, filter)).tracking_in_flight();
-        let key = KeyHash(1);
-        let name = || "route".to_owned();
-        // One request comes while the key is not counted apart, a second
-        // once it is; both leave.
-        stats.record(key, Event::Queued, &name);
-        stats.record(key, Event::Entered, &name);
-        accept.store(true, Ordering::SeqCst);
-        stats.record(key, Event::Queued, &name);
-        stats.record(key, Event::Entered, &name);
-        for _ in 0..2 {
-            stats.record(key, Event::Dequeued(None), &name);
-            stats.record(key, Event::Left, &name);
-        }
-        let snapshot = stats.snapshot();
-        for tally in &snapshot.keys {
-            assert_eq!(
-                (tally.in_flight, tally.queued_now),
-                (Some(0), 0),
-                "{}: gauges back at rest",
-                tally.key
-            );
-        }
-        assert_eq!(snapshot.keys.len(), 2, "{:?}", snapshot.keys);
-    }
-}
+mod tests;
