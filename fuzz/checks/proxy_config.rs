@@ -1,4 +1,4 @@
-//! The proxy example's config TOML (`examples/proxy/src/config.rs`): any text
+//! The proxy example's config TOML (`examples/proxy/src/config/`): any text
 //! gives settings or an error, the same each time; an error names its
 //! field, shows no hidden character and never an API key read from the
 //! environment; settings build every layer of their stack, a reload of the

@@ -1,0 +1,393 @@
+//! `GET /metrics`: the snapshot in Prometheus text format, with the label
+//! values escaped.
+
+use std::fmt::Write as _;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{Response, StatusCode, header};
+use axum::response::IntoResponse;
+
+use super::{RouteStats, Snapshot, snapshot};
+use crate::gateway::Gateway;
+use crate::learn::UnitInfo;
+
+/// Prometheus text exposition, one family at a time.
+struct Prom {
+    out: String,
+}
+
+/// A label value as the text format wants it: `\`, `"` and line feeds
+/// escaped as `\\`, `\"` and `\n`. The format lets every other character
+/// through raw; a control character (CR, ESC, NUL, …) is written as the text
+/// of its Rust escape instead (the value then reads `\u{1b}`), so none
+/// reaches a scraper or a terminal. For raw text; a route's provider and
+/// model come escaped from the layers and go through [`route_label_value`].
+///
+/// Written here rather than with `prometheus-client`: that crate writes
+/// OpenMetrics (`# EOF`, counter families named without `_total`), which
+/// would change every series this endpoint has always served.
+pub fn label_value(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            '\0' => out.push_str("\\\\0"),
+            c if c.is_control() => {
+                // `\u{1b}` with its backslash escaped: `\\u{1b}`.
+                out.push('\\');
+                out.extend(c.escape_default());
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A route's provider or model, as the layers name it (already
+/// [escaped](tower_throttle::redact::Escaped): backslashes doubled, hidden
+/// characters as the text of their escapes), as a label value a scraper
+/// reads back as the name itself: a doubled backslash is one backslash,
+/// `\n` a line feed, `"` a quote, and every other escape stays the text it
+/// is (`\u{1b}`). Escaping the escaped text again would double every
+/// backslash a model name holds.
+pub fn route_label_value(label: &str) -> String {
+    let mut out = String::with_capacity(label.len());
+    let mut chars = label.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.peek() {
+                Some('\\') => {
+                    chars.next();
+                    out.push_str("\\\\");
+                }
+                Some('n') => {
+                    chars.next();
+                    out.push_str("\\n");
+                }
+                // The start of an escape's text (`\r`, `\0`, `\u{1b}`):
+                // its backslash shown as one.
+                _ => out.push_str("\\\\"),
+            },
+            // Never in an escaped label; written safely all the same.
+            c => out.push_str(&label_value(c.encode_utf8(&mut [0; 4]))),
+        }
+    }
+    out
+}
+
+impl Prom {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.out, "# HELP {name} {help}");
+        let _ = writeln!(self.out, "# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        self.route_sample(name, None, labels, value);
+    }
+
+    /// A sample labelled with `route`'s provider and model (escaped names,
+    /// see [`route_label_value`]) first, then `labels` (raw text).
+    fn route_sample(
+        &mut self,
+        name: &str,
+        route: Option<&RouteStats>,
+        labels: &[(&str, &str)],
+        value: f64,
+    ) {
+        self.out.push_str(name);
+        let route = route.map(|r| {
+            [
+                ("provider", route_label_value(&r.provider)),
+                ("model", route_label_value(&r.model)),
+            ]
+        });
+        let raw = labels.iter().map(|(k, v)| (*k, label_value(v)));
+        let all: Vec<(&str, String)> = route.into_iter().flatten().chain(raw).collect();
+        if !all.is_empty() {
+            self.out.push('{');
+            for (i, (k, v)) in all.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{k}=\"{v}\"");
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {value}");
+    }
+
+    /// A family with one sample per route.
+    fn per_route(
+        &mut self,
+        name: &str,
+        kind: &str,
+        help: &str,
+        routes: &[RouteStats],
+        value: impl Fn(&RouteStats) -> Option<f64>,
+    ) {
+        self.family(name, kind, help);
+        for r in routes {
+            if let Some(v) = value(r) {
+                self.route_sample(name, Some(r), &[], v);
+            }
+        }
+    }
+}
+
+/// The snapshot in Prometheus text format (version 0.0.4).
+pub fn prometheus(s: &Snapshot) -> String {
+    let mut p = Prom { out: String::new() };
+    let r = &s.routes;
+    let n = |v: u64| Some(v as f64);
+    p.per_route(
+        "proxy_rate_limit_admitted_total",
+        "counter",
+        "Requests the rate limiter let through.",
+        r,
+        |x| n(x.rate_limit.admitted),
+    );
+    p.per_route(
+        "proxy_rate_limit_rejected_total",
+        "counter",
+        "Requests the rate limiter refused (429).",
+        r,
+        |x| n(x.rate_limit.rejected),
+    );
+    p.per_route(
+        "proxy_rate_limit_would_reject_total",
+        "counter",
+        "Requests a dry-run limit would have refused.",
+        r,
+        |x| n(x.rate_limit.would_reject),
+    );
+    p.per_route(
+        "proxy_rate_limit_waited_total",
+        "counter",
+        "Admitted requests that waited for their turn.",
+        r,
+        |x| n(x.rate_limit.waited),
+    );
+    p.per_route(
+        "proxy_rate_limit_wait_seconds_total",
+        "counter",
+        "Time those requests waited.",
+        r,
+        |x| Some(x.rate_limit.total_wait_ms / 1e3),
+    );
+    p.per_route(
+        "proxy_rate_limit_queued",
+        "gauge",
+        "Requests waiting for their turn now.",
+        r,
+        |x| n(x.rate_limit.queued_now),
+    );
+    p.per_route(
+        "proxy_concurrency_admitted_total",
+        "counter",
+        "Requests given a concurrency permit.",
+        r,
+        |x| n(x.concurrency.admitted),
+    );
+    p.per_route(
+        "proxy_concurrency_rejected_total",
+        "counter",
+        "Requests refused for a full queue or a queue timeout (503).",
+        r,
+        |x| n(x.concurrency.rejected),
+    );
+    p.per_route(
+        "proxy_concurrency_waited_total",
+        "counter",
+        "Requests that waited for a permit.",
+        r,
+        |x| n(x.concurrency.waited),
+    );
+    p.per_route(
+        "proxy_concurrency_wait_seconds_total",
+        "counter",
+        "Time those requests waited.",
+        r,
+        |x| Some(x.concurrency.total_wait_ms / 1e3),
+    );
+    p.per_route(
+        "proxy_concurrency_queued",
+        "gauge",
+        "Requests waiting for a permit now.",
+        r,
+        |x| n(x.concurrency.queued_now),
+    );
+    p.per_route(
+        "proxy_concurrency_in_flight",
+        "gauge",
+        "Requests in flight now, streamed bodies until their end.",
+        r,
+        |x| n(x.concurrency.in_flight.unwrap_or(0)),
+    );
+    p.per_route(
+        "proxy_backoff_admitted_total",
+        "counter",
+        "Requests the backoff layer let through.",
+        r,
+        |x| n(x.backoff.admitted),
+    );
+    p.per_route(
+        "proxy_backoff_rejected_total",
+        "counter",
+        "Requests refused while their route cooled down (503).",
+        r,
+        |x| n(x.backoff.rejected),
+    );
+    p.per_route(
+        "proxy_backoff_waited_total",
+        "counter",
+        "Requests held until a cooldown ended.",
+        r,
+        |x| n(x.backoff.waited),
+    );
+    p.per_route(
+        "proxy_backoff_cooldown_seconds",
+        "gauge",
+        "Time left of the route's cooldown.",
+        r,
+        |x| x.cooldown.as_ref().map(|c| c.remaining.as_secs_f64()),
+    );
+    p.family(
+        "proxy_upstream_responses_total",
+        "counter",
+        "Upstream answers by status class.",
+    );
+    for x in r {
+        let u = &x.upstream;
+        for (class, v) in [
+            ("2xx", u.ok),
+            ("429", u.rate_limited),
+            ("4xx", u.client_errors),
+            ("5xx", u.server_errors),
+        ] {
+            p.route_sample(
+                "proxy_upstream_responses_total",
+                Some(x),
+                &[("class", class)],
+                v as f64,
+            );
+        }
+    }
+    p.per_route(
+        "proxy_upstream_failures_total",
+        "counter",
+        "Upstream requests without an answer.",
+        r,
+        |x| n(x.upstream.failed),
+    );
+    p.family(
+        "proxy_tokens_total",
+        "counter",
+        "Tokens of token quotas: charged at admission (estimates), used (as answers reported), \
+         given back (estimates above the usage), charged after (usage above the estimate).",
+    );
+    for x in r {
+        let t = &x.upstream.tokens;
+        for (kind, v) in [
+            ("charged", t.charged),
+            ("used", t.used),
+            ("given_back", t.given_back),
+            ("charged_after", t.charged_after),
+        ] {
+            p.route_sample("proxy_tokens_total", Some(x), &[("kind", kind)], v as f64);
+        }
+    }
+    p.per_route(
+        "proxy_tokens_kept_total",
+        "counter",
+        "Answers that reported no usage, or ended early: their estimate stands.",
+        r,
+        |x| n(x.upstream.tokens.kept),
+    );
+    learned_families(&mut p, r);
+    p.family(
+        "proxy_backoff_cooldowns_started_total",
+        "counter",
+        "Cooldowns started.",
+    );
+    p.sample(
+        "proxy_backoff_cooldowns_started_total",
+        &[],
+        s.aggregate.cooldowns_started as f64,
+    );
+    p.family(
+        "proxy_untracked_routes",
+        "gauge",
+        "Requests of routes beyond the stats tables, counted under (other).",
+    );
+    p.sample("proxy_untracked_routes", &[], s.untracked_routes as f64);
+    p.family(
+        "proxy_config_generation",
+        "gauge",
+        "1 at start, one more per applied reload.",
+    );
+    p.sample("proxy_config_generation", &[], s.config.generation as f64);
+    p.family("proxy_event_clients", "gauge", "Clients on /events now.");
+    p.sample("proxy_event_clients", &[], s.event_clients as f64);
+    p.family(
+        "proxy_write_timeouts_total",
+        "counter",
+        "Connections closed because their client stopped reading a response.",
+    );
+    p.sample("proxy_write_timeouts_total", &[], s.write_timeouts as f64);
+    p.out
+}
+
+/// The learned limits, one sample per route and unit said.
+fn learned_families(p: &mut Prom, routes: &[RouteStats]) {
+    type Value = fn(&UnitInfo) -> Option<f64>;
+    let families: [(&str, &str, Value); 4] = [
+        (
+            "proxy_learned_limit",
+            "Units per window the provider states (learn_limits).",
+            |u| u.limit.map(|v| v as f64),
+        ),
+        (
+            "proxy_learned_remaining",
+            "Units left, as the provider last said.",
+            |u| u.remaining.map(|v| v as f64),
+        ),
+        (
+            "proxy_learned_reset_seconds",
+            "Seconds until the limit is whole, as the provider last said.",
+            |u| u.reset_seconds,
+        ),
+        (
+            "proxy_learned_timestamp_seconds",
+            "When the provider last said it, Unix seconds.",
+            |u| Some(u.learned_unix),
+        ),
+    ];
+    for (name, help, value) in families {
+        p.family(name, "gauge", help);
+        for r in routes {
+            let Some(learned) = &r.learned else { continue };
+            for (unit, info) in learned.units() {
+                if let Some(v) = info.and_then(value) {
+                    p.route_sample(name, Some(r), &[("unit", unit)], v);
+                }
+            }
+        }
+    }
+}
+
+/// `GET /metrics`.
+pub async fn metrics(State(gateway): State<Gateway>) -> Response<Body> {
+    let text = prometheus(&snapshot(&gateway, gateway.hub().borrow().seq));
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
