@@ -24,7 +24,7 @@
 //! there is no such file, a copy of it built into the program, which cannot
 //! change. The banner says which.
 //!
-//! The module layout: `cli` (arguments), `config` (the file and its checks),
+//! The module layout: `cli` (arguments), `config` (the file, its settings and checks),
 //! `preset` (what each provider kind expects: auth, usage, limit headers),
 //! `app` (start, banner, shutdown), `gateway` (routing, the client stack,
 //! forwarding and serving; a folder split by role), `tls` (HTTPS upstreams),
@@ -32,7 +32,7 @@
 //! from upstream headers), `multipart` (form bodies' model field), `edge`
 //! (what is refused before forwarding: foreign `Host` and `Origin`, paths
 //! leaving the base path, bad model names), `reply` (JSON error bodies),
-//! `stats` (the four endpoints and the hub behind `/events`), `operator`
+//! `stats` (the four endpoints and the hub behind `/events`, a file each), `operator`
 //! (one route's stats, `POST /stats/reset`), `live` (the settings applied to
 //! the stateful layers through their handles, and the master switch),
 //! `reload` (watching the file), `serve` (connection limits, timeouts and
