@@ -8,6 +8,10 @@
 //! unless a new refusal started another. Each waiter is woken exactly once,
 //! and a waiter that is dropped passes the head on, so the queue never
 //! stalls.
+//!
+//! Kept in one file (about 740 lines) on purpose: a route's streak, its
+//! cooldown and its queue change together under the route's lock, and the
+//! rules that keep a wake from being lost are read in one place.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
