@@ -368,10 +368,41 @@ pub fn infer(timeline: &Timeline, interrupted: bool) -> Inference {
 
     let seen = models::seen(timeline);
     let burst = u32::try_from(signals.burst_admitted).unwrap_or(u32::MAX);
-    let fits: Vec<Fit> = DESIGNS
+    let mut fits: Vec<Fit> = DESIGNS
         .iter()
-        .map(|&d| models::fit(d, &seen, burst, w))
+        .map(|&d| models::fit(d, &seen, burst, w, None))
         .collect();
+    // When no design around the hint fits every answer and the best token
+    // bucket there refills at a rate the probes did not see (a quarter
+    // off), the hint is far off: the bucket is fitted again from the refill
+    // the probes measured. Not otherwise: a slow endpoint's concurrency
+    // limit also admits at a steady rate, and a bucket at that rate would
+    // blur a design that fits every answer.
+    let best = fits.iter().map(|f| f.mismatches).min().unwrap_or(0);
+    let bucket_rate = fits
+        .iter()
+        .find(|f| f.limiter == Limiter::TokenBucket)
+        .and_then(|f| Some(f64::from(f.limit) / f.window_s?));
+    let off = match (bucket_rate, signals.probes_admitted_per_s) {
+        (Some(fitted), Some(seen_rate)) if seen_rate > 0.0 => {
+            (fitted / seen_rate).ln().abs() > 1.25f64.ln()
+        }
+        _ => false,
+    };
+    if best > 0 && off {
+        for f in fits
+            .iter_mut()
+            .filter(|f| f.limiter == Limiter::TokenBucket)
+        {
+            *f = models::fit(
+                Limiter::TokenBucket,
+                &seen,
+                burst,
+                w,
+                signals.probes_admitted_per_s,
+            );
+        }
+    }
     let best_wrong = fits.iter().map(|f| f.mismatches).min().unwrap_or(0);
     let weights: Vec<f64> = fits
         .iter()

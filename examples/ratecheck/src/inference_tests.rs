@@ -239,6 +239,40 @@ fn the_real_limit_is_measured_when_the_hint_is_off_and_the_difference_is_said() 
 }
 
 #[test]
+fn nginx_configured_per_minute_is_measured_from_its_refill_not_the_hint() {
+    // `limit_req_zone ... rate=R r/m; limit_req ... burst=B nodelay;`: a
+    // bucket of B + 1 refilling R/60 a second, probed as a user would write
+    // it (`--rpm R`, `--window 60s`). Refills every 0.5 s or 2 s lie
+    // outside a quarter to four times the 60 s hint; they must still be
+    // found. (rate, burst) as configured:
+    for (rpm, burst) in [(120u32, 10u32), (120, 0), (30, 5)] {
+        let per_s = f64::from(rpm) / 60.0;
+        let limit = burst + 1;
+        let window = Duration::from_secs_f64(f64::from(limit) / per_s);
+        let plan = fixtures::plan(rpm, secs(60), Some(secs(12)), NOW);
+        let timeline = fixtures::record(
+            Server::Gcra,
+            limit,
+            window,
+            &plan,
+            NOW,
+            (rpm, secs(60)),
+            Noise::default(),
+        );
+        let got = infer(&timeline, false);
+        let what = format!("rate={rpm}r/m burst={burst}");
+        assert_eq!(got.likely_limiter, Limiter::TokenBucket, "{what}: {got:#?}");
+        let m = got.measured.as_ref().expect("measured");
+        assert_eq!(m.limit, limit, "{what}: {got:#?}");
+        let rate = m.rate_per_s.expect("a rate");
+        assert!(
+            error(rate, per_s) <= 0.1,
+            "{what}: refill {rate}/s: {got:#?}"
+        );
+    }
+}
+
+#[test]
 fn requests_are_replayed_when_they_reach_the_limiter_not_when_sent() {
     // 70 ms each way: a limiter on another continent. Replayed at the
     // instants they were sent, the probes would meet the windows early.

@@ -446,9 +446,33 @@ fn limits(design: Limiter, burst_admitted: u32) -> Vec<u32> {
         .collect()
 }
 
+/// Windows around the one the probes measured (`burst` refilled at
+/// `per_s`), 1% apart within 30% of it, when it lies outside what the hint
+/// spans: nginx at `rate=120r/m` refills every 0.5 s, a window of 5.5 s
+/// for its burst of 11, which a 60 s hint never reaches.
+fn measured_windows(burst: u32, per_s: Option<f64>, hint: f64) -> Vec<f64> {
+    let Some(per_s) = per_s.filter(|r| r.is_finite() && *r > 0.0) else {
+        return Vec::new();
+    };
+    let measured = f64::from(burst.max(1)) / per_s;
+    let spanned = hint / 1.01f64.powi(139)..=hint * 1.01f64.powi(139);
+    if spanned.contains(&measured) {
+        return Vec::new();
+    }
+    (-30..=30).map(|i| measured * 1.01f64.powi(i)).collect()
+}
+
 /// The best limit and window for `design` on `seen`: the candidates with
-/// the fewest mismatches; their spread is how sure the fit is.
-pub fn fit(design: Limiter, seen: &[Seen], burst_admitted: u32, window_hint: f64) -> Fit {
+/// the fewest mismatches; their spread is how sure the fit is. `per_s` is
+/// the rate the probes after the burst were admitted at, if measured: the
+/// windows it implies are tried too, so a wrong hint cannot hide the truth.
+pub fn fit(
+    design: Limiter,
+    seen: &[Seen],
+    burst_admitted: u32,
+    window_hint: f64,
+    per_s: Option<f64>,
+) -> Fit {
     // A concurrency limit sees requests in the order they arrived.
     let mut by_arrival;
     let seen = if design == Limiter::Concurrency {
@@ -467,7 +491,14 @@ pub fn fit(design: Limiter, seen: &[Seen], burst_admitted: u32, window_hint: f64
     } else if design.clock_aligned() {
         aligned_windows(window_hint)
     } else {
-        free_windows(window_hint)
+        let mut windows = free_windows(window_hint);
+        // Only a token bucket: its refill is what the probes measure. A
+        // window's average rate can be matched by a slow endpoint's
+        // concurrency limit too, which then no longer stands out.
+        if design == Limiter::TokenBucket {
+            windows.extend(measured_windows(burst_admitted, per_s, window_hint));
+        }
+        windows
     };
     // Nearest the burst and the hint first: the best is usually there, and
     // once it is known every worse candidate is given up early.
@@ -544,6 +575,21 @@ pub fn fit(design: Limiter, seen: &[Seen], burst_admitted: u32, window_hint: f64
             .collect();
         limit = burst_admitted;
         window = of_burst[of_burst.len() / 2];
+    }
+    // A token bucket's refill is seen directly in the probes' admissions:
+    // of the windows that fit as well for this limit, the nearest to it
+    // (probes 0.25 s apart cannot tell a refill every 0.3 s from one every
+    // 0.5 s; the rate they were admitted at can).
+    if let Some(per_s) = per_s.filter(|r| design == Limiter::TokenBucket && *r > 0.0) {
+        let seen_window = f64::from(limit) / per_s;
+        if let Some(&(_, w)) = ties.iter().filter(|t| t.0 == limit).min_by(|a, b| {
+            (a.1 / seen_window)
+                .ln()
+                .abs()
+                .total_cmp(&(b.1 / seen_window).ln().abs())
+        }) {
+            window = w;
+        }
     }
     let limit_range = (
         ties.iter().map(|t| t.0).min().unwrap_or(limit),
