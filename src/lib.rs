@@ -40,20 +40,23 @@
 //! - **Constructors.** `new` takes what the type cannot do without and
 //!   returns `Self` when no argument can be wrong
 //!   ([`RateLimitLayer::new`](rate_limit::RateLimitLayer::new): a
-//!   [`Quota`](rate_limit::Quota) is checked when it is made), and
+//!   [`Quota`] is checked when it is made), and
 //!   `Result<Self, ConfigError>` when one can
 //!   ([`ConcurrencyLayer::new`](concurrency::ConcurrencyLayer::new) refuses
 //!   zero permits, [`IdentityHeaderLayer::new`](identity::IdentityHeaderLayer::new)
 //!   rules that do not compile, `RedisStore::new` a URL that is not one).
-//! - **Settings** are `with_<setting>(value)`, a switch taking its `bool`
-//!   (`with_on_503(true)`, `with_release_at_headers(true)`,
-//!   `with_dry_run(true)`), the same on layers, policies and the store;
-//!   each returns `Result` only when its value can be wrong.
-//! - **Live changes** go through a layer's handle: `handle.apply(&section)`
-//!   takes a configuration section
-//!   ([`RateLimitHandle::apply`](rate_limit::RateLimitHandle::apply),
-//!   [`BackoffHandle::apply`](backoff::BackoffHandle::apply)), `set_*` one
-//!   value.
+//! - **Settings** of a layer, a retry policy or the store are
+//!   `with_<setting>(value)`, a switch taking its `bool` (`with_on_503(true)`,
+//!   `with_release_at_headers(true)`, `with_dry_run(true)`); each returns
+//!   `Result` only when its value can be wrong. Key extractors, identity
+//!   rules and quotas read as phrases instead (`HeaderKey::new(..).show_raw()`,
+//!   `Rule::new().host(..)`, `Quota::per_minute(60)?.sliding_window()`).
+//! - **Live changes** go through a layer's handle: `set_*` one value, and
+//!   `apply` what a configuration file gives
+//!   ([`RateLimitHandle::apply`](rate_limit::RateLimitHandle::apply) takes
+//!   checked [`Limits`](rate_limit::Limits),
+//!   [`BackoffHandle::apply`](backoff::BackoffHandle::apply) a `[backoff]`
+//!   section).
 //! - **Errors** are typed and reachable by downcasting a [`BoxError`]; a bad
 //!   setting is a [`ConfigError`](error::ConfigError) naming its field.
 //!

@@ -1,4 +1,4 @@
-//! Loom models of the stats gauges (src/stats.rs): requests on one key
+//! Loom models of the stats gauges (src/stats/): requests on one key
 //! counted in and out on racing threads (on stripes they share, and in the
 //! per-key table), with a snapshot taken meanwhile. The gauges (queued now, in flight) never read
 //! below zero nor above what is there, and are back at zero, with the

@@ -11,7 +11,9 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get;
 use tower::ServiceBuilder;
-use tower_throttle::key::{ClientIpKey, HeaderKey};
+#[cfg(feature = "axum")]
+use tower_throttle::key::ClientIpKey;
+use tower_throttle::key::HeaderKey;
 use tower_throttle::rate_limit::{KeyPattern, Quota, RateLimitLayer, Rule};
 use tower_throttle::redact::fingerprint;
 use tower_throttle::respond::{RateLimitHeaders, ThrottleResponseLayer};
@@ -144,6 +146,8 @@ async fn a_closure_can_build_the_whole_response() {
     let _ = stop.send(());
 }
 
+// The peer address comes from axum's `ConnectInfo` (feature `axum`).
+#[cfg(feature = "axum")]
 #[tokio::test]
 async fn client_ip_keys_trust_forwarded_headers_only_when_told() {
     let app = |trust: usize| {

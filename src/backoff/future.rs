@@ -1,4 +1,4 @@
-//! The backoff response future: waits out or refuses a cooldown, and reads the answer for a 429.
+//! The backoff response future: reads a shared route, waits out or refuses a cooldown, and reads the answer (a 429, a 503, an exhausted success).
 
 use std::fmt;
 use std::future::Future;

@@ -1,4 +1,4 @@
-//! `RateLimitLayer`: quotas, rules, mode and store, set once and shared by its services.
+//! `RateLimitLayer`: quotas, rules, mode and store, built once and shared by its services (a handle retunes them).
 
 use std::fmt;
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! `MakeResponse` and `ThrottleResponseLayer`: a refusal turned into a 429 or 503 answer.
+//! `MakeResponse` and `ThrottleResponseLayer`: a refusal turned into an HTTP answer (429, 503, 413 or 400).
 
 use std::convert::Infallible;
 use std::fmt;

@@ -384,7 +384,7 @@ pub fn infer(timeline: &Timeline, interrupted: bool) -> Inference {
         .find(|f| f.limiter == Limiter::TokenBucket)
         .and_then(|f| Some(f64::from(f.limit) / f.window_s?));
     let off = match (bucket_rate, signals.probes_admitted_per_s) {
-        (Some(fitted), Some(seen_rate)) if seen_rate > 0.0 => {
+        (Some(fitted), Some(seen_rate)) if seen_rate.is_finite() && seen_rate > 0.0 => {
             (fitted / seen_rate).ln().abs() > 1.25f64.ln()
         }
         _ => false,

@@ -447,7 +447,7 @@ fn limits(design: Limiter, burst_admitted: u32) -> Vec<u32> {
 }
 
 /// Windows around the one the probes measured (`burst` refilled at
-/// `per_s`), 1% apart within 30% of it, when it lies outside what the hint
+/// `per_s`), 1% apart within about 30% of it either way, when it lies outside what the hint
 /// spans: nginx at `rate=120r/m` refills every 0.5 s, a window of 5.5 s
 /// for its burst of 11, which a 60 s hint never reaches.
 fn measured_windows(burst: u32, per_s: Option<f64>, hint: f64) -> Vec<f64> {
@@ -464,8 +464,9 @@ fn measured_windows(burst: u32, per_s: Option<f64>, hint: f64) -> Vec<f64> {
 
 /// The best limit and window for `design` on `seen`: the candidates with
 /// the fewest mismatches; their spread is how sure the fit is. `per_s` is
-/// the rate the probes after the burst were admitted at, if measured: the
-/// windows it implies are tried too, so a wrong hint cannot hide the truth.
+/// the rate the probes after the burst were admitted at, if measured: for a
+/// token bucket the windows it implies are tried too, so a wrong hint cannot
+/// hide the truth, and of windows that fit as well the nearest to it wins.
 pub fn fit(
     design: Limiter,
     seen: &[Seen],
@@ -543,8 +544,9 @@ pub fn fit(
         }
     }
     let burst_best = burst_row.iter().map(|r| r.1).min();
+    // Kept among the ties; the design's `mismatches` stays its best, so
+    // that designs are still weighed by how well they can fit.
     if let Some(near) = burst_best.filter(|&w| w == best.saturating_add(1)) {
-        best = near;
         ties.extend(
             burst_row
                 .iter()
@@ -553,7 +555,8 @@ pub fn fit(
         );
     }
     // The middle of the windows that fit best; of its limits, the one
-    // nearest the burst's.
+    // nearest the burst's (and the burst's own, below, whenever it is
+    // among them).
     ties.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
     ties.dedup();
     let (mut limit, mut window) = ties
@@ -580,7 +583,9 @@ pub fn fit(
     // of the windows that fit as well for this limit, the nearest to it
     // (probes 0.25 s apart cannot tell a refill every 0.3 s from one every
     // 0.5 s; the rate they were admitted at can).
-    if let Some(per_s) = per_s.filter(|r| design == Limiter::TokenBucket && *r > 0.0) {
+    if let Some(per_s) =
+        per_s.filter(|r| design == Limiter::TokenBucket && r.is_finite() && *r > 0.0)
+    {
         let seen_window = f64::from(limit) / per_s;
         if let Some(&(_, w)) = ties.iter().filter(|t| t.0 == limit).min_by(|a, b| {
             (a.1 / seen_window)

@@ -1,4 +1,4 @@
-//! The joint layer's response future: waits for every part, then gives back what the outcome does not count.
+//! The joint layer's response future: awaits the inner service, then gives back each part's booking the outcome does not count.
 
 use std::fmt;
 use std::future::Future;

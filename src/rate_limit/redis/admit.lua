@@ -165,7 +165,7 @@ while ARGV[i] do
       -- back. A window counting requests holds ones, but for the oldest
       -- two at most (what a key took over, and a whole window when it
       -- moved between rules, both made with its state); another is read
-      -- whole, which its limit bounds (rate.rs). Numbering starts afresh
+      -- whole, which its limit bounds (rate_limit/redis/mod.rs). Numbering starts afresh
       -- at now (µs), past every number a key ever had.
       q.sum, q.seq, q.card, q.ttl, q.last = 0, 0, 0, 0, nil
       local newest = redis.call('ZREVRANGEBYSCORE', q.key, '+inf', 0, 'WITHSCORES', 'LIMIT', 0, 1)

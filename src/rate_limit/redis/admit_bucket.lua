@@ -1,5 +1,5 @@
 -- admit.lua for its commonest call, one token bucket with no rules and no
--- quota it replaced (rate.rs sends this one only those): the same keys,
+-- quota it replaced (rate_limit/redis/mod.rs sends this one only those): the same keys,
 -- arguments, state and reply, the same arithmetic, and nothing else, so
 -- that it costs Redis what any GCRA must (TIME, GET, SET PX) and little
 -- more. Kept beside admit.lua's token bucket: a change to one is a change

@@ -23,7 +23,7 @@ pub(crate) struct Refused {
 #[derive(Clone, Copy, Debug)]
 struct Refusal {
     /// The earliest a request of `cost` could be admitted, on the store's
-    /// local clock ([`RedisStore::local_micros`]).
+    /// local clock (`RedisStore::local_micros`).
     until: u64,
     /// Until when the refusal is answered from here: at most
     /// [`CACHED_FOR`] after it was heard, since a reset, a new turn or a

@@ -1,4 +1,4 @@
-//! The Redis connection's unit tests: URLs, prefixes, the breaker's use, replies.
+//! The Redis store's unit tests: a key's states in one Cluster hash slot, and prefixes with braces refused.
 
 use super::*;
 

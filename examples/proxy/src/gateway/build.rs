@@ -23,7 +23,7 @@ use crate::live;
 use crate::reply::json_error;
 use crate::tls::{HttpsClient, TlsClients, UpstreamTls};
 
-fn parse_duration(field: &str, text: Option<&str>) -> Result<Option<Duration>, ConfigError> {
+fn optional_duration(field: &str, text: Option<&str>) -> Result<Option<Duration>, ConfigError> {
     text.map(|t| tower_throttle::config::parse_duration(field, t))
         .transpose()
 }
@@ -94,14 +94,14 @@ pub(super) fn build(
         Some(c) => (
             c.max_queue
                 .map_or(usize::MAX, |q| usize::try_from(q).unwrap_or(usize::MAX)),
-            parse_duration("concurrency.queue_timeout", c.queue_timeout.as_deref())?,
+            optional_duration("concurrency.queue_timeout", c.queue_timeout.as_deref())?,
             c.release_at_headers == Some(true),
         ),
         None => (usize::MAX, None, false),
     };
     let backoff_wait = match &settings.file.backoff {
         Some(b) if b.mode.as_deref() == Some("wait") => {
-            parse_duration("backoff.max_wait", b.max_wait.as_deref())?.unwrap_or(Duration::ZERO)
+            optional_duration("backoff.max_wait", b.max_wait.as_deref())?.unwrap_or(Duration::ZERO)
         }
         _ => Duration::ZERO,
     };
