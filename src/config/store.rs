@@ -152,3 +152,17 @@ impl StoreConfig {
         Ok(store)
     }
 }
+
+#[cfg(all(test, not(feature = "redis")))]
+mod tests {
+    use crate::config::StackConfig;
+
+    #[test]
+    fn a_build_without_redis_refuses_a_store_section_by_name() {
+        let err = StackConfig::from_toml("[store]\nredis_url = \"redis://127.0.0.1:6379\"")
+            .and_then(|c| c.validate())
+            .unwrap_err();
+        assert_eq!(err.field, "store", "{err}");
+        assert!(err.to_string().contains("`redis` feature"), "{err}");
+    }
+}
