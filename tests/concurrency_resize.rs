@@ -2,8 +2,6 @@
 //! requests in flight are never dropped, waiters keep their order, on the
 //! single-key fast path and with keyed permits alike.
 
-#![cfg(feature = "test-util")]
-
 mod support;
 
 use std::future::Future;

@@ -1,7 +1,7 @@
 //! Backoff429Layer with its cooldowns in Redis: two layers standing for
 //! two replicas of a gateway share each route's cooldown and 429 streak.
 
-#![cfg(all(feature = "test-util", feature = "redis"))]
+#![cfg(feature = "redis")]
 
 use testkit::redis as redis_server;
 mod support;

@@ -3,7 +3,7 @@
 //! tag, so each script touches one slot, while different keys spread over
 //! the masters.
 
-#![cfg(all(feature = "test-util", feature = "redis"))]
+#![cfg(feature = "redis")]
 
 use testkit::redis as redis_server;
 mod support;

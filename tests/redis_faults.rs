@@ -2,7 +2,7 @@
 //! its scripts: every request ends within the timeout (plus a little), as
 //! the chosen fail mode says, and limiting resumes by itself.
 
-#![cfg(all(feature = "test-util", feature = "redis"))]
+#![cfg(feature = "redis")]
 
 use testkit::capture;
 use testkit::redis as redis_server;

@@ -2,7 +2,7 @@
 //! methods after `with_store`, and replies no script of ours gives. Each
 //! test starts a `redis-server` of its own (see `support/redis.rs`).
 
-#![cfg(all(feature = "test-util", feature = "redis"))]
+#![cfg(feature = "redis")]
 
 use testkit::capture;
 use testkit::redis as redis_server;

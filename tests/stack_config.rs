@@ -1,8 +1,6 @@
 //! One configuration file for a whole stack: parsing, field paths in
 //! errors, and the tighten-only merge of whole-stack configs.
 
-#![cfg(feature = "test-util")]
-
 mod support;
 
 use tower_throttle::config::StackConfig;

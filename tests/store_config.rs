@@ -2,7 +2,7 @@
 //! is, never showing its secrets, and building layers that keep their
 //! state in Redis.
 
-#![cfg(all(feature = "test-util", feature = "redis"))]
+#![cfg(feature = "redis")]
 
 use testkit::redis as redis_server;
 mod support;
