@@ -9,6 +9,7 @@ mod support;
 
 use testkit::local_server;
 
+use proxy::learn::RELEASE_AFTER_SILENT;
 use proxy::{config, gateway};
 
 use std::collections::HashMap;
@@ -44,9 +45,11 @@ impl Seen {
 
 /// The rate-limit headers the fake upstream sends for `model`, the `n`th
 /// request of it.
-fn announced(model: &str) -> Vec<(&'static str, String)> {
+fn announced(model: &str, n: u32) -> Vec<(&'static str, String)> {
     let h = |name: &'static str, value: &str| (name, value.to_owned());
     match model {
+        // 8 a minute, said on the first two answers only.
+        "quiet-later" if n <= 2 => vec![h("x-ratelimit-limit-requests", "8")],
         // 5 per minute (OpenAI); it says nothing of what is left, so only
         // the learned limit can keep the gateway below it.
         "five" | "star*" => vec![
@@ -100,7 +103,7 @@ async fn upstream() -> (Server, Seen) {
         };
         let mut response =
             axum::http::Response::builder().header("content-type", "application/json");
-        for (name, value) in announced(&model) {
+        for (name, value) in announced(&model, n) {
             response = response.header(name, value);
         }
         if matches!(model.as_str(), "five" | "star*") && n > 5 {
@@ -263,6 +266,35 @@ async fn without_learn_limits_the_upstream_meets_the_sixth() {
     assert_eq!(proxy.seen.of("five"), 6);
     assert_eq!(*proxy.seen.refused.lock(), 1);
     assert!(proxy.route("up/five").await["learned"].is_null());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_the_provider_stops_stating_is_released() {
+    let proxy = Proxy::start(true).await;
+    let held = |route: Value| {
+        let learned = &route["learned"];
+        (
+            learned["quotas"][0]["limit"].clone(),
+            learned["in_force"].clone(),
+        )
+    };
+    assert_eq!(proxy.send("quiet-later").await, (200, String::new()));
+    assert_eq!(
+        held(proxy.route("up/quiet-later").await),
+        (8.into(), true.into())
+    );
+    // The 2nd states it again, then five answers in a row state nothing.
+    for n in 2..=(2 + RELEASE_AFTER_SILENT) {
+        assert_eq!(proxy.send("quiet-later").await, (200, String::new()), "{n}");
+    }
+    let route = proxy.route("up/quiet-later").await;
+    assert_eq!(held(route.clone()), (60.into(), false.into()), "{route}");
+    assert_eq!(route["learned"]["configured"][0]["limit"], 60);
+    // Held to 8 a minute, the 9th would be refused.
+    for n in 8..=12 {
+        assert_eq!(proxy.send("quiet-later").await, (200, String::new()), "{n}");
+    }
+    assert_eq!(proxy.seen.of("quiet-later"), 12);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

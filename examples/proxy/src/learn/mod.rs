@@ -32,7 +32,16 @@
 //!
 //! The limiter is retuned only when a learned limit changes, at most once
 //! a second per route (a change within that second is applied with the
-//! route's next response after it), and at most `max_routes` routes learn.
+//! route's next request or response after it), and at most `max_routes`
+//! routes learn.
+//!
+//! A learned limit is released (the route goes back to its configured
+//! quotas) when a response states a higher one (up to the configured
+//! value, which `tighten` never exceeds), after [`RELEASE_AFTER_SILENT`]
+//! responses in a row that state none, or when the route's next request
+//! comes [`LAPSE_AFTER`] (an hour) after its last response. Refusals by the
+//! learned limit itself release nothing: they are not responses. Each
+//! change is logged, at most one line per route per [`LOG_EVERY`].
 //! A reload re-applies the learned rules on top of the new configuration;
 //! a provider whose `learn_limits` a reload turns off has its learned
 //! rules dropped (its routes go back to their configured rule, spent).
@@ -52,20 +61,25 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::HeaderMap;
 use parking_lot::Mutex;
-use serde::Serialize;
-use tower_throttle::backoff::{Announced, Announcement, HeaderFamily, announced_limits_in};
+use tower_throttle::backoff::{HeaderFamily, announced_limits_in};
 use tower_throttle::error::ConfigError;
-use tower_throttle::rate_limit::{
-    Algorithm, KeyPattern, Limits, Quota, RateLimitHandle, Rule, Unit as QuotaUnit,
-};
+use tower_throttle::rate_limit::{KeyPattern, Limits, Quota, RateLimitHandle, Rule};
 use tower_throttle::redact::{Escaped, Quoted};
 
 use crate::config::Settings;
 use crate::gateway::Route;
+
+mod info;
+mod tighten;
+
+pub use info::{LearnedInfo, QuotaInfo, UnitInfo};
+pub use tighten::{Learned, Unit, tighten};
+
+use info::record;
 
 /// How learned rules are named: `(learned openai/gpt-4o)`. Configured
 /// rules may not start so (see `config`).
@@ -74,145 +88,19 @@ pub const RULE_PREFIX: &str = "(learned ";
 /// The shortest time between two retunes for one route.
 pub const RETUNE_EVERY: Duration = Duration::from_secs(1);
 
-/// What a quota counts, and so which learned limits may tighten it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unit {
-    /// Requests: `x-ratelimit-limit-requests` and the like.
-    Requests,
-    /// Tokens (a cost): `x-ratelimit-limit-tokens` and the like.
-    Tokens,
-}
+/// Responses in a row that state no limit, after which a route's learned
+/// limits are released: the provider stopped announcing them (a changed
+/// plan, another deployment behind the same URL). Several, so that one
+/// error page from a proxy in between does not release them.
+pub const RELEASE_AFTER_SILENT: u32 = 5;
 
-/// One learned limit: `limit` units per `window`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Learned {
-    /// Units per window.
-    pub limit: u32,
-    /// The window.
-    pub window: Duration,
-}
+/// How long a learned limit lasts with no response at all on its route.
+/// Not shorter: refusals by the learned limit itself stop the responses
+/// that would restate it, and that must not loosen it.
+pub const LAPSE_AFTER: Duration = Duration::from_secs(3600);
 
-impl Learned {
-    /// A limit a quota can be lowered to, from what a response said; `None`
-    /// for a zero limit (which would silence the route: not trusted), no
-    /// window, or a window no quota can have.
-    pub fn from_announced(said: &Announced) -> Option<Self> {
-        let limit = u32::try_from(said.limit?).unwrap_or(u32::MAX);
-        let window = said.window?;
-        Quota::new(limit, window).ok()?;
-        Some(Self { limit, window })
-    }
-}
-
-/// `quotas` tightened to `learned`, for the quotas counting `unit`: each of
-/// the window's period lowered to the learned limit (never raised), and a
-/// quota of the learned limit added when none has that period.
-///
-/// A token limit only lowers quotas counting tokens: a route with none is
-/// charged no estimate, so one added would count a token per request.
-pub fn tighten(quotas: &[Quota], unit: Unit, learned: &[Learned]) -> Vec<Quota> {
-    let counts = |q: &Quota| match unit {
-        Unit::Requests => q.unit() == QuotaUnit::Requests,
-        Unit::Tokens => q.unit() == QuotaUnit::Cost,
-    };
-    let mut out = quotas.to_vec();
-    for l in learned {
-        let mut found = false;
-        for q in out.iter_mut().filter(|q| counts(q)) {
-            if q.period() != l.window || q.algorithm() == Algorithm::TurnBudget {
-                continue;
-            }
-            found = true;
-            if let Some(lower) = lowered(q, l.limit) {
-                *q = lower;
-            }
-        }
-        if !found && unit == Unit::Requests {
-            let algorithm = quotas
-                .iter()
-                .map(Quota::algorithm)
-                .find(|a| *a != Algorithm::TurnBudget)
-                .unwrap_or(Algorithm::TokenBucket);
-            if let Ok(q) = Quota::new(l.limit, l.window) {
-                out.push(q.with_algorithm(algorithm).with_unit(QuotaUnit::Requests));
-            }
-        }
-    }
-    out
-}
-
-/// `q` with its limit (and burst) at most `limit`; `None` when that changes
-/// nothing or cannot be built.
-fn lowered(q: &Quota, limit: u32) -> Option<Quota> {
-    if limit >= q.limit() {
-        return None;
-    }
-    let lower = Quota::new(limit, q.period())
-        .ok()?
-        .with_algorithm(q.algorithm())
-        .with_unit(q.unit());
-    if q.algorithm() == Algorithm::TokenBucket {
-        lower.with_burst(q.burst().min(limit)).ok()
-    } else {
-        Some(lower)
-    }
-}
-
-/// What a route's provider said of one unit, and when.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct UnitInfo {
-    /// Units per window.
-    pub limit: Option<u64>,
-    /// Units left when it was said.
-    pub remaining: Option<u64>,
-    /// Seconds until the limit was whole again, as said.
-    pub reset_seconds: Option<f64>,
-    /// The window, seconds.
-    pub window_seconds: Option<f64>,
-    /// When it was said, Unix seconds.
-    pub learned_unix: f64,
-}
-
-impl UnitInfo {
-    fn new(said: &Announced, at: SystemTime) -> Self {
-        Self {
-            limit: said.limit,
-            remaining: said.remaining,
-            reset_seconds: said.reset.map(|d| d.as_secs_f64()),
-            window_seconds: said.window.map(|d| d.as_secs_f64()),
-            learned_unix: at
-                .duration_since(UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64()),
-        }
-    }
-}
-
-/// A route's learned limits, as `/stats` shows them.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct LearnedInfo {
-    /// The rule the route is limited by.
-    pub rule: String,
-    /// Requests.
-    pub requests: Option<UnitInfo>,
-    /// Tokens (input and output).
-    pub tokens: Option<UnitInfo>,
-    /// Input tokens.
-    pub input_tokens: Option<UnitInfo>,
-    /// Output tokens.
-    pub output_tokens: Option<UnitInfo>,
-}
-
-impl LearnedInfo {
-    /// The units said, with their names as `/metrics` labels them.
-    pub fn units(&self) -> [(&'static str, Option<&UnitInfo>); 4] {
-        [
-            ("requests", self.requests.as_ref()),
-            ("tokens", self.tokens.as_ref()),
-            ("input_tokens", self.input_tokens.as_ref()),
-            ("output_tokens", self.output_tokens.as_ref()),
-        ]
-    }
-}
+/// The shortest time between two log lines for one route's changes.
+pub const LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// A route's learned request and token limits.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -230,6 +118,68 @@ struct Entry {
     /// The request and token limits last said.
     said: Limited,
     last_retune: Option<Instant>,
+    /// The last response on the route, with or without limits.
+    last_response: Instant,
+    /// Responses in a row that stated no limit.
+    silent: u32,
+    /// The last change logged, and how many changes were not logged since.
+    logged: Option<Instant>,
+    unlogged: u32,
+}
+
+impl Entry {
+    /// Forget what was said: the route goes back to its configuration.
+    fn release(&mut self) {
+        self.said = Limited::default();
+    }
+
+    /// Apply what was said, if it changed and the route may be retuned
+    /// `at`; true when it was. A release is applied at once: it follows
+    /// several responses, so it cannot come faster than they do.
+    fn apply_said(&mut self, at: Instant) -> bool {
+        let due = self.said == Limited::default()
+            || self
+                .last_retune
+                .is_none_or(|last| at.saturating_duration_since(last) >= RETUNE_EVERY);
+        if self.said == self.applied || !due {
+            return false;
+        }
+        self.applied = self.said;
+        self.last_retune = Some(at);
+        self.info.in_force = self.applied.requests.is_some() || self.applied.tokens.is_some();
+        true
+    }
+
+    /// One log line per route per [`LOG_EVERY`] at most: a provider whose
+    /// stated limit moves with every response must not flood the log.
+    fn log_change(&mut self, route: &Route, at: Instant) {
+        if self
+            .logged
+            .is_some_and(|last| at.saturating_duration_since(last) < LOG_EVERY)
+        {
+            self.unlogged = self.unlogged.saturating_add(1);
+            return;
+        }
+        let unlogged = std::mem::take(&mut self.unlogged);
+        self.logged = Some(at);
+        let route = Quoted(&route.to_string()).to_string();
+        if self.applied == Limited::default() {
+            tracing::info!(
+                route,
+                changes_not_logged = unlogged,
+                "learn_limits: released; the route is back to its configured limits"
+            );
+        } else {
+            tracing::info!(
+                route,
+                requests = self.applied.requests.map(|l| l.limit),
+                tokens = self.applied.tokens.map(|l| l.limit),
+                window = ?self.applied.requests.or(self.applied.tokens).map(|l| l.window),
+                changes_not_logged = unlogged,
+                "learn_limits: the provider states its limits"
+            );
+        }
+    }
 }
 
 /// The configuration the learned rules are built on.
@@ -310,14 +260,31 @@ impl Learner {
     }
 
     /// Before `route`'s request is admitted: give a new route of a learning
-    /// provider its rule, so that learning later retunes it in place.
+    /// provider its rule, so that learning later retunes it in place; and
+    /// release a route's learned limits after [`LAPSE_AFTER`] without a
+    /// response.
     pub fn prepare(&self, route: &Route) {
+        self.prepare_at(route, Instant::now());
+    }
+
+    /// [`prepare`](Self::prepare) at `at`.
+    pub fn prepare_at(&self, route: &Route, at: Instant) {
         if !self.any.load(Ordering::Relaxed) {
             return;
         }
         let mut state = self.state.lock();
-        if !state.config.learning.contains_key(&route.provider) || state.routes.contains_key(route)
-        {
+        if !state.config.learning.contains_key(&route.provider) {
+            return;
+        }
+        if let Some(entry) = state.routes.get_mut(route) {
+            if at.saturating_duration_since(entry.last_response) >= LAPSE_AFTER {
+                entry.release();
+            }
+            // Also a change held back by RETUNE_EVERY, now due.
+            if entry.apply_said(at) {
+                entry.log_change(route, at);
+                self.retune(&mut state);
+            }
             return;
         }
         if state.routes.len() >= state.config.max_routes {
@@ -343,60 +310,73 @@ impl Learner {
                 applied: Limited::default(),
                 said: Limited::default(),
                 last_retune: None,
+                last_response: at,
+                silent: 0,
+                logged: None,
+                unlogged: 0,
             },
         );
         self.retune(&mut state);
     }
 
     /// Read what `route`'s response says of its limits; retune when its
-    /// request limit changed (at most once a second per route).
+    /// limits changed (at most once a second per route). After
+    /// [`RELEASE_AFTER_SILENT`] responses in a row that state none, the
+    /// route's learned limits are released.
     pub fn observe(&self, route: &Route, headers: &HeaderMap) {
+        self.observe_at(route, headers, SystemTime::now(), Instant::now());
+    }
+
+    /// [`observe`](Self::observe) at wall-clock `now`, monotonic `at`.
+    pub fn observe_at(&self, route: &Route, headers: &HeaderMap, now: SystemTime, at: Instant) {
         if !self.any.load(Ordering::Relaxed) {
             return;
         }
-        let now = SystemTime::now();
         let mut state = self.state.lock();
         let Some(&family) = state.config.learning.get(&route.provider) else {
             return;
         };
-        let said = announced_limits_in(headers, now, family);
-        if said.is_empty() {
-            return;
-        }
         let Some(entry) = state.routes.get_mut(route) else {
             return;
         };
-        record(&mut entry.info, &said, now);
-        if let Some(learned) = Learned::from_announced(&said.requests) {
-            entry.said.requests = Some(learned);
+        entry.last_response = at;
+        let said = announced_limits_in(headers, now, family);
+        if said.is_empty() {
+            entry.silent = entry.silent.saturating_add(1);
+            if entry.silent >= RELEASE_AFTER_SILENT {
+                entry.release();
+            }
+        } else {
+            entry.silent = 0;
+            record(&mut entry.info, &said, now);
+            if let Some(learned) = Learned::from_announced(&said.requests) {
+                entry.said.requests = Some(learned);
+            }
+            if let Some(learned) = Learned::from_announced(&said.tokens) {
+                entry.said.tokens = Some(learned);
+            }
         }
-        if let Some(learned) = Learned::from_announced(&said.tokens) {
-            entry.said.tokens = Some(learned);
-        }
-        let due = entry
-            .last_retune
-            .is_none_or(|at| at.elapsed() >= RETUNE_EVERY);
-        if entry.said != entry.applied && due {
-            entry.applied = entry.said;
-            entry.last_retune = Some(Instant::now());
-            tracing::info!(
-                route = %Quoted(&route.to_string()),
-                requests = entry.applied.requests.map(|l| l.limit),
-                tokens = entry.applied.tokens.map(|l| l.limit),
-                window = ?entry.applied.requests.or(entry.applied.tokens).map(|l| l.window),
-                "learn_limits: the provider states its limits"
-            );
+        if entry.apply_said(at) {
+            entry.log_change(route, at);
             self.retune(&mut state);
         }
     }
 
     /// Every learning route's learned values, by route name.
     pub fn snapshot(&self) -> HashMap<String, LearnedInfo> {
-        self.state
-            .lock()
+        let state = self.state.lock();
+        state
             .routes
             .iter()
-            .map(|(route, entry)| (route.to_string(), entry.info.clone()))
+            .map(|(route, entry)| {
+                let (configured, _, quotas) = route_quotas(&state.config, route, entry);
+                let info = LearnedInfo {
+                    configured: configured.iter().map(QuotaInfo::from).collect(),
+                    quotas: quotas.iter().map(QuotaInfo::from).collect(),
+                    ..entry.info.clone()
+                };
+                (route.to_string(), info)
+            })
             .collect()
     }
 
@@ -420,18 +400,23 @@ fn rule_name(route: &Route) -> String {
     format!("{RULE_PREFIX}{route})")
 }
 
-fn record(info: &mut LearnedInfo, said: &Announcement, at: SystemTime) {
-    let units = [
-        (&mut info.requests, &said.requests),
-        (&mut info.tokens, &said.tokens),
-        (&mut info.input_tokens, &said.input_tokens),
-        (&mut info.output_tokens, &said.output_tokens),
-    ];
-    for (slot, said) in units {
-        if !said.is_empty() {
-            *slot = Some(UnitInfo::new(said, at));
-        }
-    }
+/// The quotas the configuration gives `route`, whether its rule is a dry
+/// run, and those quotas tightened by what `entry` holds in force.
+fn route_quotas<'c>(
+    config: &'c Config,
+    route: &Route,
+    entry: &Entry,
+) -> (&'c [Quota], bool, Vec<Quota>) {
+    let parts = [&*route.provider, &*route.model];
+    let (configured, dry_run) = match Rule::find(&config.limits.rules, &parts) {
+        Some(rule) => (rule.quotas(), rule.is_dry_run()),
+        None => (&config.limits.default[..], false),
+    };
+    let requests: Vec<Learned> = entry.applied.requests.into_iter().collect();
+    let tokens: Vec<Learned> = entry.applied.tokens.into_iter().collect();
+    let quotas = tighten(configured, Unit::Requests, &requests);
+    let quotas = tighten(&quotas, Unit::Tokens, &tokens);
+    (configured, dry_run, quotas)
 }
 
 /// The learned rules (first, so that they win over a configured rule of the
@@ -444,17 +429,11 @@ fn rules(config: &Config, routes: &HashMap<Route, Entry>) -> Result<Vec<Rule>, C
     learning.sort_by_key(|(_, entry)| entry.id);
     let mut rules = Vec::with_capacity(learning.len() + config.limits.rules.len());
     for (route, entry) in learning {
+        let (_, dry_run, quotas) = route_quotas(config, route, entry);
         let parts = [&*route.provider, &*route.model];
-        let (quotas, dry_run) = match Rule::find(&config.limits.rules, &parts) {
-            Some(rule) => (rule.quotas(), rule.is_dry_run()),
-            None => (&config.limits.default[..], false),
-        };
-        let requests: Vec<Learned> = entry.applied.requests.into_iter().collect();
-        let tokens: Vec<Learned> = entry.applied.tokens.into_iter().collect();
         let mut rule =
             Rule::new(rule_name(route), KeyPattern::literal(parts)?).with_dry_run(dry_run);
-        let quotas = tighten(quotas, Unit::Requests, &requests);
-        for quota in tighten(&quotas, Unit::Tokens, &tokens) {
+        for quota in quotas {
             rule = rule.with_quota(quota);
         }
         rules.push(rule);
@@ -464,54 +443,4 @@ fn rules(config: &Config, routes: &HashMap<Route, Entry>) -> Result<Vec<Rule>, C
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn per_minute(limit: u32) -> Learned {
-        Learned {
-            limit,
-            window: Duration::from_secs(60),
-        }
-    }
-
-    #[test]
-    fn tighten_lowers_never_raises_and_adds_a_missing_period() {
-        let requests = |q: Quota| q.with_unit(QuotaUnit::Requests);
-        let config = [
-            requests(Quota::per_minute(60).unwrap().with_burst(10).unwrap()),
-            requests(Quota::per_second(5).unwrap().sliding_window()),
-        ];
-        let lower = tighten(&config, Unit::Requests, &[per_minute(5)]);
-        assert_eq!(lower[0].limit(), 5);
-        assert_eq!(lower[0].burst(), 5);
-        assert_eq!(lower[1], config[1]);
-
-        let higher = tighten(&config, Unit::Requests, &[per_minute(1000)]);
-        assert_eq!(higher, config.to_vec());
-
-        let hourly = Learned {
-            limit: 100,
-            window: Duration::from_secs(3600),
-        };
-        let added = tighten(&config, Unit::Requests, &[hourly]);
-        assert_eq!(added.len(), 3);
-        assert_eq!(added[2].limit(), 100);
-        assert_eq!(added[2].algorithm(), Algorithm::TokenBucket);
-
-        assert_eq!(added[2].unit(), QuotaUnit::Requests);
-
-        let unlimited = tighten(&[], Unit::Requests, &[per_minute(7)]);
-        assert_eq!(unlimited, vec![requests(Quota::per_minute(7).unwrap())]);
-
-        // A token limit lowers only quotas counting tokens, and adds none.
-        assert_eq!(
-            tighten(&config, Unit::Tokens, &[per_minute(5)]),
-            config.to_vec()
-        );
-        let with_tokens = [config[0], Quota::per_minute(30_000).unwrap()];
-        let lower = tighten(&with_tokens, Unit::Tokens, &[per_minute(20_000)]);
-        assert_eq!(lower[0], config[0]);
-        assert_eq!(lower[1].limit(), 20_000);
-        assert_eq!(lower[1].unit(), QuotaUnit::Cost);
-    }
-}
+mod tests;
