@@ -423,6 +423,41 @@ impl fmt::Display for StoreUnavailable {
 
 impl Error for StoreUnavailable {}
 
+/// A call to the shared store (Redis) that is not an admission failed: it
+/// was not answered in time, Redis answered with an error, or it was
+/// refused before it was sent (see
+/// [`RedisStore::put_note`](crate::redis::RedisStore::put_note)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoreCallFailed {
+    /// The call: `put_note` or `notes`.
+    pub call: &'static str,
+    /// Why, as a sentence.
+    pub reason: String,
+}
+
+impl StoreCallFailed {
+    /// `call` failed for `reason`.
+    pub fn new(call: &'static str, reason: impl Into<String>) -> Self {
+        Self {
+            call,
+            reason: reason.into(),
+        }
+    }
+}
+
+impl fmt::Display for StoreCallFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the shared store's {} failed: {}",
+            self.call, self.reason
+        )
+    }
+}
+
+impl Error for StoreCallFailed {}
+
 /// The request body is longer than a
 /// [`BufferBodyLayer`](crate::buffer::BufferBodyLayer) reads; nothing was
 /// sent to the inner service.

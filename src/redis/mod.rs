@@ -16,6 +16,10 @@
 //!   the order of their instants.
 //! - [`Backoff429Layer::with_store`](crate::backoff::Backoff429Layer::with_store):
 //!   a 429 (or 503) one replica sees starts the route's cooldown for all.
+//! - [`RedisStore::put_note`] and [`RedisStore::notes`]: short notes on a
+//!   board every replica reads, for what one replica learned that the
+//!   others should act on (the example gateway shares the limits its
+//!   providers state this way).
 //!
 //! # Key names
 //!
@@ -58,7 +62,7 @@
 //! - **ACL:** a user of its own needs the scripts' calls and the commands
 //!   inside them, on the store's prefix only:
 //!   `+evalsha +script|load +get +set +del +unlink +exists +hmget +hset
-//!   +pexpire +time +zadd +zcount +zrange +zrangebyscore +zrevrange
+//!   +hexists +hlen +hgetall +hdel +pttl +pexpire +time +zadd +zcount +zrange +zrangebyscore +zrevrange
 //!   +zrevrangebyscore +zrem +zremrangebyrank +zscore ~PREFIX*`
 //!   (`+cluster|slots` as well on a Cluster).
 //! - **Memory:** `maxmemory-policy noeviction`, or a Redis (or database)
@@ -138,7 +142,10 @@
 
 mod breaker;
 mod names;
+mod notes;
 mod store;
+
+pub use notes::Note;
 
 pub(crate) use store::StoreError;
 pub use store::{DEFAULT_PREFIX, DEFAULT_TIMEOUT, OnError, RedisStore};

@@ -444,3 +444,71 @@ async fn a_reload_keeps_learned_limits_and_turning_learning_off_drops_them() {
     );
     assert!(proxy.route("up/five").await["learned"].is_null());
 }
+
+/// Gateways on one Redis share what any of them learned.
+#[cfg(feature = "redis")]
+mod shared {
+    use super::*;
+
+    use std::time::{Duration, Instant};
+    use testkit::redis::RedisServer;
+
+    async fn gateway(upstream: &str, redis: &str) -> Running {
+        let settings = Settings::from_toml(&config(upstream, true), &no_env)
+            .unwrap()
+            .with_redis(redis)
+            .unwrap();
+        gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
+            .await
+            .unwrap()
+    }
+
+    async fn send(gw: &Running, model: &str) -> u16 {
+        reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", gw.url()))
+            .header("content-type", "application/json")
+            .body(serde_json::json!({ "model": model, "messages": [] }).to_string())
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    }
+
+    fn holds_five(gw: &Running) -> bool {
+        let learned = gw.gateway.handles().learned.snapshot();
+        learned
+            .get("up/five")
+            .is_some_and(|l| l.in_force && l.quotas[0].limit == 5)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn what_one_gateway_learned_the_others_apply_before_their_first_response() {
+        let Some(redis) = RedisServer::start("what_one_gateway_learned") else {
+            return;
+        };
+        let (upstream, seen) = upstream().await;
+        let a = gateway(&upstream.url(""), &redis.url()).await;
+        let running = gateway(&upstream.url(""), &redis.url()).await;
+        for _ in 0..5 {
+            assert_eq!(send(&a, "five").await, 200);
+        }
+        assert_eq!(send(&a, "five").await, 429, "a learned five a minute");
+
+        // A gateway started now reads it before it serves.
+        let started = gateway(&upstream.url(""), &redis.url()).await;
+        assert!(holds_five(&started));
+        assert_eq!(send(&started, "five").await, 429);
+
+        // One already running reads it within a second or so (real time:
+        // its sync runs on its own clock).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !holds_five(&running) {
+            assert!(Instant::now() < deadline, "never applied what a learned");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(send(&running, "five").await, 429);
+        assert_eq!(seen.of("five"), 5, "no gateway sent a sixth");
+        assert_eq!(*seen.refused.lock(), 0);
+    }
+}

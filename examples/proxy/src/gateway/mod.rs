@@ -269,7 +269,9 @@ impl Gateway {
         // With a `[store]`, rate limits and cooldowns are shared with every
         // gateway on the same Redis; concurrency stays per gateway.
         #[cfg(feature = "redis")]
-        let (rate, backoff) = match settings.stack.redis_store() {
+        let store = settings.stack.redis_store().cloned();
+        #[cfg(feature = "redis")]
+        let (rate, backoff) = match store.clone() {
             Some(store) => {
                 tracing::info!(
                     prefix = %Escaped(store.prefix()),
@@ -292,6 +294,11 @@ impl Gateway {
             backoff: backoff.handle(),
             learned: Arc::new(Learner::new(rate.handle())),
         };
+        #[cfg(feature = "redis")]
+        if let Some(store) = store {
+            // What one gateway learns of a provider's limits, all apply.
+            handles.learned.share_through(store);
+        }
         live::apply(&handles, &settings)?;
         let counters = Arc::new(UpstreamCounters::new(tracked.clone()));
         let upstream = Upstream {

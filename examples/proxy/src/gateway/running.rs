@@ -10,6 +10,7 @@ use tower_throttle::error::ConfigError;
 
 use super::{Gateway, router};
 use crate::config::{GatewaySettings, Settings};
+use crate::learn::SYNC_EVERY;
 use crate::simulator::Simulator;
 use crate::{serve, stats};
 
@@ -67,6 +68,25 @@ pub async fn start(
     };
     let gateway = Gateway::new(settings, simulator.as_ref().map(Simulator::addr), source)
         .map_err(StartError::Config)?;
+    // What other gateways on the same Redis learned, applied before the
+    // first request is served here; then read again every SYNC_EVERY.
+    let learner = gateway.handles().learned.clone();
+    if learner.shares() {
+        learner.sync().await;
+        let mut stop = gateway.shutdown_signal();
+        tokio::spawn(async move {
+            loop {
+                let stopped = tokio::select! {
+                    () = tokio::time::sleep(SYNC_EVERY) => false,
+                    _ = stop.wait_for(|s| *s) => true,
+                };
+                if stopped {
+                    return;
+                }
+                learner.sync().await;
+            }
+        });
+    }
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| StartError::Io(format!("cannot listen on {listen}: {e}")))?;

@@ -74,9 +74,11 @@ use crate::config::Settings;
 use crate::gateway::Route;
 
 mod info;
+mod shared;
 mod tighten;
 
 pub use info::{LearnedInfo, QuotaInfo, UnitInfo};
+pub use shared::SYNC_EVERY;
 pub use tighten::{Learned, Unit, tighten};
 
 use info::record;
@@ -125,6 +127,9 @@ struct Entry {
     /// The last change logged, and how many changes were not logged since.
     logged: Option<Instant>,
     unlogged: u32,
+    /// The newest note from another gateway applied (see `shared`).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    synced: u64,
 }
 
 impl Entry {
@@ -206,6 +211,8 @@ pub struct Learner {
     /// Some provider learns: lets the others' requests skip the lock.
     any: AtomicBool,
     state: Mutex<State>,
+    /// What is learned here, told to the other gateways on the same Redis.
+    sharing: shared::Sharing,
 }
 
 impl fmt::Debug for Learner {
@@ -224,6 +231,7 @@ impl Learner {
             rate,
             any: AtomicBool::new(false),
             state: Mutex::new(State::default()),
+            sharing: shared::Sharing::default(),
         }
     }
 
@@ -283,40 +291,42 @@ impl Learner {
             // Also a change held back by RETUNE_EVERY, now due.
             if entry.apply_said(at) {
                 entry.log_change(route, at);
+                self.sharing.publish(route, entry.applied);
                 self.retune(&mut state);
             }
             return;
         }
-        if state.routes.len() >= state.config.max_routes {
-            if !state.full {
-                state.full = true;
-                tracing::warn!(
-                    max_routes = state.config.max_routes,
-                    "learn_limits: max_routes routes learn already; new routes keep their configured limits"
-                );
-            }
+        if add(&mut state, route, at).is_some() {
+            self.retune(&mut state);
+        }
+    }
+
+    /// Apply what another gateway on the same Redis learned of `route`
+    /// (put at `put`, microseconds on Redis's clock): as if its response had
+    /// come here. Nothing for a provider that does not learn here.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    fn apply_shared(&self, route: &Route, said: Limited, put: u64, at: Instant) {
+        let mut state = self.state.lock();
+        if !state.config.learning.contains_key(&route.provider) {
             return;
         }
-        let id = state.next_id;
-        state.next_id += 1;
-        state.routes.insert(
-            route.clone(),
-            Entry {
-                id,
-                info: LearnedInfo {
-                    rule: rule_name(route),
-                    ..LearnedInfo::default()
-                },
-                applied: Limited::default(),
-                said: Limited::default(),
-                last_retune: None,
-                last_response: at,
-                silent: 0,
-                logged: None,
-                unlogged: 0,
-            },
-        );
-        self.retune(&mut state);
+        let known = state.routes.contains_key(route);
+        let Some(entry) = add(&mut state, route, at) else {
+            return;
+        };
+        if entry.synced >= put {
+            return;
+        }
+        entry.synced = put;
+        entry.said = said;
+        entry.silent = 0;
+        entry.last_response = at;
+        if entry.apply_said(at) {
+            entry.log_change(route, at);
+            self.retune(&mut state);
+        } else if !known {
+            self.retune(&mut state);
+        }
     }
 
     /// Read what `route`'s response says of its limits; retune when its
@@ -358,6 +368,7 @@ impl Learner {
         }
         if entry.apply_said(at) {
             entry.log_change(route, at);
+            self.sharing.publish(route, entry.applied);
             self.retune(&mut state);
         }
     }
@@ -391,6 +402,42 @@ impl Learner {
             );
         }
     }
+}
+
+/// `route`'s entry, made when it has none and `max_routes` allows (the
+/// route keeps its configured limits when it does not).
+fn add<'s>(state: &'s mut State, route: &Route, at: Instant) -> Option<&'s mut Entry> {
+    if !state.routes.contains_key(route) {
+        if state.routes.len() >= state.config.max_routes {
+            if !state.full {
+                state.full = true;
+                tracing::warn!(
+                    max_routes = state.config.max_routes,
+                    "learn_limits: max_routes routes learn already; new routes keep their configured limits"
+                );
+            }
+            return None;
+        }
+        let id = state.next_id;
+        state.next_id += 1;
+        let entry = Entry {
+            id,
+            info: LearnedInfo {
+                rule: rule_name(route),
+                ..LearnedInfo::default()
+            },
+            applied: Limited::default(),
+            said: Limited::default(),
+            last_retune: None,
+            last_response: at,
+            silent: 0,
+            logged: None,
+            unlogged: 0,
+            synced: 0,
+        };
+        state.routes.insert(route.clone(), entry);
+    }
+    state.routes.get_mut(route)
 }
 
 /// The route's rule's name, from the route itself: the same in every
