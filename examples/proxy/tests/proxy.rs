@@ -911,7 +911,12 @@ async fn the_live_page_shows_a_request_in_a_real_browser() {
         );
         return;
     };
-    let gw = start(&simulator(100, 100)).await;
+    // Learning the simulator's stated limit (100 a minute) shows too.
+    let learning = simulator(100, 100).replace(
+        r#"base_url = "simulator""#,
+        "base_url = \"simulator\"\nlearn_limits = true",
+    );
+    let gw = start(&learning).await;
     let client = reqwest::Client::new();
     let url = gw.url();
     let profile = temp_path("chromium-profile");
@@ -972,6 +977,7 @@ async fn the_live_page_shows_a_request_in_a_real_browser() {
         .unwrap_or_else(|| panic!("no row for the route in the page:\n{dom}"));
     // route, then rate limit admitted = 1.
     assert!(row.contains("<td>sim/sim-small</td><td>1</td>"), "{row}");
+    assert!(row.contains(">100/1m learned</td>"), "{row}");
     assert!(!dom.contains(r#"<tr class="empty">"#), "{dom}");
 }
 
