@@ -58,6 +58,9 @@ fn announced(model: &str, n: u32) -> Vec<(&'static str, String)> {
             h("x-ratelimit-limit-tokens", "40000"),
             h("x-ratelimit-remaining-tokens", "39000"),
         ],
+        // 5 per minute, in Anthropic's headers and in the IETF fields.
+        "five-anthropic" => vec![h("anthropic-ratelimit-requests-limit", "5")],
+        "five-ietf" => vec![h("ratelimit-policy", "\"default\";q=5;w=60")],
         "generous" => vec![h("x-ratelimit-limit-requests", "1000")],
         "generous-ietf" => vec![
             h("ratelimit-policy", "\"default\";q=1000;w=60"),
@@ -134,6 +137,13 @@ name = "ietf"
 base_url = "{upstream}"
 learn_limits = {learn}
 limit_headers = "ietf"
+
+# The same upstream, read for Anthropic's headers only.
+[[providers]]
+name = "anthropic"
+base_url = "{upstream}"
+learn_limits = {learn}
+limit_headers = "anthropic"
 
 [rate_limit]
 quotas = [{{ limit = 60, period = "1m", algorithm = "sliding_window" }}]
@@ -255,6 +265,19 @@ async fn a_learned_limit_of_five_refuses_the_sixth_at_the_gateway() {
     assert_eq!(refused, (429, "rate_limited".to_owned()));
     assert_eq!(proxy.seen.of("five"), 5, "the upstream saw exactly five");
     assert_eq!(*proxy.seen.refused.lock(), 0, "the upstream never said 429");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_stated_in_anthropic_headers_or_ietf_fields_is_learned_too() {
+    let proxy = Proxy::start(true).await;
+    for (prefix, model) in [("/anthropic", "five-anthropic"), ("/ietf", "five-ietf")] {
+        let mut statuses = Vec::new();
+        for _ in 0..6 {
+            statuses.push(proxy.post_to(prefix, model).await.status().as_u16());
+        }
+        assert_eq!(statuses, [200, 200, 200, 200, 200, 429], "{model}");
+        assert_eq!(proxy.seen.of(model), 5, "{model}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
