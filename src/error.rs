@@ -430,7 +430,7 @@ impl Error for StoreUnavailable {}
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StoreCallFailed {
-    /// The call: `put_note` or `notes`.
+    /// The call: `put_note`, `notes` or `check`.
     pub call: &'static str,
     /// Why, as a sentence.
     pub reason: String,

@@ -14,7 +14,7 @@ use arc_swap::ArcSwapOption;
 
 use super::breaker::{Breaker, Failed, Pass, TRIP_AFTER};
 use super::names::Namer;
-use crate::error::ConfigError;
+use crate::error::{ConfigError, StoreCallFailed};
 use crate::redact::{Escaped, Quoted};
 
 /// The default [timeout](RedisStore::with_timeout) of every Redis call.
@@ -318,6 +318,28 @@ impl RedisStore {
                 .await
                 .is_ok(),
             Err(_) => false,
+        }
+    }
+
+    /// Whether Redis answers now: one `PING` under the store's timeout,
+    /// outside the circuit breaker (a readiness probe asks even while
+    /// requests are decided without Redis). For a health check; the
+    /// layers never call it.
+    pub async fn check(&self) -> Result<(), StoreCallFailed> {
+        let call = async {
+            let mut conn = self.conn.get().await?;
+            ::redis::cmd("PING").query_async::<String>(&mut conn).await
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(StoreCallFailed::new(
+                "check",
+                StoreError::Redis(e).to_string(),
+            )),
+            Err(_) => Err(StoreCallFailed::new(
+                "check",
+                StoreError::Timeout(self.timeout).to_string(),
+            )),
         }
     }
 

@@ -52,6 +52,7 @@ pub mod config;
 pub mod demo;
 pub mod edge;
 pub mod gateway;
+pub mod health;
 pub mod learn;
 pub mod live;
 pub mod multipart;

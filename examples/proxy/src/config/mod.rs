@@ -42,7 +42,7 @@ pub const DEFAULT_CONFIG: &str = include_str!("../../proxy.toml");
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 
 /// Paths the gateway serves itself; no provider may be named after them.
-pub const RESERVED: [&str; 3] = ["stats", "events", "metrics"];
+pub const RESERVED: [&str; 5] = ["stats", "events", "metrics", "healthz", "readyz"];
 
 /// The longest model name a request may carry (it becomes a stats label).
 pub const MAX_MODEL_LEN: usize = 200;

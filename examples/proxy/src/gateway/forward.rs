@@ -22,7 +22,7 @@ use crate::preset::{self, Kind};
 use crate::reply::json_error;
 use crate::tls::Via;
 use crate::usage::{self, Tally, UsageBody};
-use crate::{edge, multipart, operator, stats};
+use crate::{edge, health, multipart, operator, stats};
 
 /// Request headers a client may carry an API key in: removed when the
 /// gateway sends its own (`Authorization` for OpenAI and most others,
@@ -80,7 +80,12 @@ pub fn router(gateway: Gateway) -> Result<Router, ConfigError> {
                 .layer(ThrottleResponseLayer::new())
                 .layer(operator::rate_limit()?),
         );
+    // Health first and outside every limit: a saturated gateway is alive.
+    let health = Router::new()
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz));
     Ok(operator
+        .merge(health)
         .fallback(forward)
         .layer(axum::middleware::from_fn_with_state(
             gateway.clone(),

@@ -78,7 +78,7 @@ use crate::learn::Learner;
 use crate::preset::{self, Aliases, Kind, LimitHeaders, UsageFormat};
 use crate::stats::TrackedRoutes;
 use crate::tls::{HttpsClient, TlsClients};
-use crate::{live, serve, stats, usage};
+use crate::{health, live, serve, stats, usage};
 use build::build;
 use upstream::http_client;
 
@@ -209,6 +209,8 @@ struct Inner {
     listen: OnceLock<SocketAddr>,
     /// The listener's connection counts, once it serves.
     connections: OnceLock<serve::Connections>,
+    /// What `/readyz` depends on.
+    dependencies: health::Dependencies,
 }
 
 /// The gateway's shared state; cheap to clone.
@@ -295,9 +297,9 @@ impl Gateway {
             learned: Arc::new(Learner::new(rate.handle())),
         };
         #[cfg(feature = "redis")]
-        if let Some(store) = store {
+        if let Some(store) = &store {
             // What one gateway learns of a provider's limits, all apply.
-            handles.learned.share_through(store);
+            handles.learned.share_through(store.clone());
         }
         live::apply(&handles, &settings)?;
         let counters = Arc::new(UpstreamCounters::new(tracked.clone()));
@@ -335,6 +337,10 @@ impl Gateway {
                 model_key: JsonFieldKey::new(preset::MODEL_FIELD),
                 listen: OnceLock::new(),
                 connections: OnceLock::new(),
+                #[cfg(feature = "redis")]
+                dependencies: health::Dependencies::on(store.as_ref()),
+                #[cfg(not(feature = "redis"))]
+                dependencies: health::Dependencies::default(),
             }),
         })
     }
@@ -373,6 +379,11 @@ impl Gateway {
     /// The configuration in force.
     pub fn current(&self) -> Arc<Current> {
         self.inner.current.load_full()
+    }
+
+    /// Whether the gateway can serve (`/readyz`).
+    pub async fn readiness(&self) -> health::Readiness {
+        self.inner.dependencies.readiness().await
     }
 
     /// The layers' handles.
