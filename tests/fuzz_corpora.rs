@@ -6,6 +6,8 @@
 
 use testkit::fuzz_replay;
 
+#[path = "../fuzz/checks/announced_limits.rs"]
+mod announced_limits;
 #[path = "../fuzz/checks/client_ip.rs"]
 mod client_ip;
 #[path = "../fuzz/checks/cooldown_headers.rs"]
@@ -24,6 +26,11 @@ use fuzz_replay::replay;
 #[test]
 fn cooldown_headers_corpus_passes_its_checks() {
     replay("cooldown_headers", cooldown_headers::check);
+}
+
+#[test]
+fn announced_limits_corpus_passes_its_checks() {
+    replay("announced_limits", announced_limits::check);
 }
 
 #[test]

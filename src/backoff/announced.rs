@@ -29,7 +29,8 @@ const MAX_MEMBERS: usize = 16;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Announced {
-    /// Units (requests or tokens) allowed per [`window`](Self::window).
+    /// Units (requests or tokens) allowed per [`window`](Self::window);
+    /// never zero (a limit of 0 is not read).
     pub limit: Option<u64>,
     /// Units left now.
     pub remaining: Option<u64>,
@@ -92,8 +93,9 @@ impl Announcement {
 ///   with the window from `RateLimit-Policy: 100;w=60`.
 ///
 /// Counts are plain decimal integers (no sign, fraction or exponent) and
-/// saturate at `u64::MAX`; anything else is ignored, as are windows and
-/// IETF quotas of zero.
+/// saturate at `u64::MAX`; anything else is ignored, as are limits and
+/// windows of zero (no server can be kept to a limit of 0; what else the
+/// response says still counts).
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
@@ -183,7 +185,7 @@ fn openai(headers: &HeaderMap, unit: &str) -> Announced {
             .and_then(|name| text(headers, &name).map(str::to_owned))
     };
     let said = Announced {
-        limit: get("limit").as_deref().and_then(count),
+        limit: get("limit").as_deref().and_then(limit),
         remaining: get("remaining").as_deref().and_then(count),
         reset: get("reset").as_deref().and_then(go_duration),
         window: None,
@@ -199,7 +201,7 @@ fn anthropic(headers: &HeaderMap, unit: &str, now: SystemTime) -> Announced {
             .and_then(|name| text(headers, &name).map(str::to_owned))
     };
     let said = Announced {
-        limit: get("limit").as_deref().and_then(count),
+        limit: get("limit").as_deref().and_then(limit),
         remaining: get("remaining").as_deref().and_then(count),
         reset: get("reset")
             .as_deref()
@@ -284,7 +286,7 @@ fn ietf(headers: &HeaderMap) -> Announced {
         // A quota of zero would always be the lowest rate and hide the
         // real ones: not a policy anyone can keep to.
         let (Some(q), Some(w)) = (
-            policy.param("q").and_then(count).filter(|q| *q > 0),
+            policy.param("q").and_then(limit),
             policy.param("w").and_then(window),
         ) else {
             continue;
@@ -325,7 +327,7 @@ const DRAFT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
 fn ietf_draft(headers: &HeaderMap) -> Announced {
     let first_count =
         |name: &HeaderName| members(headers, name).first().and_then(|m| count(m.item));
-    let limit = first_count(&DRAFT_LIMIT);
+    let limit = first_count(&DRAFT_LIMIT).filter(|n| *n > 0);
     let said = Announced {
         limit,
         remaining: first_count(&DRAFT_REMAINING),
@@ -354,6 +356,12 @@ fn window(s: &str) -> Option<Duration> {
     decimal(s, NANOS_PER_SEC).filter(|w| !w.is_zero())
 }
 
+/// A limit: a [`count`] above zero. A limit of 0 is no policy anyone can
+/// keep to (it would always be the lowest, and would silence the route).
+fn limit(s: &str) -> Option<u64> {
+    count(s).filter(|n| *n > 0)
+}
+
 /// A count: ASCII digits only, saturating at `u64::MAX`. Written here for
 /// the same reason as the parser's `decimal`: `str::parse` takes a `+`.
 fn count(s: &str) -> Option<u64> {
@@ -371,6 +379,8 @@ fn sp_trim(s: &str) -> &str {
 
 #[cfg(test)]
 mod tests {
+    use http::HeaderValue;
+
     use super::*;
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
@@ -456,5 +466,248 @@ mod tests {
         );
         assert!(said.requests.is_empty(), "{said:?}");
         assert_eq!(said.tokens.limit, Some(u64::MAX), "saturates");
+    }
+
+    #[test]
+    fn a_limit_of_zero_is_not_read_in_any_family() {
+        // No server can be kept to a limit of 0 (the IETF reader already
+        // ignored a quota of 0); what else the headers say still counts.
+        let said = announced_limits(
+            &headers(&[
+                ("x-ratelimit-limit-tokens", "0"),
+                ("x-ratelimit-remaining-tokens", "0"),
+                ("anthropic-ratelimit-input-tokens-limit", "000"),
+                ("ratelimit-limit", "0"),
+                ("ratelimit-remaining", "0"),
+            ]),
+            SystemTime::now(),
+        );
+        assert_eq!(said.tokens.limit, None);
+        assert_eq!(said.tokens.remaining, Some(0));
+        assert!(said.input_tokens.is_empty(), "{said:?}");
+        assert_eq!(said.requests.limit, None);
+        assert_eq!(said.requests.remaining, Some(0));
+    }
+
+    /// An `Announced` in one line: limit, remaining, reset and window in
+    /// seconds.
+    fn unit(
+        limit: Option<u64>,
+        remaining: Option<u64>,
+        reset: Option<u64>,
+        window: u64,
+    ) -> Announced {
+        Announced {
+            limit,
+            remaining,
+            reset: reset.map(Duration::from_secs),
+            window: Some(Duration::from_secs(window)),
+        }
+    }
+
+    /// Nothing said of a unit.
+    const NOTHING: Announced = Announced {
+        limit: None,
+        remaining: None,
+        reset: None,
+        window: None,
+    };
+
+    /// Headers, in order.
+    type Pairs = Vec<(&'static str, &'static str)>;
+    /// Headers as bytes, in order.
+    type RawPairs = &'static [(&'static str, &'static [u8])];
+
+    /// 2024-04-01T12:00:00Z, the clock the Anthropic rows are read at.
+    fn april_first_noon() -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_711_972_800)
+    }
+
+    /// The header sets as the providers document them, and what each says.
+    #[test]
+    fn documented_header_sets_read_as_documented() {
+        let rows: [(&str, Pairs, Announcement); 6] = [
+            (
+                "OpenAI (rate limits guide)",
+                vec![
+                    ("x-ratelimit-limit-requests", "60"),
+                    ("x-ratelimit-limit-tokens", "150000"),
+                    ("x-ratelimit-remaining-requests", "59"),
+                    ("x-ratelimit-remaining-tokens", "149984"),
+                    ("x-ratelimit-reset-requests", "1s"),
+                    ("x-ratelimit-reset-tokens", "6m0s"),
+                ],
+                Announcement {
+                    requests: unit(Some(60), Some(59), Some(1), 60),
+                    tokens: unit(Some(150_000), Some(149_984), Some(360), 60),
+                    ..Announcement::default()
+                },
+            ),
+            (
+                "Anthropic (rate limits, response headers)",
+                vec![
+                    ("anthropic-ratelimit-requests-limit", "4000"),
+                    ("anthropic-ratelimit-requests-remaining", "3999"),
+                    ("anthropic-ratelimit-requests-reset", "2024-04-01T12:00:01Z"),
+                    ("anthropic-ratelimit-tokens-limit", "480000"),
+                    ("anthropic-ratelimit-tokens-remaining", "479000"),
+                    ("anthropic-ratelimit-tokens-reset", "2024-04-01T12:00:30Z"),
+                    ("anthropic-ratelimit-input-tokens-limit", "400000"),
+                    ("anthropic-ratelimit-input-tokens-remaining", "399200"),
+                    (
+                        "anthropic-ratelimit-input-tokens-reset",
+                        "2024-04-01T12:00:30Z",
+                    ),
+                    ("anthropic-ratelimit-output-tokens-limit", "80000"),
+                    ("anthropic-ratelimit-output-tokens-remaining", "79800"),
+                    (
+                        "anthropic-ratelimit-output-tokens-reset",
+                        "2024-04-01T12:00:06Z",
+                    ),
+                ],
+                Announcement {
+                    requests: unit(Some(4_000), Some(3_999), Some(1), 60),
+                    tokens: unit(Some(480_000), Some(479_000), Some(30), 60),
+                    input_tokens: unit(Some(400_000), Some(399_200), Some(30), 60),
+                    output_tokens: unit(Some(80_000), Some(79_800), Some(6), 60),
+                },
+            ),
+            (
+                // The lowest rate is the daily one, whose state is not sent.
+                "IETF draft, two policies and the state of one",
+                vec![
+                    (
+                        "ratelimit-policy",
+                        "\"burst\";q=100;w=60,\"daily\";q=1000;w=86400",
+                    ),
+                    ("ratelimit", "\"burst\";r=50;t=30"),
+                ],
+                Announcement {
+                    requests: unit(Some(1_000), None, None, 86_400),
+                    ..Announcement::default()
+                },
+            ),
+            (
+                "IETF draft, one policy and its state",
+                vec![
+                    ("ratelimit-policy", "\"default\";q=100;w=10"),
+                    ("ratelimit", "\"default\";r=50;t=5"),
+                ],
+                Announcement {
+                    requests: unit(Some(100), Some(50), Some(5), 10),
+                    ..Announcement::default()
+                },
+            ),
+            (
+                "IETF earlier draft, no policy",
+                vec![
+                    ("ratelimit-limit", "10"),
+                    ("ratelimit-remaining", "9"),
+                    ("ratelimit-reset", "3"),
+                ],
+                Announcement {
+                    requests: Announced {
+                        window: None,
+                        ..unit(Some(10), Some(9), Some(3), 0)
+                    },
+                    ..Announcement::default()
+                },
+            ),
+            (
+                "IETF earlier draft, with its policy",
+                vec![
+                    ("ratelimit-limit", "10"),
+                    ("ratelimit-remaining", "9"),
+                    ("ratelimit-reset", "3"),
+                    ("ratelimit-policy", "10;w=1, 50;w=60"),
+                ],
+                Announcement {
+                    requests: unit(Some(10), Some(9), Some(3), 1),
+                    ..Announcement::default()
+                },
+            ),
+        ];
+        for (name, pairs, expected) in rows {
+            let said = announced_limits(&headers(&pairs), april_first_noon());
+            assert_eq!(said, expected, "{name}");
+        }
+    }
+
+    /// Hostile and malformed values: nothing panics, no limit or window is
+    /// zero, and each reads as the row says (for requests).
+    #[test]
+    fn hostile_values_are_ignored_or_bounded() {
+        const LIMIT: &str = "x-ratelimit-limit-requests";
+        const RESET: &str = "x-ratelimit-reset-requests";
+        const A_LIMIT: &str = "anthropic-ratelimit-requests-limit";
+        const A_RESET: &str = "anthropic-ratelimit-requests-reset";
+        const POLICY: &str = "ratelimit-policy";
+        const D_LIMIT: &str = "ratelimit-limit";
+        const D_RESET: &str = "ratelimit-reset";
+        const HUGE: &[u8] = b"99999999999999999999999";
+        let limit = |n| unit(Some(n), None, None, 60);
+        let reset = |d| Announced {
+            reset: Some(d),
+            ..unit(None, None, None, 60)
+        };
+        let secs = Duration::from_secs;
+        // One case a row: what it is, the headers (in order), what requests read.
+        #[rustfmt::skip]
+        let rows: [(&str, RawPairs, Announced); 26] = [
+            ("negative",                 &[(LIMIT, b"-1")],                  NOTHING),
+            ("plus sign",                &[(LIMIT, b"+5")],                  NOTHING),
+            ("exponent",                 &[(A_LIMIT, b"1e3")],               NOTHING),
+            ("zero",                     &[(LIMIT, b"0")],                   NOTHING),
+            ("zero, Anthropic",          &[(A_LIMIT, b"0")],                 NOTHING),
+            ("zero, earlier draft",      &[(D_LIMIT, b"0")],                 NOTHING),
+            ("zero quota",               &[(POLICY, b"\"p\";q=0;w=60")],     NOTHING),
+            ("zero window",              &[(POLICY, b"\"p\";q=5;w=0")],      NOTHING),
+            ("window under 1 ns",        &[(POLICY, b"\"p\";q=5;w=0.0000000001")], NOTHING),
+            ("NaN",                      &[(LIMIT, b"NaN")],                 NOTHING),
+            ("NaN quota",                &[(POLICY, b"\"p\";q=NaN;w=60")],   NOTHING),
+            ("huge",                     &[(LIMIT, HUGE)],                   limit(u64::MAX)),
+            ("empty",                    &[(LIMIT, b"")],                    NOTHING),
+            ("whitespace",               &[(LIMIT, b" \t ")],                NOTHING),
+            ("padded",                   &[(LIMIT, b" 60\t")],               limit(60)),
+            ("repeated, the first read", &[(LIMIT, b"60"), (LIMIT, b"0")],   limit(60)),
+            ("repeated, a bad first",    &[(LIMIT, b"-1"), (LIMIT, b"60")],  NOTHING),
+            ("not UTF-8",                &[(LIMIT, b"6\xff0")],              NOTHING),
+            ("not UTF-8, Anthropic",     &[(A_LIMIT, b"\xc3\x28")],          NOTHING),
+            ("negative duration",        &[(RESET, b"-1s")],                 NOTHING),
+            ("a unit twice",             &[(RESET, b"1h1h")],                reset(secs(7_200))),
+            ("NaN duration",             &[(RESET, b"NaNs")],                NOTHING),
+            ("huge duration",            &[(RESET, b"99999999999999999999999h")], reset(Duration::MAX)),
+            ("reset in the past",        &[(A_RESET, b"2024-04-01T11:59:00Z")],  reset(Duration::ZERO)),
+            ("reset past year 9999",     &[(A_RESET, b"10000-01-01T00:00:00Z")], NOTHING),
+            ("huge reset, earlier draft", &[(D_RESET, HUGE)],
+                Announced { reset: Some(secs(1_000_000_000_000_000_000)), ..NOTHING }),
+        ];
+        for (name, pairs, expected) in rows {
+            let mut map = HeaderMap::new();
+            for (header, value) in pairs {
+                map.append(*header, HeaderValue::from_bytes(value).unwrap());
+            }
+            let now = april_first_noon();
+            let all = announced_limits(&map, now);
+            assert_eq!(all.requests, expected, "{name}");
+            let families = [
+                HeaderFamily::OpenAi,
+                HeaderFamily::Anthropic,
+                HeaderFamily::Ietf,
+            ];
+            for said in
+                std::iter::once(all).chain(families.map(|f| announced_limits_in(&map, now, f)))
+            {
+                for u in [
+                    said.requests,
+                    said.tokens,
+                    said.input_tokens,
+                    said.output_tokens,
+                ] {
+                    assert_ne!(u.limit, Some(0), "{name}: {said:?}");
+                    assert_ne!(u.window, Some(Duration::ZERO), "{name}: {said:?}");
+                }
+            }
+        }
     }
 }
