@@ -38,6 +38,10 @@ pub const STREAM_CHUNKS: [&str; 4] = [
 pub struct TestCa {
     /// The CA's certificate, PEM.
     pub ca_pem: String,
+    /// The certificate it signed, PEM (a server's `tls_cert`).
+    pub leaf_pem: String,
+    /// That certificate's private key, PEM (a server's `tls_key`).
+    pub key_pem: String,
     leaf: CertificateDer<'static>,
     leaf_key: Vec<u8>,
 }
@@ -83,6 +87,8 @@ impl TestCa {
             .expect("leaf certificate");
         TestCa {
             ca_pem: ca_cert.pem(),
+            leaf_pem: leaf.pem(),
+            key_pem: leaf_key.serialize_pem(),
             leaf: leaf.der().clone(),
             leaf_key: leaf_key.serialize_der(),
         }

@@ -41,7 +41,10 @@ pub async fn guard(State(gateway): State<Gateway>, req: Request, next: Next) -> 
             "CONNECT and TRACE are not forwarded",
         );
     }
-    if !req.uri().path().starts_with('/') || req.uri().authority().is_some() {
+    // HTTP/2 always names the authority (`:authority`, checked as the
+    // Host below); over HTTP/1 it would be an absolute-form target.
+    let absolute = req.version() < http::Version::HTTP_2 && req.uri().authority().is_some();
+    if !req.uri().path().starts_with('/') || absolute {
         return json_error(
             StatusCode::BAD_REQUEST,
             "bad_path",

@@ -6,4 +6,5 @@
 pub mod edge;
 pub mod serve;
 pub mod signal;
+pub mod tls;
 pub mod write_timeout;

@@ -36,11 +36,12 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt as _;
 
 use crate::write_timeout::WriteTimeout;
@@ -64,6 +65,9 @@ pub const MAX_BUF: usize = 64 << 10;
 /// On shutdown, how long a connection with no request in progress may take
 /// to flush what it was writing before it is closed.
 pub const CLOSE_LINGER: Duration = Duration::from_millis(200);
+
+/// The most requests one HTTP/2 connection may have in progress at once.
+pub const MAX_STREAMS: u32 = 100;
 
 /// File descriptors kept for everything but client connections: the
 /// listeners, the config file, logs, the runtime's own.
@@ -255,6 +259,26 @@ impl http_body::Body for Counted {
     }
 }
 
+/// How each connection is served.
+struct Builders {
+    http1: http1::Builder,
+    http2: http2::Builder<TokioExecutor>,
+    tls: Option<TlsAcceptor>,
+    /// A TLS handshake must end within this (the head's timeout: a client
+    /// that opens connections and never completes them holds one each).
+    handshake_timeout: Duration,
+}
+
+fn http2_builder(limits: &ServeLimits) -> http2::Builder<TokioExecutor> {
+    let mut builder = http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+        .max_send_buf_size(MAX_BUF)
+        .max_concurrent_streams(MAX_STREAMS);
+    builder
+}
+
 fn builder(limits: &ServeLimits) -> http1::Builder {
     let mut builder = http1::Builder::new();
     builder
@@ -276,8 +300,26 @@ pub async fn serve(
     connections: Connections,
     shutdown: impl Future<Output = ()>,
 ) {
+    serve_with(listener, app, limits, connections, None, shutdown).await;
+}
+
+/// [`serve`], over TLS when `tls` is given (see [`crate::tls`]): HTTP/2
+/// where the client offers it by ALPN, HTTP/1.1 otherwise.
+pub async fn serve_with(
+    listener: TcpListener,
+    app: Router,
+    limits: ServeLimits,
+    connections: Connections,
+    tls: Option<TlsAcceptor>,
+    shutdown: impl Future<Output = ()>,
+) {
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let builder = Arc::new(builder(&limits));
+    let builder = Arc::new(Builders {
+        http1: builder(&limits),
+        http2: http2_builder(&limits),
+        tls,
+        handshake_timeout: limits.header_read_timeout,
+    });
     let (stop, stopping) = watch::channel(false);
     // Owned here, so dropping this future aborts every connection.
     let mut tasks = JoinSet::new();
@@ -338,8 +380,8 @@ async fn connection(
     stream: WriteTimeout<TcpStream>,
     remote: SocketAddr,
     app: Router,
-    builder: Arc<http1::Builder>,
-    mut stopping: watch::Receiver<bool>,
+    builders: Arc<Builders>,
+    stopping: watch::Receiver<bool>,
     open: OpenGuard,
 ) {
     let in_progress = Arc::new(AtomicUsize::new(0));
@@ -357,7 +399,79 @@ async fn connection(
             }))
         }
     });
-    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    let Some(acceptor) = &builders.tls else {
+        let conn = builders
+            .http1
+            .serve_connection(TokioIo::new(stream), service);
+        return drive(conn, &in_progress, stopping, remote).await;
+    };
+    let stream = match tokio::time::timeout(builders.handshake_timeout, acceptor.accept(stream))
+        .await
+    {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => {
+            tracing::debug!(%remote, error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%remote, "closed a connection that did not complete its TLS handshake in time");
+            return;
+        }
+    };
+    if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+        let conn = builders
+            .http2
+            .serve_connection(TokioIo::new(stream), service);
+        drive(conn, &in_progress, stopping, remote).await;
+    } else {
+        let conn = builders
+            .http1
+            .serve_connection(TokioIo::new(stream), service);
+        drive(conn, &in_progress, stopping, remote).await;
+    }
+    drop(open);
+}
+
+/// A hyper connection that can be asked to finish.
+trait Graceful: Future<Output = Result<(), hyper::Error>> {
+    fn finish(self: Pin<&mut Self>);
+}
+
+impl<I, S> Graceful for http1::Connection<I, S>
+where
+    S: hyper::service::HttpService<hyper::body::Incoming>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    S::ResBody: http_body::Body + 'static,
+    <S::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn finish(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+impl<I, S, E> Graceful for http2::Connection<I, S, E>
+where
+    S: hyper::service::HttpService<hyper::body::Incoming>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    S::ResBody: http_body::Body + 'static,
+    <S::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, S::ResBody>,
+{
+    fn finish(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+/// Run `conn` until it ends, or until shutdown: then idle connections
+/// close at once and one with a request finishes it and then closes.
+async fn drive<C: Graceful>(
+    conn: C,
+    in_progress: &AtomicUsize,
+    mut stopping: watch::Receiver<bool>,
+    remote: SocketAddr,
+) {
     tokio::pin!(conn);
     tokio::select! {
         result = conn.as_mut() => {
@@ -366,9 +480,7 @@ async fn connection(
         }
         _ = stopping.wait_for(|s| *s) => {}
     }
-    // Idle connections close at once; one with a request finishes it and
-    // then closes.
-    conn.as_mut().graceful_shutdown();
+    conn.as_mut().finish();
     loop {
         if in_progress.load(Ordering::Relaxed) > 0 {
             finished(conn.as_mut().await, remote);

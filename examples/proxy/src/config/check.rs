@@ -16,7 +16,7 @@ use super::toml_error::toml_error;
 use super::values::{address, bounded, duration, list, read_env};
 use super::{
     Env, GatewaySection, GatewaySettings, Provider, ProxyFile, Settings, SimModel, SimSettings,
-    SimulatorSection, Upstream,
+    SimulatorSection, TlsFiles, Upstream,
 };
 use crate::edge::{AllowedHost, AllowedOrigin};
 
@@ -207,6 +207,35 @@ fn check_rule_providers(file: &ProxyFile, providers: &[Provider]) -> Result<(), 
 }
 
 impl GatewaySection {
+    /// `tls_cert` and `tls_key`: both or neither, and the pair loads.
+    fn tls(&self) -> Result<Option<TlsFiles>, ConfigError> {
+        let (cert, key) = match (&self.tls_cert, &self.tls_key) {
+            (None, None) => return Ok(None),
+            (Some(cert), Some(key)) => (cert, key),
+            (Some(_), None) => {
+                return Err(ConfigError::new(
+                    "tls_key",
+                    "tls_cert needs tls_key, the certificate's private key (PEM)",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::new(
+                    "tls_cert",
+                    "tls_key needs tls_cert, the certificate chain (PEM)",
+                ));
+            }
+        };
+        let files = TlsFiles {
+            cert: cert.into(),
+            key: key.into(),
+        };
+        // Checked now, so that a bad pair is refused at start and on
+        // reload, not at the first handshake.
+        serving::tls::CertFiles::load(&files.cert, &files.key)
+            .map_err(|e| ConfigError::new("tls_cert", Escaped(&e).to_string()))?;
+        Ok(Some(files))
+    }
+
     fn check(&self) -> Result<GatewaySettings, ConfigError> {
         let d = GatewaySettings::default();
         let upstream_timeout = duration(
@@ -296,6 +325,7 @@ impl GatewaySection {
                 Some(n) => bounded("max_event_clients", n, 0, 100_000)?,
                 None => d.max_event_clients,
             },
+            tls: self.tls()?,
         })
     }
 }

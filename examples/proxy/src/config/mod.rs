@@ -18,7 +18,7 @@ mod values;
 pub use check::{counts_tokens, is_loopback_host};
 pub use settings::{
     Credential, GatewaySettings, Provider, SIM_MAX_CONNECTIONS, Settings, SimModel, SimSettings,
-    Upstream,
+    TlsFiles, Upstream,
 };
 
 use std::collections::BTreeMap;
@@ -127,6 +127,11 @@ pub struct GatewaySection {
     pub body_write_timeout: Option<String>,
     /// Clients on `/events` at once (503 beyond); default 64.
     pub max_event_clients: Option<i64>,
+    /// Serve HTTPS with this certificate chain (PEM), read again when it
+    /// changes; with `tls_key`.
+    pub tls_cert: Option<String>,
+    /// The private key of `tls_cert` (PEM).
+    pub tls_key: Option<String>,
 }
 
 /// `[[providers]]`: one upstream.

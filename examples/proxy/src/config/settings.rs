@@ -81,6 +81,17 @@ pub struct GatewaySettings {
     pub body_write_timeout: Duration,
     /// Clients on `/events` at once.
     pub max_event_clients: usize,
+    /// HTTPS: the certificate chain's and the key's files.
+    pub tls: Option<TlsFiles>,
+}
+
+/// `tls_cert` and `tls_key`, checked to load when the file was read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The certificate chain, PEM.
+    pub cert: std::path::PathBuf,
+    /// Its private key, PEM.
+    pub key: std::path::PathBuf,
 }
 
 impl Default for GatewaySettings {
@@ -101,6 +112,7 @@ impl Default for GatewaySettings {
             body_read_timeout: Duration::from_secs(30),
             body_write_timeout: serve::BODY_WRITE_TIMEOUT,
             max_event_clients: 64,
+            tls: None,
         }
     }
 }
@@ -289,6 +301,11 @@ impl Settings {
         }
         if self.gateway.body_write_timeout != new.gateway.body_write_timeout {
             changed.push("gateway.body_write_timeout");
+        }
+        if self.gateway.tls != new.gateway.tls {
+            // The files' contents are read again while running; which
+            // files, and whether at all, is fixed at start.
+            changed.push("gateway.tls_cert");
         }
         if a.simulator != b.simulator {
             changed.push("simulator");

@@ -3,10 +3,14 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
+use serving::tls::CertFiles;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tower_throttle::error::ConfigError;
+use tower_throttle::redact::Escaped;
 
 use super::{Gateway, router};
 use crate::config::{GatewaySettings, Settings};
@@ -42,6 +46,8 @@ pub struct Running {
     pub simulator: Option<Simulator>,
     /// Client connections and requests in progress.
     pub connections: serve::Connections,
+    /// Whether it serves HTTPS (`tls_cert`).
+    https: bool,
     server: JoinHandle<()>,
     hub: JoinHandle<()>,
 }
@@ -94,6 +100,20 @@ pub async fn start(
         .local_addr()
         .map_err(|e| StartError::Io(format!("cannot listen on {listen}: {e}")))?;
     let _ = gateway.inner.listen.set(addr);
+    let tls = match &gateway.current().settings.gateway.tls {
+        Some(files) => Some(Arc::new(
+            CertFiles::load(&files.cert, &files.key)
+                .map_err(|e| StartError::Config(ConfigError::new("gateway.tls_cert", e)))?,
+        )),
+        None => None,
+    };
+    if tls.is_none() && !addr.ip().is_loopback() {
+        tracing::warn!(
+            %addr,
+            "serving plain HTTP beyond loopback: callers' keys and prompts cross the network \
+             in clear; set [gateway] tls_cert and tls_key"
+        );
+    }
     if addr.ip().is_unspecified() {
         tracing::warn!(
             %addr,
@@ -107,11 +127,15 @@ pub async fn start(
     let mut stop = gateway.shutdown_signal();
     let connections = serve::Connections::default();
     let _ = gateway.inner.connections.set(connections.clone());
-    let server = tokio::spawn(serve::serve(
+    if let Some(files) = &tls {
+        tokio::spawn(reload_certificate(files.clone(), gateway.shutdown_signal()));
+    }
+    let server = tokio::spawn(serve::serve_with(
         listener,
         app,
         limits,
         connections.clone(),
+        tls.as_ref().map(CertFiles::acceptor),
         async move {
             let _ = stop.wait_for(|s| *s).await;
         },
@@ -119,11 +143,40 @@ pub async fn start(
     Ok(Running {
         gateway,
         addr,
+        https: tls.is_some(),
         simulator,
         connections,
         server,
         hub,
     })
+}
+
+/// How often the certificate files are looked at.
+pub const CERTIFICATE_CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// Read `tls_cert` and `tls_key` again whenever they change, until
+/// shutdown: new connections get a new pair that loads; one that does not
+/// is refused with one line and the old pair keeps serving.
+async fn reload_certificate(files: Arc<CertFiles>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let stopped = tokio::select! {
+            () = tokio::time::sleep(CERTIFICATE_CHECK_EVERY) => false,
+            _ = stop.wait_for(|s| *s) => true,
+        };
+        if stopped {
+            return;
+        }
+        match files.reload_if_changed() {
+            None => {}
+            Some(Ok(())) => {
+                tracing::info!("gateway.tls_cert: new connections get the new certificate")
+            }
+            Some(Err(e)) => tracing::warn!(
+                error = %Escaped(&e),
+                "gateway.tls_cert: the changed certificate or key was refused; the old pair keeps serving"
+            ),
+        }
+    }
 }
 
 /// The server's limits from `[gateway]`; a `max_connections` the fd limit
@@ -153,9 +206,10 @@ fn serve_limits(settings: &GatewaySettings) -> serve::ServeLimits {
 }
 
 impl Running {
-    /// `http://addr`.
+    /// `http://addr`, or `https://addr` with `tls_cert`.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Stop accepting, end `/events` streams, let in-flight requests finish
