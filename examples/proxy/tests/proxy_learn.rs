@@ -403,6 +403,9 @@ async fn learned_values_show_in_stats_and_metrics() {
         r#"proxy_learned_limit{provider="up",model="five",unit="tokens"} 40000"#,
         r#"proxy_learned_remaining{provider="up",model="five",unit="tokens"} 39000"#,
         r#"proxy_learned_reset_seconds{provider="up",model="five",unit="requests"} 12"#,
+        r#"proxy_learned_in_force{provider="up",model="five"} 1"#,
+        r#"proxy_route_quota_configured{provider="up",model="five",period_seconds="60",unit="requests"} 60"#,
+        r#"proxy_route_quota_in_force{provider="up",model="five",period_seconds="60",unit="requests"} 5"#,
     ] {
         assert!(
             metrics.lines().any(|l| l == line),

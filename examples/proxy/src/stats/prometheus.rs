@@ -10,7 +10,7 @@ use axum::response::IntoResponse;
 
 use super::{RouteStats, Snapshot, snapshot};
 use crate::gateway::Gateway;
-use crate::learn::UnitInfo;
+use crate::learn::{LearnedInfo, QuotaInfo, UnitInfo};
 
 /// Prometheus text exposition, one family at a time.
 struct Prom {
@@ -373,6 +373,41 @@ fn learned_families(p: &mut Prom, routes: &[RouteStats]) {
                 if let Some(v) = info.and_then(value) {
                     p.route_sample(name, Some(r), &[("unit", unit)], v);
                 }
+            }
+        }
+    }
+    p.family(
+        "proxy_learned_in_force",
+        "gauge",
+        "1 while a learned limit holds the route (learn_limits), else 0.",
+    );
+    for r in routes {
+        if let Some(learned) = &r.learned {
+            let v = if learned.in_force { 1.0 } else { 0.0 };
+            p.route_sample("proxy_learned_in_force", Some(r), &[], v);
+        }
+    }
+    // The quotas next to what was learned: configured, and held to now.
+    let quotas: [(&str, &str, fn(&LearnedInfo) -> &[QuotaInfo]); 2] = [
+        (
+            "proxy_route_quota_configured",
+            "A learning route's configured quota: its limit, per period_seconds.",
+            |l| &l.configured,
+        ),
+        (
+            "proxy_route_quota_in_force",
+            "A learning route's quota now, tightened by what it learned.",
+            |l| &l.quotas,
+        ),
+    ];
+    for (name, help, list) in quotas {
+        p.family(name, "gauge", help);
+        for r in routes {
+            let Some(learned) = &r.learned else { continue };
+            for q in list(learned) {
+                let period = q.period_seconds.to_string();
+                let labels = [("period_seconds", period.as_str()), ("unit", q.unit)];
+                p.route_sample(name, Some(r), &labels, f64::from(q.limit));
             }
         }
     }
