@@ -388,7 +388,8 @@ fn learned_families(p: &mut Prom, routes: &[RouteStats]) {
         }
     }
     // The quotas next to what was learned: configured, and held to now.
-    let quotas: [(&str, &str, fn(&LearnedInfo) -> &[QuotaInfo]); 2] = [
+    type Quotas = fn(&LearnedInfo) -> &[QuotaInfo];
+    let quotas: [(&str, &str, Quotas); 2] = [
         (
             "proxy_route_quota_configured",
             "A learning route's configured quota: its limit, per period_seconds.",
