@@ -231,3 +231,36 @@ async fn a_refusal_without_a_policy_names_the_default_policy_like_every_other_he
         r#""(default)";q=30;w=60"#
     );
 }
+
+/// A layer outside can tell a refusal from the inner service's own 429:
+/// refusals carry `Refused` (code and policy) in their extensions, answers
+/// do not.
+#[tokio::test]
+async fn a_refusal_response_carries_what_refused_in_its_extensions() {
+    use tower_throttle::error::RateLimited;
+    use tower_throttle::respond::Refused;
+
+    let svc = ServiceBuilder::new()
+        .layer(ThrottleResponseLayer::new())
+        .service_fn(|req: http::Request<()>| async move {
+            if req.uri().path() == "/own" {
+                let mut own = http::Response::new(String::new());
+                *own.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
+                return Ok(own);
+            }
+            let mut refused = RateLimited::new("k".into(), Duration::from_secs(2));
+            refused.policy = Some("per-user".into());
+            Err::<http::Response<String>, _>(tower_throttle::BoxError::from(refused))
+        });
+    let refused = tower::ServiceExt::oneshot(svc.clone(), http::Request::new(()))
+        .await
+        .unwrap();
+    assert_eq!(
+        refused.extensions().get::<Refused>(),
+        Some(&Refused::new("rate_limited").with_policy("per-user"))
+    );
+    let own = http::Request::builder().uri("/own").body(()).unwrap();
+    let own = tower::ServiceExt::oneshot(svc, own).await.unwrap();
+    assert_eq!(own.status(), 429);
+    assert_eq!(own.extensions().get::<Refused>(), None);
+}

@@ -13,7 +13,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::headers::RateLimitHeaders;
-use super::rejection::{Rejection, ceil_secs};
+use super::rejection::{Refused, Rejection, ceil_secs};
 use crate::error::BoxError;
 use crate::rate_limit::DEFAULT_POLICY;
 use crate::redact::Escaped;
@@ -244,6 +244,13 @@ where
             return Poll::Ready(Ok(response));
         };
         let mut response = this.make.make(&rejection);
+        let mut refused = Refused::new(rejection.code());
+        if let Rejection::RateLimited(limited) = &rejection {
+            if let Some(policy) = &limited.policy {
+                refused = refused.with_policy(policy.to_string());
+            }
+        }
+        response.extensions_mut().insert(refused);
         let headers = response.headers_mut();
         if let Some(wait) = rejection.retry_after() {
             if !headers.contains_key(RETRY_AFTER) {

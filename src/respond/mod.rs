@@ -50,4 +50,4 @@ pub(crate) use headers::policy_field;
 pub use layer::{
     JsonBody, MakeResponse, ThrottleResponse, ThrottleResponseFuture, ThrottleResponseLayer,
 };
-pub use rejection::Rejection;
+pub use rejection::{Refused, Rejection};

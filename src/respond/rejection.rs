@@ -136,3 +136,30 @@ impl<'a> Rejection<'a> {
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
+
+/// What a refusal response answers, in its extensions: set by
+/// [`ThrottleResponseLayer`](super::ThrottleResponseLayer) on every
+/// response it makes from a refusal, so that a layer outside it (an access
+/// log, a metric) can tell the layers' refusals from the inner service's
+/// answers without reading the body. Holds no key text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Refused {
+    /// The refusal's code, as in the body: `rate_limited`, `queue_full`, …
+    pub code: &'static str,
+    /// The policy (rule name) that refused, for a rate limit.
+    pub policy: Option<String>,
+}
+
+impl Refused {
+    /// A refusal with `code` and no policy.
+    pub fn new(code: &'static str) -> Self {
+        Self { code, policy: None }
+    }
+
+    /// The same refusal, by `policy`.
+    pub fn with_policy(mut self, policy: impl Into<String>) -> Self {
+        self.policy = Some(policy.into());
+        self
+    }
+}
