@@ -44,6 +44,7 @@
 //! field); 1 when a socket cannot be opened; 130 when a second Ctrl-C or
 //! SIGTERM cuts the shutdown short, or when one stops a `--bench` run.
 
+pub mod access_log;
 pub mod app;
 pub mod bench;
 pub mod bench_tls;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tower_throttle::config::{StackConfig, StoreConfig};
 use tower_throttle::error::ConfigError;
 use tower_throttle::rate_limit::{Limits, QuotaConfig, RateLimitConfig, Unit};
-use tower_throttle::redact::Escaped;
+use tower_throttle::redact::{Escaped, Quoted};
 
 use super::providers::check_providers;
 use super::settings::sim_serve_limits;
@@ -18,6 +18,7 @@ use super::{
     Env, GatewaySection, GatewaySettings, Provider, ProxyFile, Settings, SimModel, SimSettings,
     SimulatorSection, TlsFiles, Upstream,
 };
+use crate::access_log;
 use crate::edge::{AllowedHost, AllowedOrigin};
 
 impl Settings {
@@ -236,6 +237,55 @@ impl GatewaySection {
         Ok(Some(files))
     }
 
+    /// `access_log` and its companions; these alone without it are a
+    /// mistake (a log the operator thinks is written).
+    fn access_log(&self) -> Result<Option<access_log::Settings>, ConfigError> {
+        let Some(to) = &self.access_log else {
+            let orphan = [
+                ("access_log_format", self.access_log_format.is_some()),
+                ("access_log_max_bytes", self.access_log_max_bytes.is_some()),
+                ("access_log_sample", self.access_log_sample.is_some()),
+            ];
+            return match orphan.into_iter().find(|(_, set)| *set) {
+                Some((field, _)) => Err(ConfigError::new(
+                    field,
+                    "has no effect without access_log (\"stderr\" or a file)",
+                )),
+                None => Ok(None),
+            };
+        };
+        let max_bytes = match self.access_log_max_bytes {
+            Some(n) => bounded("access_log_max_bytes", n, 4096, 1 << 40)? as u64,
+            None => access_log::DEFAULT_MAX_BYTES,
+        };
+        let to = match to.as_str() {
+            "stderr" => access_log::Destination::Stderr,
+            "" => return Err(ConfigError::new("access_log", "\"stderr\" or a file path")),
+            path => access_log::Destination::File {
+                path: path.into(),
+                max_bytes,
+            },
+        };
+        let format = match self.access_log_format.as_deref() {
+            None | Some("json") => access_log::Format::Json,
+            Some("logfmt") => access_log::Format::Logfmt,
+            Some(other) => {
+                return Err(ConfigError::new(
+                    "access_log_format",
+                    format!("{} is neither \"json\" nor \"logfmt\"", Quoted(other)),
+                ));
+            }
+        };
+        let sample = self.access_log_sample.unwrap_or(1.0);
+        if !(sample > 0.0 && sample <= 1.0) {
+            return Err(ConfigError::new(
+                "access_log_sample",
+                "a share of requests, above 0 and at most 1 (leave access_log out for none)",
+            ));
+        }
+        Ok(Some(access_log::Settings { to, format, sample }))
+    }
+
     fn check(&self) -> Result<GatewaySettings, ConfigError> {
         let d = GatewaySettings::default();
         let upstream_timeout = duration(
@@ -326,6 +376,7 @@ impl GatewaySection {
                 None => d.max_event_clients,
             },
             tls: self.tls()?,
+            access_log: self.access_log()?,
         })
     }
 }

@@ -132,6 +132,15 @@ pub struct GatewaySection {
     pub tls_cert: Option<String>,
     /// The private key of `tls_cert` (PEM).
     pub tls_key: Option<String>,
+    /// One line per request to `"stderr"` or to this file; default none.
+    pub access_log: Option<String>,
+    /// `"json"` (default) or `"logfmt"`.
+    pub access_log_format: Option<String>,
+    /// A log file past this size is renamed to `<file>.1`; default 100 MiB.
+    pub access_log_max_bytes: Option<i64>,
+    /// The share of forwarded requests logged, in (0, 1] (refusals and
+    /// errors are always); default 1.
+    pub access_log_sample: Option<f64>,
 }
 
 /// `[[providers]]`: one upstream.

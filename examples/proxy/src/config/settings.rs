@@ -12,6 +12,7 @@ use http::{HeaderName, HeaderValue};
 use tower_throttle::config::Stack;
 
 use super::{DEFAULT_MAX_BODY, ProxyFile};
+use crate::access_log;
 use crate::edge::{AllowedHost, AllowedOrigin};
 use crate::preset::{Aliases, Kind, LimitHeaders, UsageFormat};
 use crate::serve;
@@ -83,6 +84,8 @@ pub struct GatewaySettings {
     pub max_event_clients: usize,
     /// HTTPS: the certificate chain's and the key's files.
     pub tls: Option<TlsFiles>,
+    /// The access log, if one is written.
+    pub access_log: Option<access_log::Settings>,
 }
 
 /// `tls_cert` and `tls_key`, checked to load when the file was read.
@@ -113,6 +116,7 @@ impl Default for GatewaySettings {
             body_write_timeout: serve::BODY_WRITE_TIMEOUT,
             max_event_clients: 64,
             tls: None,
+            access_log: None,
         }
     }
 }
@@ -306,6 +310,9 @@ impl Settings {
             // The files' contents are read again while running; which
             // files, and whether at all, is fixed at start.
             changed.push("gateway.tls_cert");
+        }
+        if self.gateway.access_log != new.gateway.access_log {
+            changed.push("gateway.access_log");
         }
         if a.simulator != b.simulator {
             changed.push("simulator");

@@ -9,6 +9,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode, Uri, header};
 use axum::routing::{get, post};
+use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_throttle::error::{ConfigError, KeyError};
 use tower_throttle::key::key_parts;
@@ -18,11 +19,12 @@ use tower_throttle::respond::ThrottleResponseLayer;
 
 use super::upstream::Outbound;
 use super::{Gateway, NO_MODEL, Route, Target};
+use crate::access_log::{Reached, Waited};
 use crate::preset::{self, Kind};
 use crate::reply::json_error;
 use crate::tls::Via;
 use crate::usage::{self, Tally, UsageBody};
-use crate::{edge, health, multipart, operator, stats};
+use crate::{access_log, edge, health, multipart, operator, stats};
 
 /// Request headers a client may carry an API key in: removed when the
 /// gateway sends its own (`Authorization` for OpenAI and most others,
@@ -84,14 +86,22 @@ pub fn router(gateway: Gateway) -> Result<Router, ConfigError> {
     let health = Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz));
-    Ok(operator
+    let app = operator
         .merge(health)
         .fallback(forward)
         .layer(axum::middleware::from_fn_with_state(
             gateway.clone(),
             edge::guard,
-        ))
-        .with_state(gateway))
+        ));
+    // Outermost: the edge's refusals are logged too.
+    let app = match gateway.access_log() {
+        Some(log) => app.layer(axum::middleware::from_fn_with_state(
+            log.clone(),
+            access_log::record,
+        )),
+        None => app,
+    };
+    Ok(app.with_state(gateway))
 }
 
 /// The provider for `path` and the path to send it, or `None`.
@@ -287,11 +297,19 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
         out.extensions_mut().insert(Via(client.clone()));
     }
     let method = out.method().clone();
+    let called = Instant::now();
     let response = match current.service.clone().oneshot(out).await {
         Ok(response) => response,
         Err(never) => match never {},
     };
     let (mut parts, mut body) = response.into_parts();
+    // For the access log: the route, and how long the layers held it.
+    if let Some(&Reached(at)) = parts.extensions.get::<Reached>() {
+        parts
+            .extensions
+            .insert(Waited(at.saturating_duration_since(called)));
+    }
+    parts.extensions.insert(route.clone());
     strip_hop_by_hop(&mut parts.headers);
     // Only an answer the upstream gave; a refusal or an error of the
     // gateway's own reports no usage, and its request was not admitted.

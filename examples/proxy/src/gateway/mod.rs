@@ -73,6 +73,7 @@ use tower_throttle::rate_limit::{CountAll, Estimated, RateLimitHandle, RateLimit
 #[cfg(feature = "redis")]
 use tower_throttle::redact::Escaped;
 
+use crate::access_log::AccessLog;
 use crate::config::{Credential, Settings};
 use crate::learn::Learner;
 use crate::preset::{self, Aliases, Kind, LimitHeaders, UsageFormat};
@@ -211,6 +212,8 @@ struct Inner {
     connections: OnceLock<serve::Connections>,
     /// What `/readyz` depends on.
     dependencies: health::Dependencies,
+    /// The access log, when `[gateway] access_log` is set.
+    access_log: Option<AccessLog>,
 }
 
 /// The gateway's shared state; cheap to clone.
@@ -303,10 +306,23 @@ impl Gateway {
         }
         live::apply(&handles, &settings)?;
         let counters = Arc::new(UpstreamCounters::new(tracked.clone()));
+        // Opened before anything serves: a path that cannot be written is
+        // a mistake in the configuration.
+        let access_log = match &settings.gateway.access_log {
+            Some(log) => Some(AccessLog::start(log).map_err(|e| {
+                ConfigError::new(
+                    "gateway.access_log",
+                    tower_throttle::redact::Escaped(&e.to_string()).to_string(),
+                )
+            })?),
+            None => None,
+        };
         let upstream = Upstream {
             client: http_client(),
             counters: counters.clone(),
             learned: handles.learned.clone(),
+            // Read only for the log: a parse per answer otherwise spent.
+            log_limits: access_log.is_some(),
         };
         let layers = Layers {
             rate,
@@ -341,6 +357,7 @@ impl Gateway {
                 dependencies: health::Dependencies::on(store.as_ref()),
                 #[cfg(not(feature = "redis"))]
                 dependencies: health::Dependencies::default(),
+                access_log,
             }),
         })
     }
@@ -374,6 +391,11 @@ impl Gateway {
             generation,
             restart_only,
         })
+    }
+
+    /// The access log, when one is written.
+    pub fn access_log(&self) -> Option<&AccessLog> {
+        self.inner.access_log.as_ref()
     }
 
     /// The configuration in force.

@@ -233,6 +233,9 @@ impl Running {
             );
             self.server.abort();
         }
+        if let Some(log) = self.gateway.access_log() {
+            log.flush().await;
+        }
         if let Some(simulator) = self.simulator.take() {
             simulator.stop(Duration::from_secs(1)).await;
         }

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use axum::body::Body;
 use bytes::Bytes;
@@ -14,11 +14,14 @@ use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use tokio::time::Instant;
 use tower::Service;
+use tower_throttle::backoff::announced_limits;
 use tower_throttle::error::BoxError;
 use tower_throttle::redact::{Escaped, Quoted};
 
 use super::{Route, UpstreamCounters};
+use crate::access_log::{Reached, UpstreamSaid};
 use crate::config::Credential;
 use crate::learn::Learner;
 use crate::tls::{UpstreamTls, Via};
@@ -43,6 +46,9 @@ pub struct Upstream {
     pub(super) client: HttpClient,
     pub(super) counters: Arc<UpstreamCounters>,
     pub(super) learned: Arc<Learner>,
+    /// Put what each answer states of the upstream's limits in its
+    /// extensions, for the access log.
+    pub(super) log_limits: bool,
 }
 
 impl fmt::Debug for Upstream {
@@ -86,10 +92,19 @@ impl Service<http::Request<Bytes>> for Upstream {
         };
         let counters = self.counters.clone();
         let learned = self.learned.clone();
+        let log_limits = self.log_limits;
+        let reached = Reached(Instant::now());
         Box::pin(async move {
-            let result = future.await;
+            let mut result = future.await;
             if let (Some(route), Ok(response)) = (&route, &result) {
                 learned.observe(route, response.headers());
+            }
+            if let Ok(response) = &mut result {
+                if log_limits {
+                    let said = announced_limits(response.headers(), SystemTime::now());
+                    response.extensions_mut().insert(UpstreamSaid(said));
+                }
+                response.extensions_mut().insert(reached);
             }
             counters.record(route.as_ref(), result.as_ref().ok().map(|r| r.status()));
             // hyper's body, boxed as is: frames still pass one by one.

@@ -337,6 +337,14 @@ pub fn prometheus(s: &Snapshot) -> String {
         "Connections closed because their client stopped reading a response.",
     );
     p.sample("proxy_write_timeouts_total", &[], s.write_timeouts as f64);
+    if let Some(dropped) = s.access_log_dropped {
+        p.family(
+            "proxy_access_log_dropped_total",
+            "counter",
+            "Access log lines dropped because its writer was behind or failing.",
+        );
+        p.sample("proxy_access_log_dropped_total", &[], dropped as f64);
+    }
     p.out
 }
 

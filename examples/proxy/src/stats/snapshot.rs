@@ -13,6 +13,7 @@ use tower_throttle::backoff::CooldownEntry;
 use tower_throttle::stats::KeyStats;
 
 use super::OTHER;
+use crate::access_log::AccessLog;
 use crate::gateway::{Gateway, ProviderInfo, UpstreamCounts};
 use crate::learn::LearnedInfo;
 
@@ -40,6 +41,10 @@ pub struct Snapshot {
     /// Connections closed because their client stopped reading a response
     /// for `gateway.body_write_timeout` (what they held released).
     pub write_timeouts: u64,
+    /// Access log lines dropped (its writer behind or failing); absent
+    /// without an access log.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub access_log_dropped: Option<u64>,
 }
 
 /// Where the configuration came from, and how often it was reloaded.
@@ -182,6 +187,7 @@ pub fn snapshot(gateway: &Gateway, seq: u64) -> Snapshot {
         untracked_routes,
         event_clients: gateway.event_clients().load(Ordering::Relaxed),
         write_timeouts: gateway.write_timeouts(),
+        access_log_dropped: gateway.access_log().map(AccessLog::dropped),
     }
 }
 
