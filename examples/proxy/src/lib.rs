@@ -27,7 +27,8 @@
 //! The module layout: `cli` (arguments), `config` (the file, its settings and checks),
 //! `preset` (what each provider kind expects: auth, usage, limit headers),
 //! `app` (start, banner, shutdown), `gateway` (routing, the client stack,
-//! forwarding and serving; a folder split by role), `tls` (HTTPS upstreams),
+//! forwarding, fallback between deployments and serving; a folder split by
+//! role), `access_log` (one line per request, its own writer thread), `tls` (HTTPS upstreams),
 //! `usage` (tokens read from answers as they pass), `learn` (limits learned
 //! from upstream headers), `multipart` (form bodies' model field), `edge`
 //! (what is refused before forwarding: foreign `Host` and `Origin`, paths

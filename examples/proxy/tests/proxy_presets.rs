@@ -683,6 +683,7 @@ fn the_commented_provider_fields_of_proxy_toml_load_uncommented() {
             return false;
         }
         line.starts_with("[[providers]]")
+            || line.starts_with("[[routes]]")
             || (!name.is_empty()
                 && name.chars().all(|c| c.is_ascii_lowercase() || c == '_')
                 && line[name.len()..].starts_with(" = "))
@@ -700,7 +701,10 @@ fn the_commented_provider_fields_of_proxy_toml_load_uncommented() {
         uncommented.push('\n');
     }
     assert!(count > 15, "{uncommented}");
-    let env = |name: &str| env(name).or_else(|| (name == "SIM_API_KEY").then(|| "k".to_owned()));
+    let env = |name: &str| {
+        env(name)
+            .or_else(|| matches!(name, "SIM_API_KEY" | "OPENAI_API_KEY_B").then(|| "k".to_owned()))
+    };
     let toml = format!("[simulator]\n{uncommented}");
     let settings = Settings::from_toml(&toml, &env).unwrap_or_else(|e| panic!("{e}\n{toml}"));
     let kinds: Vec<Kind> = settings.providers.iter().map(|p| p.kind).collect();
@@ -710,11 +714,14 @@ fn the_commented_provider_fields_of_proxy_toml_load_uncommented() {
             Kind::OpenAiCompatible,
             Kind::OpenAi,
             Kind::Anthropic,
+            // A second OpenAI key, a deployment of the route below.
+            Kind::OpenAi,
             Kind::OpenAiCompatible,
             // The private-CA example (HTTPS).
             Kind::OpenAiCompatible,
         ]
     );
+    assert_eq!(settings.routes.len(), 1);
 }
 
 #[tokio::test]

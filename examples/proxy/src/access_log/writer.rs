@@ -7,9 +7,13 @@ use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
+use std::time::{Duration, Instant};
 
 use tower_throttle::redact::Escaped;
+
+/// Bytes written out at once at most.
+const BUFFER: usize = 64 << 10;
 
 /// Lines waiting for the writer at most; beyond, lines are dropped.
 pub const QUEUE_LINES: usize = 8192;
@@ -88,7 +92,7 @@ impl Writer {
 }
 
 enum Sink {
-    Stderr(io::Stderr),
+    Stderr(BufWriter<io::Stderr>),
     File {
         out: BufWriter<File>,
         path: PathBuf,
@@ -100,12 +104,12 @@ enum Sink {
 impl Sink {
     fn open(to: &Destination) -> io::Result<Self> {
         Ok(match to {
-            Destination::Stderr => Self::Stderr(io::stderr()),
+            Destination::Stderr => Self::Stderr(BufWriter::with_capacity(BUFFER, io::stderr())),
             Destination::File { path, max_bytes } => {
                 let file = append(path)?;
                 let size = file.metadata()?.len();
                 Self::File {
-                    out: BufWriter::new(file),
+                    out: BufWriter::with_capacity(BUFFER, file),
                     path: path.clone(),
                     max_bytes: *max_bytes,
                     size,
@@ -127,7 +131,7 @@ impl Sink {
                 if *size > 0 && *size + len > *max_bytes {
                     out.flush()?;
                     std::fs::rename(&*path, rotated(path))?;
-                    *out = BufWriter::new(append(path)?);
+                    *out = BufWriter::with_capacity(BUFFER, append(path)?);
                     *size = 0;
                 }
                 out.write_all(line.as_bytes())?;
@@ -156,20 +160,43 @@ pub fn rotated(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Write what arrives; flush whenever the queue runs dry, so that a quiet
-/// gateway's lines are on disk at once and a busy one writes in blocks.
+/// Longest a written line waits in the buffer before it is flushed: lines
+/// go out in blocks (one write for many requests), and reach the file
+/// within this long.
+pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
+
+/// Write what arrives; flush when [`FLUSH_EVERY`] has passed since the
+/// oldest line not flushed, when asked, and at the end.
 fn run(mut sink: Sink, rx: Receiver<Message>, dropped: Arc<AtomicU64>) {
     let mut failing = false;
-    let mut next = rx.recv().ok();
-    while let Some(message) = next.take() {
+    // When the oldest line not yet flushed was written.
+    let mut unflushed: Option<Instant> = None;
+    loop {
+        let message = match unflushed {
+            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            Some(since) => rx.recv_timeout(FLUSH_EVERY.saturating_sub(since.elapsed())),
+        };
         let result = match message {
-            Message::Line(line) => sink.write(&line),
-            Message::Flush(done) => {
+            Ok(Message::Line(line)) => {
+                unflushed.get_or_insert_with(Instant::now);
+                sink.write(&line)
+            }
+            Ok(Message::Flush(done)) => {
+                unflushed = None;
                 let flushed = sink.flush();
                 let _ = done.send(());
                 flushed
             }
+            Err(RecvTimeoutError::Timeout) => {
+                unflushed = None;
+                sink.flush()
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
         };
+        if unflushed.is_some_and(|since| since.elapsed() >= FLUSH_EVERY) {
+            unflushed = None;
+            let _ = sink.flush();
+        }
         match result {
             Ok(()) => failing = false,
             Err(e) => {
@@ -180,14 +207,6 @@ fn run(mut sink: Sink, rx: Receiver<Message>, dropped: Arc<AtomicU64>) {
                 failing = true;
             }
         }
-        next = match rx.try_recv() {
-            Ok(m) => Some(m),
-            Err(TryRecvError::Empty) => {
-                let _ = sink.flush();
-                rx.recv().ok()
-            }
-            Err(TryRecvError::Disconnected) => None,
-        };
     }
     let _ = sink.flush();
 }

@@ -11,6 +11,7 @@ use tower_throttle::rate_limit::{Limits, QuotaConfig, RateLimitConfig, Unit};
 use tower_throttle::redact::{Escaped, Quoted};
 
 use super::providers::check_providers;
+use super::routes::check_routes;
 use super::settings::sim_serve_limits;
 use super::toml_error::toml_error;
 use super::values::{address, bounded, duration, list, read_env};
@@ -46,11 +47,13 @@ impl Settings {
         let providers = check_providers(&file.providers, simulator.is_some(), env)?;
         let stack = stack_config(&file, file.store.clone())?.validate()?;
         check_rule_providers(&file, &providers)?;
+        let routes = check_routes(&file.routes, &providers)?;
         Ok(Self {
             file,
             gateway,
             simulator,
             providers,
+            routes,
             stack,
             allow_insecure: false,
         })

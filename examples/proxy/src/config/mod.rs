@@ -11,11 +11,13 @@
 
 mod check;
 mod providers;
+mod routes;
 mod settings;
 mod toml_error;
 mod values;
 
 pub use check::{counts_tokens, is_loopback_host};
+pub use routes::{MAX_DEPLOYMENTS, ModelRoute, Order, RouteSection};
 pub use settings::{
     Credential, GatewaySettings, Provider, SIM_MAX_CONNECTIONS, Settings, SimModel, SimSettings,
     TlsFiles, Upstream,
@@ -68,6 +70,9 @@ pub struct ProxyFile {
     /// `[[providers]]`.
     #[serde(default)]
     pub providers: Vec<ProviderSection>,
+    /// `[[routes]]`: models served by several deployments.
+    #[serde(default)]
+    pub routes: Vec<RouteSection>,
     /// `[rate_limit]`, as in the crate's `StackConfig`.
     #[serde(default)]
     pub rate_limit: Option<RateLimitConfig>,

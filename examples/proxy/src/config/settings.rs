@@ -11,6 +11,7 @@ use http::uri::Authority;
 use http::{HeaderName, HeaderValue};
 use tower_throttle::config::Stack;
 
+use super::routes::ModelRoute;
 use super::{DEFAULT_MAX_BODY, ProxyFile};
 use crate::access_log;
 use crate::edge::{AllowedHost, AllowedOrigin};
@@ -29,6 +30,8 @@ pub struct Settings {
     pub simulator: Option<SimSettings>,
     /// `[[providers]]`, checked, credentials read.
     pub providers: Vec<Provider>,
+    /// `[[routes]]`, checked against the providers.
+    pub routes: Vec<ModelRoute>,
     /// The layers' sections, checked.
     pub stack: Stack,
     /// `--allow-insecure`: `insecure_skip_verify` may apply to a provider

@@ -17,6 +17,7 @@ use tower_throttle::rate_limit::{Limits, RateLimitInfo};
 use tower_throttle::redact::Quoted;
 use tower_throttle::respond::{RateLimitHeaders, Rejection, ThrottleResponseLayer};
 
+use super::deploy::Dispatch;
 use super::{Current, Layers, Target, Upstream};
 use crate::config::{Settings, Upstream as UpstreamKind};
 use crate::live;
@@ -125,7 +126,9 @@ pub(super) fn build(
         .layer(identity)
         .timeout(settings.gateway.upstream_timeout)
         .service(upstream.clone());
+    let dispatch = Dispatch::new(&settings.routes, &layers.deploy);
     Ok(Current {
+        dispatch,
         counts_tokens: crate::config::counts_tokens(settings.stack.rate_limit.as_ref()),
         settings: Arc::new(settings),
         targets,

@@ -9,6 +9,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode, Uri, header};
 use axum::routing::{get, post};
+use bytes::Bytes;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_throttle::error::{ConfigError, KeyError};
@@ -18,7 +19,7 @@ use tower_throttle::redact::Quoted;
 use tower_throttle::respond::ThrottleResponseLayer;
 
 use super::upstream::Outbound;
-use super::{Gateway, NO_MODEL, Route, Target};
+use super::{Current, Gateway, NO_MODEL, Route, Target, deploy};
 use crate::access_log::{Reached, Waited};
 use crate::preset::{self, Kind};
 use crate::reply::json_error;
@@ -104,17 +105,16 @@ pub fn router(gateway: Gateway) -> Result<Router, ConfigError> {
     Ok(app.with_state(gateway))
 }
 
-/// The provider for `path` and the path to send it, or `None`.
-fn target_for<'a>(targets: &'a [Target], path: &'a str) -> Option<(&'a Target, &'a str)> {
+/// The provider for `path` and where in `path` the path to send it
+/// begins (0 for the default provider's unprefixed paths), or `None`.
+fn target_for<'t>(targets: &'t [Target], path: &str) -> Option<(&'t Target, usize)> {
     let trimmed = path.strip_prefix('/').unwrap_or(path);
-    let (first, rest) = match trimmed.find('/') {
-        Some(i) => (&trimmed[..i], &trimmed[i..]),
-        None => (trimmed, "/"),
-    };
+    let first = trimmed.split('/').next().unwrap_or_default();
     if let Some(t) = targets.iter().find(|t| &*t.name == first) {
-        return Some((t, rest));
+        let rest_at = path.len() - trimmed.len() + first.len();
+        return Some((t, rest_at));
     }
-    targets.iter().find(|t| t.default).map(|t| (t, path))
+    targets.iter().find(|t| t.default).map(|t| (t, 0))
 }
 
 async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response<Body> {
@@ -123,17 +123,13 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
     if let Some(problem) = edge::path_problem(parts.uri.path()) {
         return json_error(StatusCode::BAD_REQUEST, "bad_path", problem);
     }
-    let Some((target, rest)) = target_for(&current.targets, parts.uri.path()) else {
-        let names: Vec<&str> = current.targets.iter().map(|t| &*t.name).collect();
-        return json_error(
-            StatusCode::NOT_FOUND,
-            "no_provider",
-            &format!(
-                "no provider for this path; use /PROVIDER/... with one of: {}",
-                names.join(", ")
-            ),
-        );
-    };
+    let by_path = target_for(&current.targets, parts.uri.path());
+    // An unprefixed path may name a `[[routes]]` model in its body: known
+    // once the body is read.
+    let may_route = !current.dispatch.is_empty() && by_path.is_none_or(|(_, rest_at)| rest_at == 0);
+    if by_path.is_none() && !may_route {
+        return no_provider(&current);
+    }
     let max_body = current.settings.gateway.max_body;
     let declared = parts
         .headers
@@ -159,6 +155,52 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
             "a request of this method carries no body through the gateway",
         );
     }
+    if may_route {
+        let model = model_in(&gateway, &body);
+        if let Some(route) = model.and_then(|m| current.dispatch.route(&m)) {
+            return deploy::send(&gateway, &current, route, parts, body).await;
+        }
+    }
+    let Some((target, rest_at)) = by_path else {
+        return no_provider(&current);
+    };
+    send(&gateway, &current, target, rest_at, parts, body).await
+}
+
+/// The model a JSON body names, if it names one plainly.
+fn model_in(gateway: &Gateway, body: &Bytes) -> Option<String> {
+    let probe = http::Request::new(body.clone());
+    key_parts(&gateway.inner.model_key, &probe).ok()?.pop()
+}
+
+fn no_provider(current: &Current) -> Response<Body> {
+    let names: Vec<&str> = current.targets.iter().map(|t| &*t.name).collect();
+    json_error(
+        StatusCode::NOT_FOUND,
+        "no_provider",
+        &format!(
+            "no provider for this path; use /PROVIDER/... with one of: {}",
+            names.join(", ")
+        ),
+    )
+}
+
+/// Send a read request to `target`: the part of its path from `rest_at`
+/// under the provider's base path, its model resolved, through the client
+/// stack.
+pub(super) async fn send(
+    gateway: &Gateway,
+    current: &Current,
+    target: &Target,
+    rest_at: usize,
+    parts: http::request::Parts,
+    body: Bytes,
+) -> Response<Body> {
+    // `/PROVIDER` alone is the provider's base path.
+    let rest = match &parts.uri.path()[rest_at..] {
+        "" => "/",
+        rest => rest,
+    };
     let path_and_query = match (parts.uri.query(), &target.api_version) {
         // A client's own api-version is kept: its body is written for it.
         (Some(q), Some(v)) if !has_param(q, "api-version") => {

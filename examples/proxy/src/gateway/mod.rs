@@ -37,12 +37,14 @@
 // modules below, whose public items keep their paths `gateway::Name`.
 mod build;
 mod counts;
+mod deploy;
 mod forward;
 mod route;
 mod running;
 mod upstream;
 
 pub use counts::{Changed, TokenCounts, UpstreamCounters, UpstreamCounts};
+pub use deploy::{DOWN_FOR, DeploymentShare, RouteShares};
 pub use forward::router;
 pub use route::{NO_MODEL, NoteQuota, Route, RouteKey};
 pub use running::{Running, StartError, start};
@@ -81,6 +83,7 @@ use crate::stats::TrackedRoutes;
 use crate::tls::{HttpsClient, TlsClients};
 use crate::{health, live, serve, stats, usage};
 use build::build;
+use deploy::{DeployState, Dispatch};
 use upstream::http_client;
 
 /// The whole client stack, boxed so a reload can swap it.
@@ -95,6 +98,8 @@ struct Layers {
     backoff: Backoff429Layer<RouteKey>,
     /// The identity layer's client/project/session ids, kept across reloads.
     stable: Mutex<Option<StableIds>>,
+    /// Deployments' counts and failures, kept across reloads.
+    deploy: DeployState,
 }
 
 /// The rate limiter's cost of a request: its token estimate (see `usage`).
@@ -179,6 +184,8 @@ pub struct Current {
     pub settings: Arc<Settings>,
     targets: Vec<Target>,
     service: ProxyService,
+    /// `[[routes]]`: models served by several deployments.
+    dispatch: Dispatch,
     /// 1 at start, one more per applied reload.
     pub generation: u64,
     /// Some quota counts tokens: requests are charged an estimate, settled
@@ -329,6 +336,7 @@ impl Gateway {
             concurrency,
             backoff,
             stable: Mutex::new(None),
+            deploy: DeployState::default(),
         };
         let tls = TlsClients::default();
         let current = build(&layers, &upstream, &tls, simulator, settings, 1)?;
@@ -391,6 +399,11 @@ impl Gateway {
             generation,
             restart_only,
         })
+    }
+
+    /// Each `[[routes]]` model's deployments and their shares.
+    pub fn deployment_shares(&self) -> Vec<RouteShares> {
+        self.current().dispatch.shares(&self.inner.layers.deploy)
     }
 
     /// The access log, when one is written.

@@ -14,7 +14,7 @@ use tower_throttle::stats::KeyStats;
 
 use super::OTHER;
 use crate::access_log::AccessLog;
-use crate::gateway::{Gateway, ProviderInfo, UpstreamCounts};
+use crate::gateway::{Gateway, ProviderInfo, RouteShares, UpstreamCounts};
 use crate::learn::LearnedInfo;
 
 /// Everything `/stats` and `/events` show.
@@ -45,6 +45,10 @@ pub struct Snapshot {
     /// without an access log.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub access_log_dropped: Option<u64>,
+    /// Each `[[routes]]` model's deployments and their shares; absent
+    /// without routes.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub deployments: Vec<RouteShares>,
 }
 
 /// Where the configuration came from, and how often it was reloaded.
@@ -188,6 +192,7 @@ pub fn snapshot(gateway: &Gateway, seq: u64) -> Snapshot {
         event_clients: gateway.event_clients().load(Ordering::Relaxed),
         write_timeouts: gateway.write_timeouts(),
         access_log_dropped: gateway.access_log().map(AccessLog::dropped),
+        deployments: gateway.deployment_shares(),
     }
 }
 
