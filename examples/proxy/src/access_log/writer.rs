@@ -1,22 +1,28 @@
-//! The access log's writer: a thread of its own, fed through a bounded
-//! channel, so that a slow disk never holds a request; a line that finds
-//! the channel full is dropped and counted.
+//! The access log's writer: a thread of its own that takes the lines
+//! requests left in a shared list every [`FLUSH_EVERY`], so that a request
+//! pays a push under a lock (no wake-up of another thread, no system call)
+//! and a slow disk never holds one; a line that finds the list full is
+//! dropped and counted.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use parking_lot::{Condvar, Mutex};
 use tower_throttle::redact::Escaped;
 
 /// Bytes written out at once at most.
 const BUFFER: usize = 64 << 10;
 
 /// Lines waiting for the writer at most; beyond, lines are dropped.
-pub const QUEUE_LINES: usize = 8192;
+pub const QUEUE_LINES: usize = 16_384;
+
+/// How often the writer takes the waiting lines and writes them out: a
+/// line reaches its file within this long.
+pub const FLUSH_EVERY: Duration = Duration::from_millis(50);
 
 /// Where the lines go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,61 +39,89 @@ pub enum Destination {
     },
 }
 
-enum Message {
-    Line(String),
-    Flush(tokio::sync::oneshot::Sender<()>),
+#[derive(Default)]
+struct Waiting {
+    lines: Vec<String>,
+    /// Callers of `flush`, told once what came before them is written.
+    flushes: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
-/// The sending side; cheap to clone.
-#[derive(Clone, Debug)]
+#[derive(Default)]
+struct Shared {
+    waiting: Mutex<Waiting>,
+    /// Wakes the writer early: a flush, or the last sender gone.
+    wake: Condvar,
+    dropped: AtomicU64,
+}
+
+/// The sending side; cheap to clone. The writer ends, after writing what
+/// is left, when the last clone is dropped.
+#[derive(Clone)]
 pub struct Writer {
-    tx: SyncSender<Message>,
-    dropped: Arc<AtomicU64>,
+    shared: Arc<Shared>,
+    _last: Arc<Last>,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer").finish_non_exhaustive()
+    }
+}
+
+/// Dropped with the last `Writer`: wakes the thread to end.
+struct Last(Arc<Shared>);
+
+impl Drop for Last {
+    fn drop(&mut self) {
+        self.0.wake.notify_one();
+    }
 }
 
 impl Writer {
     /// Open `to` and start the thread writing to it.
     pub fn start(to: &Destination) -> io::Result<Self> {
         let sink = Sink::open(to)?;
-        let (tx, rx) = sync_channel(QUEUE_LINES);
-        let dropped = Arc::new(AtomicU64::new(0));
-        let counted = dropped.clone();
+        let shared = Arc::new(Shared::default());
+        let last = Arc::new(Last(shared.clone()));
+        let watched = Arc::downgrade(&last);
+        let thread = shared.clone();
         std::thread::Builder::new()
             .name("access-log".into())
-            .spawn(move || run(sink, rx, counted))?;
-        Ok(Self { tx, dropped })
+            .spawn(move || run(sink, &thread, || watched.strong_count() == 0))?;
+        Ok(Self {
+            shared,
+            _last: last,
+        })
     }
 
     /// Queue `line` (one line, its newline included); dropped and counted
     /// when the writer is behind.
     pub fn send(&self, line: String) {
-        match self.tx.try_send(Message::Line(line)) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                if self.dropped.fetch_add(1, Ordering::Relaxed) == 0 {
-                    tracing::warn!(
-                        "access log: the writer is behind; lines are dropped (counted in \
-                         proxy_access_log_dropped_total)"
-                    );
-                }
-            }
+        let mut waiting = self.shared.waiting.lock();
+        if waiting.lines.len() < QUEUE_LINES {
+            waiting.lines.push(line);
+            return;
+        }
+        drop(waiting);
+        if self.shared.dropped.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::warn!(
+                "access log: the writer is behind; lines are dropped (counted in \
+                 proxy_access_log_dropped_total)"
+            );
         }
     }
 
     /// Lines dropped so far (the writer behind, or failing).
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+        self.shared.dropped.load(Ordering::Relaxed)
     }
 
     /// Wait until every line queued before this call is written out.
     pub async fn flush(&self) {
         let (done, wait) = tokio::sync::oneshot::channel();
-        let tx = self.tx.clone();
-        // `send` blocks while the queue is full: off the runtime's threads.
-        let sent = tokio::task::spawn_blocking(move || tx.send(Message::Flush(done)).is_ok());
-        if sent.await.unwrap_or(false) {
-            let _ = wait.await;
-        }
+        self.shared.waiting.lock().flushes.push(done);
+        self.shared.wake.notify_one();
+        let _ = wait.await;
     }
 }
 
@@ -160,53 +194,40 @@ pub fn rotated(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Longest a written line waits in the buffer before it is flushed: lines
-/// go out in blocks (one write for many requests), and reach the file
-/// within this long.
-pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
-
-/// Write what arrives; flush when [`FLUSH_EVERY`] has passed since the
-/// oldest line not flushed, when asked, and at the end.
-fn run(mut sink: Sink, rx: Receiver<Message>, dropped: Arc<AtomicU64>) {
+/// Every [`FLUSH_EVERY`] (or when woken), write what is waiting and flush;
+/// end once `ended` and nothing is left.
+fn run(mut sink: Sink, shared: &Shared, ended: impl Fn() -> bool) {
     let mut failing = false;
-    // When the oldest line not yet flushed was written.
-    let mut unflushed: Option<Instant> = None;
     loop {
-        let message = match unflushed {
-            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            Some(since) => rx.recv_timeout(FLUSH_EVERY.saturating_sub(since.elapsed())),
+        let (lines, flushes) = {
+            let mut waiting = shared.waiting.lock();
+            if waiting.flushes.is_empty() && !ended() {
+                shared.wake.wait_for(&mut waiting, FLUSH_EVERY);
+            }
+            (
+                std::mem::take(&mut waiting.lines),
+                std::mem::take(&mut waiting.flushes),
+            )
         };
-        let result = match message {
-            Ok(Message::Line(line)) => {
-                unflushed.get_or_insert_with(Instant::now);
-                sink.write(&line)
-            }
-            Ok(Message::Flush(done)) => {
-                unflushed = None;
-                let flushed = sink.flush();
-                let _ = done.send(());
-                flushed
-            }
-            Err(RecvTimeoutError::Timeout) => {
-                unflushed = None;
-                sink.flush()
-            }
-            Err(RecvTimeoutError::Disconnected) => break,
-        };
-        if unflushed.is_some_and(|since| since.elapsed() >= FLUSH_EVERY) {
-            unflushed = None;
-            let _ = sink.flush();
-        }
-        match result {
-            Ok(()) => failing = false,
-            Err(e) => {
-                dropped.fetch_add(1, Ordering::Relaxed);
-                if !failing {
-                    tracing::warn!(error = %Escaped(&e.to_string()), "access log: cannot write");
+        let last = lines.is_empty() && ended();
+        for line in &lines {
+            match sink.write(line) {
+                Ok(()) => failing = false,
+                Err(e) => {
+                    shared.dropped.fetch_add(1, Ordering::Relaxed);
+                    if !failing {
+                        tracing::warn!(error = %Escaped(&e.to_string()), "access log: cannot write");
+                    }
+                    failing = true;
                 }
-                failing = true;
             }
+        }
+        let _ = sink.flush();
+        for done in flushes {
+            let _ = done.send(());
+        }
+        if last {
+            return;
         }
     }
-    let _ = sink.flush();
 }
