@@ -176,6 +176,73 @@ async fn plain_proxy(upstream: String, client: LoadClient) -> Result<String, Box
     Ok(url)
 }
 
+/// A gateway whose one route is full: one request in flight (the simulator
+/// answers after a minute) and the rest in its wait line.
+const SATURATED: &str = r#"
+[gateway]
+shutdown_grace = "100ms"
+
+[simulator]
+latency = "60s"
+models = [{ name = "sim-small", limit = 0, period = "1s" }]
+
+[[providers]]
+name = "sim"
+base_url = "simulator"
+
+[concurrency]
+max_in_flight = 1
+max_queue = 1000
+queue_timeout = "2m"
+"#;
+
+/// How `/healthz` answers while 64 clients' requests fill a route (one in
+/// flight, the rest waiting their turn): the line of the report.
+async fn health_under_saturation(client: &LoadClient) -> Result<String, BoxError> {
+    let settings = Settings::from_toml(SATURATED, &process_env)?;
+    let running = gateway::start(settings, ([127, 0, 0, 1], 0).into(), "bench")
+        .await
+        .map_err(|e| e.to_string())?;
+    let url = format!("{}/v1/chat/completions", running.url());
+    let load: Vec<_> = (0..64)
+        .map(|_| {
+            let client = client.clone();
+            let url = url.clone();
+            tokio::spawn(async move {
+                loop {
+                    let _ = load(&client, &url, 1, 1).await;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let health: http::Uri = format!("{}/healthz", running.url()).parse()?;
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    for _ in 0..2000 {
+        let request = http::Request::get(health.clone()).body(Full::new(Bytes::new()))?;
+        let sent = Instant::now();
+        let response = client.request(request).await?;
+        let ok = response.status() == 200;
+        response.into_body().collect().await?;
+        if !ok {
+            return Err("/healthz did not answer 200 under load".into());
+        }
+        hist.saturating_record(u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX));
+    }
+    let waiting = running.gateway.handles().concurrency.stats().aggregate.queued_now;
+    for task in load {
+        task.abort();
+    }
+    running.shutdown().await;
+    Ok(format!(
+        "  /healthz with its route saturated ({waiting} requests waiting, 64 clients): \
+         p50 {} µs, p99 {} µs, max {} µs over 2000\n",
+        hist.value_at_quantile(0.5),
+        hist.value_at_quantile(0.99),
+        hist.max()
+    ))
+}
+
 /// Run the comparison and return the report.
 pub async fn run(requests: u64, connections: &[usize]) -> Result<String, BoxError> {
     let settings = Settings::from_toml(BENCH_CONFIG, &process_env)?;
@@ -275,6 +342,7 @@ pub async fn run(requests: u64, connections: &[usize]) -> Result<String, BoxErro
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     out.push_str(&summary);
+    out.push_str(&health_under_saturation(&client).await?);
     logging.shutdown().await;
     let _ = std::fs::remove_file(&log_path);
     running.shutdown().await;
