@@ -229,7 +229,13 @@ async fn health_under_saturation(client: &LoadClient) -> Result<String, BoxError
         }
         hist.saturating_record(u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX));
     }
-    let waiting = running.gateway.handles().concurrency.stats().aggregate.queued_now;
+    let waiting = running
+        .gateway
+        .handles()
+        .concurrency
+        .stats()
+        .aggregate
+        .queued_now;
     for task in load {
         task.abort();
     }
