@@ -88,7 +88,10 @@ pub struct Cli {
 
     /// How long to probe after the burst, in seconds [default: 30 for
     /// token-bucket; 1.5 x --window (90 for a 60 s window) for
-    /// sliding-window; 2 x --window for diagnose].
+    /// sliding-window]. For diagnose, the whole run's length (its wait for
+    /// the middle of a window included), and what it has no time for is
+    /// left out and named in the report [default: the whole design, up to
+    /// 3.25 x --window].
     #[arg(long, value_name = "N", value_parser = parse_probe_seconds)]
     pub probe_seconds: Option<NonZeroU32>,
 
@@ -285,6 +288,8 @@ pub struct Config {
     pub duration: Duration,
     pub probe: Duration,
     pub offset: Duration,
+    /// Diagnose with `--probe-seconds`: the whole run's length at most.
+    pub budget: Option<Duration>,
     pub concurrency: usize,
     pub timeout: Duration,
     pub out: Out,
@@ -306,6 +311,7 @@ impl fmt::Debug for Config {
             .field("window", &self.window)
             .field("duration", &self.duration)
             .field("probe", &self.probe)
+            .field("budget", &self.budget)
             .field("offset", &self.offset)
             .field("concurrency", &self.concurrency)
             .field("timeout", &self.timeout)
@@ -513,6 +519,9 @@ impl Config {
             Some(path) if path.as_os_str() == "-" => Out::Stdout,
             Some(path) => Out::File(path),
         };
+        // Diagnose's --probe-seconds bounds the whole run: a user giving
+        // a time budget expects the run, its waits included, to keep it.
+        let budget = given.filter(|_| mode == Mode::Diagnose);
         let params = Params {
             mode,
             rpm,
@@ -521,6 +530,7 @@ impl Config {
             duration,
             probe,
             offset,
+            budget,
         };
         let count = planned_requests(&params);
         if count > u128::from(MAX_REQUESTS) {
@@ -540,6 +550,7 @@ impl Config {
             duration,
             probe,
             offset,
+            budget,
             concurrency: usize::try_from(cli.concurrency.get()).unwrap_or(usize::MAX),
             timeout: cli.timeout,
             out,

@@ -3,9 +3,11 @@
 //!
 //! Diagnose sends, from an instant `t0` halfway through a clock-aligned
 //! window W (the `--window` hint): a burst larger than the limit; probes at
-//! twice the expected rate for `--probe-seconds` (two windows); a batch just
-//! before and one just after the clock boundary at `t0 + W/2`; and a batch a
-//! quarter window after the probes. Each design leaves its own trace:
+//! twice the expected rate for two windows; a batch just before and one
+//! just after the clock boundary at `t0 + W/2`; and a batch a quarter
+//! window after the probes (a `--probe-seconds` budget may leave the wait,
+//! the batches or some probes out: the models replay what was sent).
+//! Each design leaves its own trace:
 //!
 //! | design                  | after the burst                        | clock boundary  | last batch |
 //! |-------------------------|----------------------------------------|-----------------|------------|

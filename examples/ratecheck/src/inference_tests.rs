@@ -210,11 +210,12 @@ fn a_run_too_short_to_tell_a_sliding_log_from_an_anchored_window_names_neither()
 
 #[test]
 fn the_real_limit_is_measured_when_the_hint_is_off_and_the_difference_is_said() {
-    // 14 per 2.5 s, diagnosed with the hint 10 per 2 s, probing for two of
-    // the endpoint's windows (less, and a sliding log and an anchored
-    // window may look alike: see the test above).
+    // 14 per 2.5 s, diagnosed with the hint 10 per 2 s, in a run of 7 s:
+    // two of the endpoint's windows of probes after the wait for the middle
+    // of a window (less, and a sliding log and an anchored window may look
+    // alike: see the test above).
     for server in [Server::Gcra, Server::SlidingLog, Server::Anchored] {
-        let plan = fixtures::plan(10, secs(2), Some(secs(5)), NOW);
+        let plan = fixtures::plan(10, secs(2), Some(secs(7)), NOW);
         let timeline = fixtures::record(
             server,
             14,

@@ -165,6 +165,10 @@ pub struct ModeDetail {
     pub late_batch: Option<Counts>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inference: Option<Inference>,
+    /// What diagnose had no time for within `--probe-seconds`, and what
+    /// that leaves unseen.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<&'static str>,
     /// Every request of a diagnose run (phase, times, status), so that the
     /// verdict can be checked, or the run judged again.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -330,8 +334,13 @@ fn mode_detail(config: &Config, run: &Run) -> Option<ModeDetail> {
                 burst: burst(),
                 refill_probe: probe_detail(plan, outcomes, Phase::RefillProbe, per_s),
                 window_boundary: boundary_detail(plan, outcomes),
-                late_batch: Some(counts_of(plan, outcomes, &[Phase::LateBatch])),
+                late_batch: plan
+                    .events
+                    .iter()
+                    .any(|e| e.phase == Phase::LateBatch)
+                    .then(|| counts_of(plan, outcomes, &[Phase::LateBatch])),
                 inference: Some(inference::infer(&timeline, run.interrupted)),
+                left_out: plan.left_out.clone(),
                 timeline: Some(timeline),
                 ..ModeDetail::default()
             }
@@ -520,6 +529,9 @@ pub fn summary_text(report: &Report) -> String {
         }
         if let Some(b) = &d.late_batch {
             let _ = writeln!(out, "  batch at the end: {}", share(b));
+        }
+        for part in &d.left_out {
+            let _ = writeln!(out, "  no time within --probe-seconds for {part}");
         }
         if let Some(i) = &d.inference {
             let _ = writeln!(

@@ -67,6 +67,9 @@ pub struct Plan {
     pub boundary: Option<Boundary>,
     /// The spacing of refill probes, if any.
     pub probe_interval: Option<Duration>,
+    /// What a budgeted diagnose run had no time for, and what that leaves
+    /// unseen (for the report).
+    pub left_out: Vec<&'static str>,
 }
 
 impl Plan {
@@ -92,6 +95,9 @@ pub struct Params {
     pub duration: Duration,
     pub probe: Duration,
     pub offset: Duration,
+    /// Diagnose with `--probe-seconds`: the whole run, its wait for the
+    /// middle of a window included, stays within this.
+    pub budget: Option<Duration>,
 }
 
 impl Params {
@@ -104,6 +110,7 @@ impl Params {
             duration: config.duration,
             probe: config.probe,
             offset: config.offset,
+            budget: config.budget,
         }
     }
 }
@@ -238,6 +245,88 @@ pub fn late_batch_after(probe: Duration, window: Duration, offset: Duration) -> 
     probe + (window / 4).max(offset)
 }
 
+/// Where diagnose's parts go, from the start of the run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Diagnose {
+    burst: Duration,
+    /// How long the probes go on after the burst.
+    probes: Duration,
+    /// The clock boundary the batches straddle, if there is time for it.
+    boundary: Option<Duration>,
+    /// The last batch, if there is time for it.
+    late: Option<Duration>,
+    left_out: Vec<&'static str>,
+}
+
+impl Diagnose {
+    /// The whole design: the burst halfway through a clock window, probes
+    /// for `probe`, the boundary half a window after the burst, the last
+    /// batch a quarter window after the probes.
+    fn full(now_unix: Duration, window: Duration, probe: Duration, offset: Duration) -> Self {
+        let burst = until_mid_window(now_unix, window);
+        Self {
+            burst,
+            probes: probe,
+            boundary: Some(burst + window / 2),
+            late: Some(burst + late_batch_after(probe, window, offset)),
+            left_out: Vec::new(),
+        }
+    }
+
+    /// As much of the design as fits in `budget`, the last request at
+    /// `budget` at the latest: the wait for the middle of a window only
+    /// when a window of probes and the last batch still fit after it, the
+    /// boundary batches at the next clock boundary that fits, the last
+    /// batch when a window of probes fits before it.
+    fn within(now_unix: Duration, window: Duration, offset: Duration, budget: Duration) -> Self {
+        let gap = (window / 4).max(offset);
+        let mid = until_mid_window(now_unix, window);
+        let burst = if mid + window + gap <= budget {
+            mid
+        } else {
+            Duration::ZERO
+        };
+        let left = budget - burst;
+        let mut left_out = Vec::new();
+        let (probes, late) = if left >= window + gap {
+            (left - gap, Some(budget))
+        } else {
+            left_out.push(
+                "the last batch (a sliding log and a window anchored at a request look alike)",
+            );
+            (left, None)
+        };
+        // The first clock boundary after the burst with room before it
+        // for the batch that goes just before.
+        let mut boundary = burst + until_boundary(now_unix + burst, window);
+        if boundary < burst + offset.saturating_mul(2) {
+            boundary += window;
+        }
+        let boundary = if boundary + offset <= budget {
+            Some(boundary)
+        } else {
+            left_out.push(
+                "a clock boundary (a fixed window aligned to the clock and one anchored at a \
+                 request look alike)",
+            );
+            None
+        };
+        if probes < window.saturating_mul(2) {
+            left_out.push(
+                "two windows of probes (a window's reopening after a full window of probes is \
+                 not seen)",
+            );
+        }
+        Self {
+            burst,
+            probes,
+            boundary,
+            late,
+            left_out,
+        }
+    }
+}
+
 /// How many requests diagnose sends in its burst: half as many again as
 /// `--burst`, so that the limit's edge shows as 429s.
 pub fn diagnose_burst(burst: u32) -> u32 {
@@ -255,9 +344,11 @@ pub fn planned_requests(params: &Params) -> u128 {
         Mode::SlidingWindow => burst + u128::from(params.probe.as_secs()),
         Mode::WindowBoundary => 2 * burst,
         Mode::Diagnose => {
+            // With a budget, at most the budget is probed.
+            let span = params.budget.unwrap_or(params.probe);
             u128::from(diagnose_burst(params.burst))
                 + 3 * burst
-                + diagnose_probe_count(params.rpm, params.window, params.probe)
+                + diagnose_probe_count(params.rpm, params.window, span)
         }
     }
 }
@@ -273,6 +364,7 @@ pub fn plan(params: &Params, now_unix: Duration) -> Result<Plan, TooManyRequests
         duration,
         probe,
         offset,
+        budget,
     } = *params;
     let count = planned_requests(params);
     if count > u128::from(MAX_REQUESTS) {
@@ -282,6 +374,7 @@ pub fn plan(params: &Params, now_unix: Duration) -> Result<Plan, TooManyRequests
     let mut burst_at = None;
     let mut boundary = None;
     let mut probe_every = None;
+    let mut left_out = Vec::new();
     match mode {
         Mode::Sustained => {
             events.extend(
@@ -346,37 +439,35 @@ pub fn plan(params: &Params, now_unix: Duration) -> Result<Plan, TooManyRequests
             // of them: a gap of half the limit that stretching the window
             // a little cannot hide.
             let big = diagnose_burst(burst);
-            let t0 = until_mid_window(now_unix, window);
-            let half = window / 2;
+            let shape = match budget {
+                None => Diagnose::full(now_unix, window, probe, offset),
+                Some(budget) => Diagnose::within(now_unix, window, offset, budget),
+            };
+            let t0 = shape.burst;
             push(&mut events, t0, Phase::Burst, big);
             events.extend(
-                diagnose_probes(rpm, window, probe)
+                diagnose_probes(rpm, window, shape.probes)
                     .into_iter()
                     .map(|at| Event {
                         at: t0 + at,
                         phase: Phase::RefillProbe,
                     }),
             );
-            push(
-                &mut events,
-                t0 + half - offset,
-                Phase::BoundaryBefore,
-                burst,
-            );
-            push(&mut events, t0 + half + offset, Phase::BoundaryAfter, burst);
-            push(
-                &mut events,
-                t0 + late_batch_after(probe, window, offset),
-                Phase::LateBatch,
-                burst,
-            );
+            if let Some(at) = shape.boundary {
+                push(&mut events, at - offset, Phase::BoundaryBefore, burst);
+                push(&mut events, at + offset, Phase::BoundaryAfter, burst);
+                boundary = Some(Boundary {
+                    at,
+                    unix: now_unix + at,
+                    offset,
+                });
+            }
+            if let Some(at) = shape.late {
+                push(&mut events, at, Phase::LateBatch, burst);
+            }
             burst_at = Some(t0);
             probe_every = Some(diagnose_probe_interval(rpm, window));
-            boundary = Some(Boundary {
-                at: t0 + half,
-                unix: now_unix + t0 + half,
-                offset,
-            });
+            left_out = shape.left_out;
         }
     }
     // Stable: at equal times the order of pushing is kept.
@@ -386,5 +477,6 @@ pub fn plan(params: &Params, now_unix: Duration) -> Result<Plan, TooManyRequests
         burst_at,
         boundary,
         probe_interval: probe_every,
+        left_out,
     })
 }

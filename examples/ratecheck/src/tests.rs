@@ -29,6 +29,7 @@ fn params(mode: Mode, rpm: u32, window: Duration) -> Params {
         duration: secs(60),
         probe: secs(30),
         offset: ms(500),
+        budget: None,
     }
 }
 
@@ -187,6 +188,7 @@ mod schedules {
         let p = Params {
             probe: secs(3),
             offset: ms(200),
+            budget: None,
             ..params(Mode::Diagnose, 10, secs(2))
         };
         let now = ms(1_700_000_000_700); // 0.7 s into a 2 s window
@@ -240,6 +242,7 @@ mod schedules {
                 let p = Params {
                     probe: window.mul_f64(1.5),
                     offset: window / 10,
+                    budget: None,
                     ..params(mode, rpm, window)
                 };
                 let plan = schedule::plan(&p, NOW).unwrap();
@@ -373,9 +376,48 @@ mod command_line {
         assert_eq!(c.probe, secs(3));
         assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
         assert!(c.warnings[0].contains("shorter than two windows"));
+        // The whole run within the 3 s: what did not fit is named.
         let plan = schedule::plan(&Params::of(&c), NOW).unwrap();
-        let t0 = plan.burst_at.unwrap();
-        assert_eq!(plan.last_at(), t0 + secs(3) + ms(500));
+        assert!(plan.last_at() <= secs(3), "{:?}", plan.last_at());
+        assert!(!plan.left_out.is_empty());
+    }
+
+    #[test]
+    fn a_diagnose_budget_bounds_the_whole_run_at_any_time_of_the_window() {
+        for budget in [1, 3, 5, 7, 9, 20] {
+            for tenth in 0..20 {
+                let now = NOW + ms(tenth * 100);
+                let c = base(&[
+                    "--mode",
+                    "diagnose",
+                    "--window",
+                    "2s",
+                    "--probe-seconds",
+                    &budget.to_string(),
+                ])
+                .unwrap();
+                assert_eq!(c.budget, Some(secs(budget)));
+                let plan = schedule::plan(&Params::of(&c), now).unwrap();
+                assert!(
+                    plan.last_at() <= secs(budget),
+                    "{budget} s at +{tenth}: {plan:?}"
+                );
+                let t0 = plan.burst_at.unwrap();
+                if budget >= 7 {
+                    // Time for everything: the wait for the middle of a
+                    // window, two windows of probes, both batches.
+                    assert!(plan.left_out.is_empty(), "{budget}: {:?}", plan.left_out);
+                    assert_eq!(plan.boundary.unwrap().at, t0 + secs(1));
+                } else if budget <= 3 {
+                    assert!(!plan.left_out.is_empty(), "{budget}");
+                }
+                if let Some(b) = plan.boundary {
+                    // The batches straddle a real clock boundary.
+                    assert_eq!((now + b.at).as_millis() % 2000, 0);
+                    assert!(b.at >= t0 + 2 * b.offset);
+                }
+            }
+        }
     }
 
     #[test]

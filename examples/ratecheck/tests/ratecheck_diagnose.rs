@@ -422,3 +422,47 @@ async fn diagnose_names_and_measures_nginx_limit_req() {
     );
     assert!(wrong.is_none(), "{}", wrong.unwrap_or_default());
 }
+
+/// `--probe-seconds` is the whole run's length: with a 4 s window and 3
+/// seconds, the wait for the middle of a window and the last batch do not
+/// fit; the run still ends within 3 s (plus the last answers) and the
+/// report names what it had no time for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_seconds_bound_the_whole_diagnose_run() {
+    let quota = Quota::new(LIMIT, WINDOW).expect("valid quota");
+    let server = Server::start(crate_limiter(quota)).await;
+    let url = server.url("/v1/chat");
+    let config = Config::from_args([
+        "ratecheck",
+        "--url",
+        &url,
+        "--mode",
+        "diagnose",
+        "--rpm",
+        "20",
+        "--window",
+        "4s",
+        "--probe-seconds",
+        "3",
+    ])
+    .expect("valid command line");
+    let started = Instant::now();
+    let run = probe::run(&config, false, std::future::pending())
+        .await
+        .expect("the run starts");
+    let took = started.elapsed();
+    server.stop().await;
+    assert!(took <= Duration::from_secs(4), "{took:?}");
+    let report = report::build(&config, &run);
+    let detail = report.mode_detail.as_ref().expect("diagnose has details");
+    assert!(
+        detail.left_out.iter().any(|p| p.contains("last batch")),
+        "{:?}",
+        detail.left_out
+    );
+    let text = report::summary_text(&report);
+    assert!(
+        text.contains("no time within --probe-seconds for"),
+        "{text}"
+    );
+}
