@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::cli::Config;
-use crate::schedule::{self, Params, Plan};
+use crate::schedule::{self, Event, Params, Plan};
 use crate::timeline::{Request, Timeline};
 
 /// A limiter as deployed.
@@ -27,9 +27,13 @@ pub enum Server {
     SlidingLog,
     /// Cloudflare's and Upstash's weighted counter, counting admissions.
     WeightedCounter,
-    /// The weighted counter counting every request, refused ones too: no
-    /// design diagnose knows (it must not be named confidently).
+    /// The weighted counter counting every request, refused ones too.
     WeightedCounterCountingRefusals,
+    /// A log of every request, refused ones too.
+    SlidingLogCountingRefusals,
+    /// Redis `INCR` then `EXPIRE` on every request: each request, refused
+    /// or not, pushes the window's end back.
+    AnchoredPushedBack,
     /// At most `limit` in flight, each admitted request taking 23% of the
     /// window (not a multiple of the probes' spacing: real service times
     /// are not).
@@ -124,66 +128,88 @@ pub fn record(
     let mut rng = Lcg(0x5eed);
     let jitter_us = noise.jitter.as_micros() as f64;
     let late_us = noise.late_send.as_micros() as f64;
-    let mut trips: Vec<Trip> = plan
-        .events
-        .iter()
-        .enumerate()
-        .map(|(index, e)| {
-            let sent_us = e.at.as_micros() as i64 + (rng.next() * late_us) as i64;
-            Trip {
-                index,
-                sent_us,
-                arrive_us: sent_us + net_us + (rng.next() * jitter_us) as i64,
-                lost: noise.lost_every > 0 && index % noise.lost_every == noise.lost_every / 2,
-            }
-        })
-        .collect();
-    trips.sort_by_key(|t| (t.arrive_us, t.index));
+    let mut trips_of = |events: &[Event], from: usize| {
+        let mut trips: Vec<Trip> = events
+            .iter()
+            .enumerate()
+            .skip(from)
+            .map(|(index, e)| {
+                let sent_us = e.at.as_micros() as i64 + (rng.next() * late_us) as i64;
+                Trip {
+                    index,
+                    sent_us,
+                    arrive_us: sent_us + net_us + (rng.next() * jitter_us) as i64,
+                    lost: noise.lost_every > 0 && index % noise.lost_every == noise.lost_every / 2,
+                }
+            })
+            .collect();
+        trips.sort_by_key(|t| (t.arrive_us, t.index));
+        trips
+    };
+    let mut events = plan.events.clone();
+    let mut trips = trips_of(&events, 0);
 
     let limit_i = i64::from(limit);
     let mut state = State::default();
-    let mut requests = vec![None; plan.events.len()];
-    for trip in &trips {
-        let phase = plan.events[trip.index].phase;
-        if trip.lost {
+    let mut requests = vec![None; events.len()];
+    // As a run does: the planned requests, then the batch after silence if
+    // their answers call for it.
+    let mut extended = false;
+    loop {
+        for trip in &trips {
+            let phase = events[trip.index].phase;
+            if trip.lost {
+                requests[trip.index] = Some(Request {
+                    phase,
+                    sent_s: trip.sent_us as f64 / 1e6,
+                    latency_s: 10.0,
+                    status: None,
+                });
+                continue;
+            }
+            let at = trip.arrive_us;
+            let unix = now_us + at;
+            let (status, service_us) = match server {
+                Server::Broken => (503, 1_000),
+                Server::Unlimited => (200, 1_000),
+                Server::Concurrency => {
+                    state.in_flight.retain(|&end| end > at);
+                    if state.in_flight.len() < limit as usize {
+                        let service = w_us * 23 / 100;
+                        state.in_flight.push(at + service);
+                        (200, service)
+                    } else {
+                        (429, 1_000)
+                    }
+                }
+                _ => (
+                    if state.admit(server, limit_i, w_us, at, unix) {
+                        200
+                    } else {
+                        429
+                    },
+                    1_000,
+                ),
+            };
             requests[trip.index] = Some(Request {
                 phase,
                 sent_s: trip.sent_us as f64 / 1e6,
-                latency_s: 10.0,
-                status: None,
+                latency_s: (at - trip.sent_us + service_us + net_us) as f64 / 1e6,
+                status: Some(status),
             });
-            continue;
         }
-        let at = trip.arrive_us;
-        let unix = now_us + at;
-        let (status, service_us) = match server {
-            Server::Broken => (503, 1_000),
-            Server::Unlimited => (200, 1_000),
-            Server::Concurrency => {
-                state.in_flight.retain(|&end| end > at);
-                if state.in_flight.len() < limit as usize {
-                    let service = w_us * 23 / 100;
-                    state.in_flight.push(at + service);
-                    (200, service)
-                } else {
-                    (429, 1_000)
-                }
-            }
-            _ => (
-                if state.admit(server, limit_i, w_us, at, unix) {
-                    200
-                } else {
-                    429
-                },
-                1_000,
-            ),
-        };
-        requests[trip.index] = Some(Request {
-            phase,
-            sent_s: trip.sent_us as f64 / 1e6,
-            latency_s: (at - trip.sent_us + service_us + net_us) as f64 / 1e6,
-            status: Some(status),
-        });
+        if extended {
+            break;
+        }
+        extended = true;
+        let extra = plan.after_silence(|i| requests[i].and_then(|r: Request| r.admitted()));
+        if extra.is_empty() {
+            break;
+        }
+        let from = events.len();
+        events.extend(extra);
+        requests.resize(events.len(), None);
+        trips = trips_of(&events, from);
     }
     Timeline {
         start_unix_s: now.as_secs_f64(),
@@ -247,15 +273,23 @@ impl State {
                 }
                 self.count <= limit
             }
-            Server::SlidingLog => {
+            Server::SlidingLog | Server::SlidingLogCountingRefusals => {
                 while self.log.front().is_some_and(|&a| a + w <= at) {
                     self.log.pop_front();
                 }
                 let ok = (self.log.len() as i64) < limit;
-                if ok {
+                if ok || server == Server::SlidingLogCountingRefusals {
                     self.log.push_back(at);
                 }
                 ok
+            }
+            Server::AnchoredPushedBack => {
+                if self.expires.is_none_or(|e| at >= e) {
+                    self.count = 0;
+                }
+                self.count += 1; // INCR
+                self.expires = Some(at + w); // EXPIRE, every time
+                self.count <= limit
             }
             Server::WeightedCounter | Server::WeightedCounterCountingRefusals => {
                 let index = unix.div_euclid(w);

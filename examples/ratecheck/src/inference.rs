@@ -83,6 +83,10 @@ pub struct Signals {
     pub boundary_after_admitted: Option<f64>,
     /// Share admitted of the batch at the end.
     pub late_batch_admitted: Option<f64>,
+    /// Share admitted of the batch after a quiet window (sent only when
+    /// nothing after the burst was admitted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after_silence_admitted: Option<f64>,
     /// The fewest of this probe's admitted requests still in flight when a
     /// 429 came: 0 rules out a concurrency limit.
     pub fewest_in_flight_at_refusal: Option<u32>,
@@ -106,6 +110,10 @@ pub struct Measured {
     /// rate of a window.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_per_s: Option<f64>,
+    /// Refused requests count too (or push an anchored window's end back):
+    /// a client sending faster than the limit is refused for ever, and
+    /// must fall silent for a whole window to be admitted again.
+    pub counts_refusals: bool,
 }
 
 /// How well one design explains the run.
@@ -185,6 +193,7 @@ pub fn signals(timeline: &Timeline) -> Signals {
     let mut before = Tally::default();
     let mut after = Tally::default();
     let mut late = Tally::default();
+    let mut quiet = Tally::default();
     let mut informative = 0u64;
     let mut first_after: Option<f64> = None;
     let (mut probes_admitted, mut last_probe) = (0u64, None::<f64>);
@@ -198,6 +207,7 @@ pub fn signals(timeline: &Timeline) -> Signals {
             Phase::BoundaryBefore => Some(&mut before),
             Phase::BoundaryAfter => Some(&mut after),
             Phase::LateBatch => Some(&mut late),
+            Phase::AfterSilence => Some(&mut quiet),
             _ => None,
         };
         if let Some(t) = tally {
@@ -238,6 +248,7 @@ pub fn signals(timeline: &Timeline) -> Signals {
         boundary_before_admitted: before.share(),
         boundary_after_admitted: after.share(),
         late_batch_admitted: late.share(),
+        after_silence_admitted: quiet.share(),
         fewest_in_flight_at_refusal: fewest_in_flight(&seen),
     }
 }
@@ -252,6 +263,7 @@ fn measured(fit: &Fit) -> Measured {
             .window_s
             .filter(|&w| w > 0.0)
             .map(|w| round(f64::from(fit.limit) / w, 3)),
+        counts_refusals: fit.counts_refusals,
     }
 }
 
@@ -264,6 +276,10 @@ pub fn describe(limiter: Limiter, m: &Measured) -> String {
             "burst {}, refill {:.3}/s ({} per {window:.2} s)",
             m.limit,
             m.rate_per_s.unwrap_or_default(),
+            m.limit
+        ),
+        _ if m.counts_refusals => format!(
+            "{} per {window:.2} s, counting refused requests too",
             m.limit
         ),
         _ => format!("{} per {window:.2} s", m.limit),
@@ -332,6 +348,12 @@ pub fn infer(timeline: &Timeline, interrupted: bool) -> Inference {
         "burst: {} of {} admitted",
         signals.burst_admitted, signals.burst_sent
     ));
+    if let Some(quiet) = signals.after_silence_admitted {
+        reasons.push(format!(
+            "nothing was admitted under the probes; after a quiet window, {} of the batch was",
+            share(Some(quiet))
+        ));
+    }
     match signals.first_admitted_after_burst_s {
         Some(f) => reasons.push(format!(
             "first admission after the burst: {f:.3} s later ({:.2} of the {w} s hint window)",
@@ -406,10 +428,31 @@ pub fn infer(timeline: &Timeline, interrupted: bool) -> Inference {
         }
     }
     let best_wrong = fits.iter().map(|f| f.mismatches).min().unwrap_or(0);
-    let weights: Vec<f64> = fits
+    let mut weights: Vec<f64> = fits
         .iter()
         .map(|f| (-NATS_PER_MISMATCH * (f.mismatches - best_wrong) as f64).exp())
         .collect();
+    // A log of every request and a window every request pushes back both
+    // stay shut under pressure and reopen after a quiet window; nothing
+    // short of probing at the window's own length tells them apart, and a
+    // client treats them alike. Tied, the log (the more common) is named
+    // for both.
+    let counting = |design: Limiter| {
+        fits.iter()
+            .position(|f| f.limiter == design && f.counts_refusals && f.mismatches == best_wrong)
+    };
+    if let (Some(log), Some(pushed)) = (
+        counting(Limiter::SlidingWindow),
+        counting(Limiter::FixedWindowAnchored),
+    ) {
+        weights[log] += weights[pushed];
+        weights[pushed] = 0.0;
+        reasons.push(
+            "a fixed window that every request pushes back (INCR and EXPIRE on every request) \
+             would answer the same: both count refused requests"
+                .to_string(),
+        );
+    }
     let total: f64 = weights.iter().sum();
     let mut candidates: Vec<Candidate> = fits
         .iter()
@@ -471,6 +514,14 @@ pub fn infer(timeline: &Timeline, interrupted: bool) -> Inference {
     ));
     if let Some(note) = hint_note(best.limiter, &m, timeline) {
         reasons.push(note);
+    }
+    if m.counts_refusals {
+        reasons.push(format!(
+            "it counts refused requests too: a client that keeps sending faster than the \
+             limit is refused for ever; after a 429, send nothing for a whole window \
+             ({:.1} s) before trying again",
+            m.window_s.unwrap_or_default()
+        ));
     }
     Inference {
         likely_limiter: best.limiter,

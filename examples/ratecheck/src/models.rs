@@ -134,6 +134,7 @@ pub fn seen(timeline: &Timeline) -> Vec<Seen> {
         Phase::BoundaryBefore,
         Phase::BoundaryAfter,
         Phase::LateBatch,
+        Phase::AfterSilence,
     ]
     .into_iter()
     .map(span)
@@ -197,11 +198,16 @@ enum Sim {
         window: f64,
         anchor: Option<f64>,
         count: u32,
+        /// Every request, refused or not, pushes the window's end back
+        /// (`INCR` then `EXPIRE` on every request).
+        counts_refusals: bool,
     },
     Log {
         limit: usize,
         window: f64,
         admitted: VecDeque<f64>,
+        /// Refused requests are logged too.
+        counts_refusals: bool,
     },
     Counter {
         limit: f64,
@@ -209,6 +215,8 @@ enum Sim {
         index: Option<i64>,
         previous: f64,
         current: f64,
+        /// Refused requests are counted too.
+        counts_refusals: bool,
     },
     Concurrency {
         limit: usize,
@@ -218,7 +226,7 @@ enum Sim {
 }
 
 impl Sim {
-    fn new(design: Limiter, limit: u32, window: f64) -> Sim {
+    fn new(design: Limiter, limit: u32, window: f64, counts_refusals: bool) -> Sim {
         match design {
             Limiter::TokenBucket => Sim::TokenBucket {
                 capacity: f64::from(limit),
@@ -237,6 +245,7 @@ impl Sim {
                 window,
                 anchor: None,
                 count: 0,
+                counts_refusals,
             },
             Limiter::SlidingWindowCounter => Sim::Counter {
                 limit: f64::from(limit),
@@ -244,6 +253,7 @@ impl Sim {
                 index: None,
                 previous: 0.0,
                 current: 0.0,
+                counts_refusals,
             },
             Limiter::Concurrency => Sim::Concurrency {
                 limit: limit as usize,
@@ -253,6 +263,7 @@ impl Sim {
                 limit: limit as usize,
                 window,
                 admitted: VecDeque::new(),
+                counts_refusals,
             },
         }
     }
@@ -296,12 +307,17 @@ impl Sim {
                 window,
                 anchor,
                 count,
+                counts_refusals,
             } => {
-                // Refused requests may be counted too: it changes nothing,
-                // since the window ends at a time set by its first request.
+                // Counting refused requests changes nothing while the
+                // window ends at a time its first request set; a window
+                // every request pushes back never ends under pressure.
                 if anchor.is_none_or(|a| r.t >= a + *window - EPS) {
-                    *anchor = Some(r.t);
                     *count = 0;
+                    *anchor = Some(r.t);
+                }
+                if *counts_refusals {
+                    *anchor = Some(r.t);
                 }
                 let ok = *count < *limit;
                 *count += u32::from(ok);
@@ -311,12 +327,13 @@ impl Sim {
                 limit,
                 window,
                 admitted,
+                counts_refusals,
             } => {
                 while admitted.front().is_some_and(|&a| a + *window <= r.t + EPS) {
                     admitted.pop_front();
                 }
                 let ok = admitted.len() < *limit;
-                if ok {
+                if ok || *counts_refusals {
                     admitted.push_back(r.t);
                 }
                 ok
@@ -327,6 +344,7 @@ impl Sim {
                 index,
                 previous,
                 current,
+                counts_refusals,
             } => {
                 let now = (r.unix / *window).floor() as i64;
                 if *index != Some(now) {
@@ -343,7 +361,7 @@ impl Sim {
                 // Admitted while the estimate is under the limit, as
                 // Cloudflare and Upstash describe theirs.
                 let ok = estimate + EPS < *limit;
-                if ok {
+                if ok || *counts_refusals {
                     *current += 1.0;
                 }
                 ok
@@ -367,12 +385,11 @@ impl Sim {
 /// `give_up` are wrong (the fit only wants the best).
 fn mismatches(
     design: Limiter,
-    limit: u32,
-    window: f64,
+    (limit, window, counts_refusals): (u32, f64, bool),
     seen: &[Seen],
     give_up: usize,
 ) -> Option<usize> {
-    let mut sim = Sim::new(design, limit, window);
+    let mut sim = Sim::new(design, limit, window, counts_refusals);
     let mut wrong = 0;
     for r in seen {
         if sim.admit(r) != r.admitted {
@@ -401,6 +418,20 @@ pub struct Fit {
     pub window_s: Option<f64>,
     /// Every window that fits as well (of those tried).
     pub window_range_s: Option<(f64, f64)>,
+    /// Refused requests count against the limit too (or, for a window
+    /// anchored at a request, push its end back): a client that keeps
+    /// sending faster than the limit is refused for ever.
+    pub counts_refusals: bool,
+}
+
+/// Whether a design can count refused requests in a way the answers show.
+/// A fixed window aligned to the clock cannot: once its limit is reached
+/// it refuses until its end either way.
+fn may_count_refusals(design: Limiter) -> bool {
+    matches!(
+        design,
+        Limiter::FixedWindowAnchored | Limiter::SlidingWindow | Limiter::SlidingWindowCounter
+    )
 }
 
 /// Windows tried for designs whose windows may start anywhere: a quarter of
@@ -474,6 +505,28 @@ pub fn fit(
     window_hint: f64,
     per_s: Option<f64>,
 ) -> Fit {
+    let plain = fit_as(design, false, seen, burst_admitted, window_hint, per_s);
+    if !may_count_refusals(design) || plain.mismatches == 0 {
+        return plain;
+    }
+    // Counting refusals is named only when it predicts strictly better:
+    // the usual design wins a tie.
+    let counting = fit_as(design, true, seen, burst_admitted, window_hint, per_s);
+    if counting.mismatches < plain.mismatches {
+        counting
+    } else {
+        plain
+    }
+}
+
+fn fit_as(
+    design: Limiter,
+    counts_refusals: bool,
+    seen: &[Seen],
+    burst_admitted: u32,
+    window_hint: f64,
+    per_s: Option<f64>,
+) -> Fit {
     // A concurrency limit sees requests in the order they arrived.
     let mut by_arrival;
     let seen = if design == Limiter::Concurrency {
@@ -528,7 +581,8 @@ pub fn fit(
             } else {
                 best
             };
-            let Some(wrong) = mismatches(design, limit, window, seen, give_up) else {
+            let Some(wrong) = mismatches(design, (limit, window, counts_refusals), seen, give_up)
+            else {
                 continue;
             };
             if keep_row {
@@ -612,5 +666,6 @@ pub fn fit(
         limit_range,
         window_s: has_window.then_some(window),
         window_range_s: (has_window && window_range.0.is_finite()).then_some(window_range),
+        counts_refusals,
     }
 }

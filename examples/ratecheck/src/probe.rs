@@ -109,6 +109,15 @@ impl Outcome {
     pub fn is_other_failure(&self) -> bool {
         !self.is_success() && !self.is_refused()
     }
+
+    /// Admitted (2xx), refused (429), or neither.
+    pub fn admitted(&self) -> Option<bool> {
+        if self.is_success() {
+            Some(true)
+        } else {
+            self.is_refused().then_some(false)
+        }
+    }
 }
 
 /// A finished (or interrupted) run.
@@ -203,6 +212,8 @@ fn phase_message(phase: Phase) -> &'static str {
         Phase::BoundaryBefore => "batch before the boundary",
         Phase::BoundaryAfter => "batch after the boundary",
         Phase::LateBatch => "batch at the end",
+        Phase::AfterSilence => "nothing admitted under the probes: a batch after a quiet window",
+        Phase::QuietProbe => "probes after the quiet batch",
     }
 }
 
@@ -235,63 +246,89 @@ pub async fn run(
     let slots = Arc::new(Semaphore::new(config.concurrency));
     let (stop, stopped) = watch::channel(false);
     let mut tasks = JoinSet::new();
+    let mut plan = plan;
     let mut outcomes = Vec::with_capacity(plan.events.len());
     let mut interrupted = false;
     let mut last_phase = None;
+    let mut next = 0;
+    let mut extended = false;
     tokio::pin!(cancel);
-    for (index, event) in plan.events.iter().enumerate() {
-        let slot = tokio::select! {
-            biased;
-            () = &mut cancel => {
-                interrupted = true;
-                break;
-            }
-            slot = async {
-                sleep_until(start + event.at).await;
-                slots.clone().acquire_owned().await
-            } => slot,
-        };
-        // The semaphore is never closed; were it, nothing more could go.
-        let Ok(slot) = slot else { break };
-        if last_phase != Some(event.phase) {
-            last_phase = Some(event.phase);
-            bar.set_message(phase_message(event.phase));
-        }
-        while let Some(done) = tasks.try_join_next() {
-            if let Ok(outcome) = done {
-                outcomes.push(outcome);
-            }
-        }
-        let request = request(&client, config);
-        let bar = bar.clone();
-        let mut stopped = stopped.clone();
-        tasks.spawn(async move {
-            let sent = Instant::now();
-            let class = tokio::select! {
-                class = send(request) => class,
-                _ = stopped.wait_for(|s| *s) => Class::Transport(TransportKind::Cancelled),
+    'run: loop {
+        while let Some(event) = plan.events.get(next).copied() {
+            let index = next;
+            next += 1;
+            let slot = tokio::select! {
+                biased;
+                () = &mut cancel => {
+                    interrupted = true;
+                    break 'run;
+                }
+                slot = async {
+                    sleep_until(start + event.at).await;
+                    slots.clone().acquire_owned().await
+                } => slot,
             };
-            let latency = sent.elapsed();
-            drop(slot);
-            bar.inc(1);
-            Outcome {
-                event: index,
-                sent: sent.saturating_duration_since(start),
-                latency,
-                class,
+            // The semaphore is never closed; were it, nothing more could go.
+            let Ok(slot) = slot else { break 'run };
+            if last_phase != Some(event.phase) {
+                last_phase = Some(event.phase);
+                bar.set_message(phase_message(event.phase));
             }
-        });
-    }
-    while !interrupted {
-        tokio::select! {
-            biased;
-            () = &mut cancel => interrupted = true,
-            done = tasks.join_next() => match done {
-                Some(Ok(outcome)) => outcomes.push(outcome),
-                Some(Err(_)) => {}
-                None => break,
-            },
+            while let Some(done) = tasks.try_join_next() {
+                if let Ok(outcome) = done {
+                    outcomes.push(outcome);
+                }
+            }
+            let request = request(&client, config);
+            let bar = bar.clone();
+            let mut stopped = stopped.clone();
+            tasks.spawn(async move {
+                let sent = Instant::now();
+                let class = tokio::select! {
+                    class = send(request) => class,
+                    _ = stopped.wait_for(|s| *s) => Class::Transport(TransportKind::Cancelled),
+                };
+                let latency = sent.elapsed();
+                drop(slot);
+                bar.inc(1);
+                Outcome {
+                    event: index,
+                    sent: sent.saturating_duration_since(start),
+                    latency,
+                    class,
+                }
+            });
         }
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut cancel => {
+                    interrupted = true;
+                    break 'run;
+                }
+                done = tasks.join_next() => match done {
+                    Some(Ok(outcome)) => outcomes.push(outcome),
+                    Some(Err(_)) => {}
+                    None => break,
+                },
+            }
+        }
+        // Every answer in: whether the run needs its batch after silence.
+        if extended {
+            break;
+        }
+        extended = true;
+        let extra = plan.after_silence(|i| {
+            outcomes
+                .iter()
+                .find(|o: &&Outcome| o.event == i)
+                .and_then(Outcome::admitted)
+        });
+        if extra.is_empty() {
+            break;
+        }
+        bar.inc_length(extra.len() as u64);
+        plan.events.extend(extra);
     }
     if interrupted {
         bar.set_message("interrupted; cancelling requests in flight");

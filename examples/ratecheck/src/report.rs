@@ -163,6 +163,10 @@ pub struct ModeDetail {
     /// Diagnose's batch at the end of the probes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub late_batch: Option<Counts>,
+    /// Diagnose's batch after a quiet window, sent when nothing after the
+    /// burst was admitted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after_silence: Option<Counts>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inference: Option<Inference>,
     /// What diagnose had no time for within `--probe-seconds`, and what
@@ -339,6 +343,11 @@ fn mode_detail(config: &Config, run: &Run) -> Option<ModeDetail> {
                     .iter()
                     .any(|e| e.phase == Phase::LateBatch)
                     .then(|| counts_of(plan, outcomes, &[Phase::LateBatch])),
+                after_silence: plan
+                    .events
+                    .iter()
+                    .any(|e| e.phase == Phase::AfterSilence)
+                    .then(|| counts_of(plan, outcomes, &[Phase::AfterSilence])),
                 inference: Some(inference::infer(&timeline, run.interrupted)),
                 left_out: plan.left_out.clone(),
                 timeline: Some(timeline),
@@ -529,6 +538,9 @@ pub fn summary_text(report: &Report) -> String {
         }
         if let Some(b) = &d.late_batch {
             let _ = writeln!(out, "  batch at the end: {}", share(b));
+        }
+        if let Some(b) = &d.after_silence {
+            let _ = writeln!(out, "  batch after a quiet window: {}", share(b));
         }
         for part in &d.left_out {
             let _ = writeln!(out, "  no time within --probe-seconds for {part}");

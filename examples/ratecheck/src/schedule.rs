@@ -35,6 +35,14 @@ pub enum Phase {
     /// Diagnose's last batch, after the probes: it tells a sliding log
     /// (a few slots free) from a window anchored at a request (all free).
     LateBatch,
+    /// Sent only when nothing after the burst was admitted: a batch after
+    /// a window of silence. A limiter that reopens after silence but never
+    /// under the probes' pressure counts refused requests too.
+    AfterSilence,
+    /// Two single requests after that batch, half a window and one and a
+    /// half windows later: a limiter counting every request admits the
+    /// second, one whose window is longer than the run does not.
+    QuietProbe,
 }
 
 /// One planned request.
@@ -70,6 +78,22 @@ pub struct Plan {
     /// What a budgeted diagnose run had no time for, and what that leaves
     /// unseen (for the report).
     pub left_out: Vec<&'static str>,
+    /// Diagnose's batch after silence, if the answers call for it.
+    pub silence: Option<Silence>,
+}
+
+/// Diagnose's batch after a window of silence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Silence {
+    /// How long after the last planned request it goes.
+    pub after: Duration,
+    /// The window hint, and the offset (for the probes after the batch).
+    pub window: Duration,
+    pub offset: Duration,
+    /// How many requests.
+    pub count: u32,
+    /// The run's budget: not sent if it would go later.
+    pub latest: Option<Duration>,
 }
 
 impl Plan {
@@ -82,6 +106,47 @@ impl Plan {
     /// When the last request goes.
     pub fn last_at(&self) -> Duration {
         self.events.last().map_or(Duration::ZERO, |e| e.at)
+    }
+
+    /// The batch after silence, given whether each planned request was
+    /// admitted (`None`: no answer, or another status): sent when the
+    /// burst admitted some and nothing after it was admitted, which the
+    /// probes at twice the rate cannot tell from a window longer than the
+    /// run. Empty otherwise.
+    pub fn after_silence(&self, admitted: impl Fn(usize) -> Option<bool>) -> Vec<Event> {
+        let Some(silence) = self.silence else {
+            return Vec::new();
+        };
+        let answers = |later: bool| {
+            self.events
+                .iter()
+                .enumerate()
+                .filter(move |(_, e)| (e.phase != Phase::Burst) == later)
+                .filter_map(|(i, _)| admitted(i))
+        };
+        let burst_admitted = answers(false).any(|ok| ok);
+        let answered_after = answers(true).next().is_some();
+        let none_after = answers(true).all(|ok| !ok);
+        let at = self.last_at() + silence.after;
+        if !(burst_admitted && answered_after && none_after)
+            || silence.latest.is_some_and(|latest| at > latest)
+        {
+            return Vec::new();
+        }
+        let mut events = Vec::new();
+        push(&mut events, at, Phase::AfterSilence, silence.count);
+        // Half a window after the batch (refused by every design), then a
+        // window after that one: a limiter that counts every request has
+        // let both go by then, one with a window longer than the run has
+        // not.
+        let half = silence.window / 2;
+        let later = half + silence.window + silence.offset;
+        for probe in [at + half, at + later] {
+            if silence.latest.is_none_or(|latest| probe <= latest) {
+                push(&mut events, probe, Phase::QuietProbe, 1);
+            }
+        }
+        events
     }
 }
 
@@ -375,6 +440,7 @@ pub fn plan(params: &Params, now_unix: Duration) -> Result<Plan, TooManyRequests
     let mut boundary = None;
     let mut probe_every = None;
     let mut left_out = Vec::new();
+    let mut silence = None;
     match mode {
         Mode::Sustained => {
             events.extend(
@@ -468,6 +534,15 @@ pub fn plan(params: &Params, now_unix: Duration) -> Result<Plan, TooManyRequests
             burst_at = Some(t0);
             probe_every = Some(diagnose_probe_interval(rpm, window));
             left_out = shape.left_out;
+            // A window and the offset after the last request: a window
+            // that counts every request has let them all go by then.
+            silence = Some(Silence {
+                after: window + offset,
+                window,
+                offset,
+                count: burst,
+                latest: budget,
+            });
         }
     }
     // Stable: at equal times the order of pushing is kept.
@@ -478,5 +553,6 @@ pub fn plan(params: &Params, now_unix: Duration) -> Result<Plan, TooManyRequests
         boundary,
         probe_interval: probe_every,
         left_out,
+        silence,
     })
 }

@@ -119,6 +119,37 @@ fn anchored_fixed_window() -> Router {
     })
 }
 
+/// A sliding log of every request, refused ones too (a sorted set that
+/// gets every request): shut for good under pressure.
+fn sliding_log_counting_refusals() -> Router {
+    let mut log: std::collections::VecDeque<Instant> = Default::default();
+    fixture(move || {
+        let now = Instant::now();
+        while log.front().is_some_and(|&t| t + WINDOW <= now) {
+            log.pop_front();
+        }
+        let ok = log.len() < LIMIT as usize;
+        log.push_back(now);
+        ok
+    })
+}
+
+/// A fixed counter that every request pushes back: `INCR key` then
+/// `EXPIRE key window` on every request, refused above the limit.
+fn fixed_counter_pushed_back() -> Router {
+    let mut count = 0u32;
+    let mut expires: Option<Instant> = None;
+    fixture(move || {
+        let now = Instant::now();
+        if expires.is_none_or(|e| now >= e) {
+            count = 0;
+        }
+        count = count.saturating_add(1);
+        expires = Some(now + WINDOW);
+        count <= LIMIT
+    })
+}
+
 /// Cloudflare's and Upstash's sliding-window counter: the current
 /// clock-aligned window's count plus the previous one's, weighted by the
 /// share of it still inside the rolling window.
@@ -465,4 +496,67 @@ async fn probe_seconds_bound_the_whole_diagnose_run() {
         text.contains("no time within --probe-seconds for"),
         "{text}"
     );
+}
+
+/// Limiters that count refused requests, which the probes at twice the
+/// rate keep shut: named with `counts_refusals` after the batch that
+/// follows a quiet window, and open again one window after the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limiters_counting_refusals_are_named_and_left_open_after_a_window() {
+    let servers = [
+        (
+            "sliding log counting refusals",
+            sliding_log_counting_refusals(),
+        ),
+        (
+            "fixed counter pushed back by every request",
+            fixed_counter_pushed_back(),
+        ),
+    ];
+    let mut runs = Vec::new();
+    let mut started = Vec::new();
+    for (what, app) in servers {
+        let server = Server::start(app).await;
+        let url = server.url("/v1/chat");
+        started.push((what, server));
+        runs.push(async move {
+            let got = diagnose(&url).await;
+            // One window after its last request, the limiter admits again.
+            tokio::time::sleep(WINDOW + Duration::from_millis(100)).await;
+            let after = reqwest::get(&url)
+                .await
+                .expect("the server answers")
+                .status();
+            (what, got, after)
+        });
+    }
+    let results = futures::future::join_all(runs).await;
+    for (_, server) in started {
+        server.stop().await;
+    }
+    let mut failures = Vec::new();
+    for (what, got, after) in results {
+        // Both are named as the log: only probing at the window's own
+        // length could tell them apart, and a client treats them alike.
+        if let Some(wrong) = check(what, &got, Limiter::SlidingWindow, LIMIT, None) {
+            failures.push(wrong);
+        }
+        let counts = got
+            .inference
+            .measured
+            .as_ref()
+            .is_some_and(|m| m.counts_refusals);
+        if !counts {
+            failures.push(format!(
+                "{what}: counts_refusals not named: {:?}",
+                got.inference
+            ));
+        }
+        if after != StatusCode::OK {
+            failures.push(format!(
+                "{what}: still shut a window after the run: {after}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
