@@ -432,6 +432,29 @@ pub fn infer(timeline: &Timeline, interrupted: bool) -> Inference {
         .iter()
         .map(|f| (-NATS_PER_MISMATCH * (f.mismatches - best_wrong) as f64).exp())
         .collect();
+    // With a limit of one, a token bucket and every window admit one
+    // request per interval alike (nginx `limit_req` without `burst`): the
+    // bucket, when it fits best, is named for all of them.
+    let bucket = fits.iter().position(|f| {
+        f.limiter == Limiter::TokenBucket && f.limit == 1 && f.mismatches == best_wrong
+    });
+    if let Some(bucket) = bucket {
+        let mut merged = false;
+        for (i, f) in fits.iter().enumerate() {
+            if i != bucket && f.limit == 1 && f.limiter != Limiter::Concurrency {
+                weights[bucket] += weights[i];
+                weights[i] = 0.0;
+                merged = true;
+            }
+        }
+        if merged {
+            reasons.push(
+                "with a limit of one, a token bucket and a window admit one request per \
+                 interval alike: named as the bucket"
+                    .to_string(),
+            );
+        }
+    }
     // A log of every request and a window every request pushes back both
     // stay shut under pressure and reopen after a quiet window; nothing
     // short of probing at the window's own length tells them apart, and a

@@ -190,18 +190,13 @@ struct Diagnosis {
 
 /// Diagnose `url` with the hint 10 per 2 s.
 async fn diagnose(url: &str) -> Diagnosis {
-    let config = Config::from_args([
-        "ratecheck",
-        "--url",
-        url,
-        "--mode",
-        "diagnose",
-        "--rpm",
-        "10",
-        "--window",
-        "2s",
-    ])
-    .expect("valid command line");
+    diagnose_with(url, &["--rpm", "10", "--window", "2s"]).await
+}
+
+/// Diagnose `url` with these hints.
+async fn diagnose_with(url: &str, hints: &[&str]) -> Diagnosis {
+    let args = ["ratecheck", "--url", url, "--mode", "diagnose"];
+    let config = Config::from_args(args.iter().chain(hints)).expect("valid command line");
     let run = probe::run(&config, false, std::future::pending())
         .await
         .expect("the run starts");
@@ -359,10 +354,14 @@ struct Nginx {
 }
 
 impl Nginx {
-    /// Starts `binary` with `limit_req` at 5 r/s and a burst of 9, nodelay:
-    /// 10 at once, then one every 200 ms (10 per 2 s), refused with 429.
-    async fn start(binary: &PathBuf) -> Nginx {
-        let dir = std::env::temp_dir().join(format!("ratecheck-nginx-{}", std::process::id()));
+    /// Starts `binary` with `limit_req_zone ... rate={rate}` and
+    /// `limit_req zone=probe {limit_req}` (`burst=9 nodelay`, say), refused
+    /// with 429.
+    async fn start(binary: &PathBuf, rate: &str, limit_req: &str) -> Nginx {
+        static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("ratecheck-nginx-{}-{run}", std::process::id()));
         std::fs::create_dir_all(dir.join("html")).expect("temp dir");
         std::fs::write(dir.join("html").join("ok.txt"), "ok").expect("write the page");
         // A port that was free a moment ago.
@@ -385,13 +384,13 @@ http {{
     fastcgi_temp_path {d}/fastcgi;
     uwsgi_temp_path {d}/uwsgi;
     scgi_temp_path {d}/scgi;
-    limit_req_zone $binary_remote_addr zone=probe:1m rate=5r/s;
+    limit_req_zone $binary_remote_addr zone=probe:1m rate={rate};
     limit_req_status 429;
     server {{
         listen 127.0.0.1:{port};
         root {d}/html;
         location / {{
-            limit_req zone=probe burst=9 nodelay;
+            limit_req zone=probe {limit_req};
         }}
     }}
 }}
@@ -441,7 +440,9 @@ async fn diagnose_names_and_measures_nginx_limit_req() {
         eprintln!("skipping the nginx test: nginx is not installed (apt-get install nginx-light)");
         return;
     };
-    let nginx = Nginx::start(&binary).await;
+    // 5 r/s with a burst of 9, nodelay: 10 at once, then one every 200 ms
+    // (10 per 2 s).
+    let nginx = Nginx::start(&binary, "5r/s", "burst=9 nodelay").await;
     let got = diagnose(&format!("http://127.0.0.1:{}/ok.txt", nginx.port)).await;
     nginx.stop().await;
     let wrong = check(
@@ -557,6 +558,84 @@ async fn limiters_counting_refusals_are_named_and_left_open_after_a_window() {
                 "{what}: still shut a window after the run: {after}"
             ));
         }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// nginx `limit_req` as it is usually written, per second and per minute,
+/// with and without `burst`, with `nodelay` and delaying, each probed with
+/// the hints a user would give: `--rpm N` alone (a minute's window) or
+/// with `--window`. nginx runs a leaky bucket: `burst + 1` at once, then
+/// the rate; diagnose must name a token bucket with that burst, exactly,
+/// and the rate within 10%.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diagnose_reads_nginx_limit_req_as_users_write_it() {
+    let Some(binary) = nginx() else {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("nginx is not installed; CI must install it (apt-get install nginx-light)");
+        }
+        eprintln!("skipping the nginx test: nginx is not installed (apt-get install nginx-light)");
+        return;
+    };
+    // (rate, limit_req's arguments, the hints, burst + 1, refill per second)
+    let cases: [(&str, &str, &[&str], u32, f64); 6] = [
+        (
+            "120r/m",
+            "burst=10 nodelay",
+            &["--rpm", "120", "--probe-seconds", "12"],
+            11,
+            2.0,
+        ),
+        (
+            "120r/m",
+            "burst=10 nodelay",
+            &["--rpm", "120", "--window", "60s", "--probe-seconds", "12"],
+            11,
+            2.0,
+        ),
+        (
+            "120r/m",
+            "burst=10",
+            &["--rpm", "120", "--probe-seconds", "12"],
+            11,
+            2.0,
+        ),
+        ("2r/s", "", &["--rpm", "2", "--window", "1s"], 1, 2.0),
+        (
+            "2r/s",
+            "",
+            &["--rpm", "120", "--probe-seconds", "12"],
+            1,
+            2.0,
+        ),
+        (
+            "5r/s",
+            "burst=9",
+            &["--rpm", "10", "--window", "2s"],
+            10,
+            5.0,
+        ),
+    ];
+    let mut servers = Vec::new();
+    let mut runs = Vec::new();
+    for (rate, limit_req, hints, burst, per_s) in cases {
+        let nginx = Nginx::start(&binary, rate, limit_req).await;
+        let url = format!("http://127.0.0.1:{}/ok.txt", nginx.port);
+        servers.push(nginx);
+        runs.push(async move {
+            let what = format!("nginx rate={rate} {limit_req}, {}", hints.join(" "));
+            let got = diagnose_with(&url, hints).await;
+            let window = f64::from(burst) / per_s;
+            check(&what, &got, Limiter::TokenBucket, burst, Some(window))
+        });
+    }
+    let failures: Vec<String> = futures::future::join_all(runs)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    for nginx in servers {
+        nginx.stop().await;
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
