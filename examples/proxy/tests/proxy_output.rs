@@ -289,6 +289,7 @@ fn prometheus_label_values_escape_quotes_backslashes_line_feeds_and_control_char
         write_timeouts: 0,
         access_log_dropped: None,
         deployments: Vec::new(),
+        clients: Vec::new(),
     };
     let text = stats::prometheus(&snapshot);
     assert_eq!(stray_controls(&text), [], "{text:?}");

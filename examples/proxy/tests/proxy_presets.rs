@@ -684,6 +684,7 @@ fn the_commented_provider_fields_of_proxy_toml_load_uncommented() {
         }
         line.starts_with("[[providers]]")
             || line.starts_with("[[routes]]")
+            || line.starts_with("[[clients]]")
             || (!name.is_empty()
                 && name.chars().all(|c| c.is_ascii_lowercase() || c == '_')
                 && line[name.len()..].starts_with(" = "))
@@ -704,6 +705,9 @@ fn the_commented_provider_fields_of_proxy_toml_load_uncommented() {
     let env = |name: &str| {
         env(name)
             .or_else(|| matches!(name, "SIM_API_KEY" | "OPENAI_API_KEY_B").then(|| "k".to_owned()))
+            .or_else(|| {
+                (name == "SEARCH_TEAM_KEY").then(|| "search-team-key-0123456789".to_owned())
+            })
     };
     let toml = format!("[simulator]\n{uncommented}");
     let settings = Settings::from_toml(&toml, &env).unwrap_or_else(|e| panic!("{e}\n{toml}"));
@@ -722,6 +726,7 @@ fn the_commented_provider_fields_of_proxy_toml_load_uncommented() {
         ]
     );
     assert_eq!(settings.routes.len(), 1);
+    assert_eq!(settings.clients.len(), 1);
 }
 
 #[tokio::test]

@@ -23,6 +23,9 @@ pub enum Format {
 pub struct Entry {
     /// When the request arrived, RFC 3339 in UTC.
     pub time: String,
+    /// The `[[clients]]` entry that sent it, by name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
     /// `provider/model`, once the gateway knows it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub route: Option<String>,
@@ -124,6 +127,9 @@ impl Entry {
             quote_logfmt(&mut out, value);
         };
         pair("time", &self.time);
+        if let Some(client) = &self.client {
+            pair("client", client);
+        }
         if let Some(route) = &self.route {
             pair("route", route);
         }
@@ -200,6 +206,7 @@ mod tests {
     fn entry() -> Entry {
         Entry {
             time: timestamp(SystemTime::UNIX_EPOCH),
+            client: None,
             route: Some("openai/gpt 4\"o".into()),
             method: "POST".into(),
             path: "/openai/v1/chat\ncompletions x=1".into(),

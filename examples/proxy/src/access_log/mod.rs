@@ -36,7 +36,7 @@ use tower_throttle::respond::Refused;
 pub use line::{Entry, Format, MAX_PATH};
 pub use writer::{Destination, QUEUE_LINES, Writer, rotated};
 
-use crate::gateway::Route;
+use crate::gateway::{Caller, Route};
 use crate::reply::ErrorCode;
 
 /// Default `access_log_max_bytes`: 100 MiB.
@@ -141,6 +141,7 @@ pub async fn record(State(log): State<AccessLog>, req: Request, next: Next) -> R
     };
     let mut entry = Entry {
         time: line::timestamp(time),
+        client: ext.get::<Caller>().map(|c| c.0.to_string()),
         route: route.map(ToString::to_string),
         method,
         path,

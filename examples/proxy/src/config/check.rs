@@ -10,6 +10,7 @@ use tower_throttle::error::ConfigError;
 use tower_throttle::rate_limit::{Limits, QuotaConfig, RateLimitConfig, Unit};
 use tower_throttle::redact::{Escaped, Quoted};
 
+use super::clients::check_clients;
 use super::providers::check_providers;
 use super::routes::check_routes;
 use super::settings::sim_serve_limits;
@@ -48,12 +49,20 @@ impl Settings {
         let stack = stack_config(&file, file.store.clone())?.validate()?;
         check_rule_providers(&file, &providers)?;
         let routes = check_routes(&file.routes, &providers)?;
+        let clients = check_clients(&file.clients, env)?;
+        if gateway.require_client_key && clients.is_empty() {
+            return Err(ConfigError::new(
+                "gateway.require_client_key",
+                "no [[clients]] to give keys to: every request would be refused",
+            ));
+        }
         Ok(Self {
             file,
             gateway,
             simulator,
             providers,
             routes,
+            clients,
             stack,
             allow_insecure: false,
         })
@@ -380,6 +389,7 @@ impl GatewaySection {
             },
             tls: self.tls()?,
             access_log: self.access_log()?,
+            require_client_key: self.require_client_key.unwrap_or(false),
         })
     }
 }

@@ -10,6 +10,7 @@
 //! [`StackConfig`]: tower_throttle::config::StackConfig
 
 mod check;
+mod clients;
 mod providers;
 mod routes;
 mod settings;
@@ -17,6 +18,7 @@ mod toml_error;
 mod values;
 
 pub use check::{counts_tokens, is_loopback_host};
+pub use clients::{Client, ClientSection, KeySource, MAX_KEY_LEN, MIN_KEY_LEN};
 pub use routes::{MAX_DEPLOYMENTS, ModelRoute, Order, RouteSection};
 pub use settings::{
     Credential, GatewaySettings, Provider, SIM_MAX_CONNECTIONS, Settings, SimModel, SimSettings,
@@ -73,6 +75,9 @@ pub struct ProxyFile {
     /// `[[routes]]`: models served by several deployments.
     #[serde(default)]
     pub routes: Vec<RouteSection>,
+    /// `[[clients]]`: the gateway's callers and their keys.
+    #[serde(default)]
+    pub clients: Vec<ClientSection>,
     /// `[rate_limit]`, as in the crate's `StackConfig`.
     #[serde(default)]
     pub rate_limit: Option<RateLimitConfig>,
@@ -137,6 +142,9 @@ pub struct GatewaySection {
     pub tls_cert: Option<String>,
     /// The private key of `tls_cert` (PEM).
     pub tls_key: Option<String>,
+    /// Refuse (401) a forwarded request without a `[[clients]]` key;
+    /// default false (such a request is the anonymous client's).
+    pub require_client_key: Option<bool>,
     /// One line per request to `"stderr"` or to this file; default none.
     pub access_log: Option<String>,
     /// `"json"` (default) or `"logfmt"`.

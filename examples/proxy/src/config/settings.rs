@@ -11,6 +11,7 @@ use http::uri::Authority;
 use http::{HeaderName, HeaderValue};
 use tower_throttle::config::Stack;
 
+use super::clients::Client;
 use super::routes::ModelRoute;
 use super::{DEFAULT_MAX_BODY, ProxyFile};
 use crate::access_log;
@@ -32,6 +33,8 @@ pub struct Settings {
     pub providers: Vec<Provider>,
     /// `[[routes]]`, checked against the providers.
     pub routes: Vec<ModelRoute>,
+    /// `[[clients]]`, their keys read.
+    pub clients: Vec<Client>,
     /// The layers' sections, checked.
     pub stack: Stack,
     /// `--allow-insecure`: `insecure_skip_verify` may apply to a provider
@@ -89,6 +92,8 @@ pub struct GatewaySettings {
     pub tls: Option<TlsFiles>,
     /// The access log, if one is written.
     pub access_log: Option<access_log::Settings>,
+    /// A forwarded request without a client key is refused (401).
+    pub require_client_key: bool,
 }
 
 /// `tls_cert` and `tls_key`, checked to load when the file was read.
@@ -120,6 +125,7 @@ impl Default for GatewaySettings {
             max_event_clients: 64,
             tls: None,
             access_log: None,
+            require_client_key: false,
         }
     }
 }

@@ -17,6 +17,7 @@ use tower_throttle::rate_limit::{Limits, RateLimitInfo};
 use tower_throttle::redact::Quoted;
 use tower_throttle::respond::{RateLimitHeaders, Rejection, ThrottleResponseLayer};
 
+use super::callers::Callers;
 use super::deploy::Dispatch;
 use super::{Current, Layers, Target, Upstream};
 use crate::config::{Settings, Upstream as UpstreamKind};
@@ -127,8 +128,14 @@ pub(super) fn build(
         .timeout(settings.gateway.upstream_timeout)
         .service(upstream.clone());
     let dispatch = Dispatch::new(&settings.routes, &layers.deploy);
+    let callers = Callers::new(
+        &settings.clients,
+        settings.gateway.require_client_key,
+        &layers.callers,
+    );
     Ok(Current {
         dispatch,
+        callers,
         counts_tokens: crate::config::counts_tokens(settings.stack.rate_limit.as_ref()),
         settings: Arc::new(settings),
         targets,

@@ -18,6 +18,7 @@ use tower_throttle::rate_limit::Settlement;
 use tower_throttle::redact::Quoted;
 use tower_throttle::respond::ThrottleResponseLayer;
 
+use super::callers::Identified;
 use super::upstream::Outbound;
 use super::{Current, Gateway, NO_MODEL, Route, Target, deploy};
 use crate::access_log::{Reached, Waited};
@@ -119,7 +120,30 @@ fn target_for<'t>(targets: &'t [Target], path: &str) -> Option<(&'t Target, usiz
 
 async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response<Body> {
     let current = gateway.current();
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
+    // Who sends it; the gateway key's header never goes upstream.
+    let caller = match current.callers.identify(&parts.headers) {
+        Identified::Client(caller, header) => {
+            parts.headers.remove(header);
+            Some(caller)
+        }
+        Identified::Anonymous => None,
+        Identified::Refused(refused) => return refused,
+    };
+    let mut response = forward_read(&gateway, &current, parts, body).await;
+    if let Some(caller) = caller {
+        response.extensions_mut().insert(caller);
+    }
+    response
+}
+
+/// The request, its body read, to its provider or its route's deployment.
+async fn forward_read(
+    gateway: &Gateway,
+    current: &Current,
+    parts: http::request::Parts,
+    body: Body,
+) -> Response<Body> {
     if let Some(problem) = edge::path_problem(parts.uri.path()) {
         return json_error(StatusCode::BAD_REQUEST, "bad_path", problem);
     }
@@ -128,7 +152,7 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
     // once the body is read.
     let may_route = !current.dispatch.is_empty() && by_path.is_none_or(|(_, rest_at)| rest_at == 0);
     if by_path.is_none() && !may_route {
-        return no_provider(&current);
+        return no_provider(current);
     }
     let max_body = current.settings.gateway.max_body;
     let declared = parts
@@ -142,7 +166,7 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
     if let Some(problem) = edge::encoding_problem(&parts.headers) {
         return json_error(StatusCode::UNSUPPORTED_MEDIA_TYPE, "bad_encoding", problem);
     }
-    let body = match edge::read_body(&gateway, body, &current.settings.gateway).await {
+    let body = match edge::read_body(gateway, body, &current.settings.gateway).await {
         Ok(bytes) => bytes,
         Err(refused) => return refused,
     };
@@ -156,15 +180,15 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
         );
     }
     if may_route {
-        let model = model_in(&gateway, &body);
+        let model = model_in(gateway, &body);
         if let Some(route) = model.and_then(|m| current.dispatch.route(&m)) {
-            return deploy::send(&gateway, &current, route, parts, body).await;
+            return deploy::send(gateway, current, route, parts, body).await;
         }
     }
     let Some((target, rest_at)) = by_path else {
-        return no_provider(&current);
+        return no_provider(current);
     };
-    send(&gateway, &current, target, rest_at, parts, body).await
+    send(gateway, current, target, rest_at, parts, body).await
 }
 
 /// The model a JSON body names, if it names one plainly.

@@ -36,6 +36,7 @@
 // The state (`Gateway` and what it holds) is here; what it does, in the
 // modules below, whose public items keep their paths `gateway::Name`.
 mod build;
+mod callers;
 mod counts;
 mod deploy;
 mod forward;
@@ -43,6 +44,7 @@ mod route;
 mod running;
 mod upstream;
 
+pub use callers::{ANONYMOUS, Caller, CallerStats};
 pub use counts::{Changed, TokenCounts, UpstreamCounters, UpstreamCounts};
 pub use deploy::{DOWN_FOR, DeploymentShare, RouteShares};
 pub use forward::router;
@@ -83,6 +85,7 @@ use crate::stats::TrackedRoutes;
 use crate::tls::{HttpsClient, TlsClients};
 use crate::{health, live, serve, stats, usage};
 use build::build;
+use callers::{CallerCounts, Callers};
 use deploy::{DeployState, Dispatch};
 use upstream::http_client;
 
@@ -100,6 +103,8 @@ struct Layers {
     stable: Mutex<Option<StableIds>>,
     /// Deployments' counts and failures, kept across reloads.
     deploy: DeployState,
+    /// Requests per client, kept across reloads.
+    callers: CallerCounts,
 }
 
 /// The rate limiter's cost of a request: its token estimate (see `usage`).
@@ -186,6 +191,8 @@ pub struct Current {
     service: ProxyService,
     /// `[[routes]]`: models served by several deployments.
     dispatch: Dispatch,
+    /// `[[clients]]`: who sends each request.
+    callers: Callers,
     /// 1 at start, one more per applied reload.
     pub generation: u64,
     /// Some quota counts tokens: requests are charged an estimate, settled
@@ -337,6 +344,7 @@ impl Gateway {
             backoff,
             stable: Mutex::new(None),
             deploy: DeployState::default(),
+            callers: CallerCounts::default(),
         };
         let tls = TlsClients::default();
         let current = build(&layers, &upstream, &tls, simulator, settings, 1)?;
@@ -399,6 +407,11 @@ impl Gateway {
             generation,
             restart_only,
         })
+    }
+
+    /// Requests per client (none without `[[clients]]`).
+    pub fn caller_stats(&self) -> Vec<CallerStats> {
+        self.current().callers.stats()
     }
 
     /// Each `[[routes]]` model's deployments and their shares.

@@ -14,7 +14,7 @@ use tower_throttle::stats::KeyStats;
 
 use super::OTHER;
 use crate::access_log::AccessLog;
-use crate::gateway::{Gateway, ProviderInfo, RouteShares, UpstreamCounts};
+use crate::gateway::{CallerStats, Gateway, ProviderInfo, RouteShares, UpstreamCounts};
 use crate::learn::LearnedInfo;
 
 /// Everything `/stats` and `/events` show.
@@ -49,6 +49,10 @@ pub struct Snapshot {
     /// without routes.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub deployments: Vec<RouteShares>,
+    /// Requests per `[[clients]]` entry, and the anonymous ones; absent
+    /// without clients.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub clients: Vec<CallerStats>,
 }
 
 /// Where the configuration came from, and how often it was reloaded.
@@ -193,6 +197,7 @@ pub fn snapshot(gateway: &Gateway, seq: u64) -> Snapshot {
         write_timeouts: gateway.write_timeouts(),
         access_log_dropped: gateway.access_log().map(AccessLog::dropped),
         deployments: gateway.deployment_shares(),
+        clients: gateway.caller_stats(),
     }
 }
 

@@ -1,0 +1,138 @@
+//! `[[clients]]`: the gateway's callers, each with its own keys (read from
+//! the environment or a file, never written in the config), checked.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use tower_throttle::error::ConfigError;
+use tower_throttle::redact::Quoted;
+
+use super::Env;
+use super::values::read_env;
+
+/// The shortest key accepted: a shorter one can be guessed.
+pub const MIN_KEY_LEN: usize = 16;
+/// The longest key accepted.
+pub const MAX_KEY_LEN: usize = 512;
+
+/// `[[clients]]` as written.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClientSection {
+    /// Shown in `/stats` and the access log; never the key.
+    pub name: String,
+    /// Where its keys are: several for rotation.
+    pub keys: Vec<KeySource>,
+}
+
+/// Where one key is read from.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KeySource {
+    /// An environment variable holding the key.
+    pub env: Option<String>,
+    /// A file holding the key (a trailing newline is dropped).
+    pub file: Option<String>,
+}
+
+/// A client, checked: its name and keys.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Client {
+    pub name: Arc<str>,
+    pub keys: Vec<Vec<u8>>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("name", &self.name)
+            .field("keys", &format_args!("<{} redacted>", self.keys.len()))
+            .finish()
+    }
+}
+
+/// Check `sections`, reading each key; an error names the entry, never
+/// the key.
+pub fn check_clients(sections: &[ClientSection], env: Env<'_>) -> Result<Vec<Client>, ConfigError> {
+    let mut names = HashSet::new();
+    let mut keys: HashSet<Vec<u8>> = HashSet::new();
+    let mut clients = Vec::new();
+    for (i, section) in sections.iter().enumerate() {
+        let within = |e: ConfigError| e.within(&format!("clients[{i}]"));
+        let name = section.name.as_str();
+        let plain = name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+        if name.is_empty() || name.len() > 64 || !plain || name == "anonymous" {
+            return Err(within(ConfigError::new(
+                "name",
+                "1 to 64 letters, digits, `-`, `_` or `.`, and not `anonymous`",
+            )));
+        }
+        if !names.insert(name) {
+            return Err(within(ConfigError::new(
+                "name",
+                format!("{} is used twice", Quoted(name)),
+            )));
+        }
+        if section.keys.is_empty() {
+            return Err(within(ConfigError::new(
+                "keys",
+                "at least one key: { env = \"VAR\" } or { file = \"PATH\" }",
+            )));
+        }
+        let mut read = Vec::new();
+        for (k, source) in section.keys.iter().enumerate() {
+            let key = read_key(source, env).map_err(|e| within(e.within(&format!("keys[{k}]"))))?;
+            if !keys.insert(key.clone()) {
+                return Err(within(ConfigError::new(
+                    format!("keys[{k}]"),
+                    "this key is another key's too; each client's keys are its own",
+                )));
+            }
+            read.push(key);
+        }
+        clients.push(Client {
+            name: Arc::from(name),
+            keys: read,
+        });
+    }
+    Ok(clients)
+}
+
+fn read_key(source: &KeySource, env: Env<'_>) -> Result<Vec<u8>, ConfigError> {
+    let key = match (&source.env, &source.file) {
+        (Some(var), None) => read_env("env", var, env)?,
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                ConfigError::new(
+                    "file",
+                    format!("cannot read {}: {}", Quoted(path), e.kind()),
+                )
+            })?;
+            text.trim_end_matches(['\n', '\r']).to_owned()
+        }
+        _ => {
+            return Err(ConfigError::new(
+                "env",
+                "one of env = \"VAR\" or file = \"PATH\", not both",
+            ));
+        }
+    };
+    // Said without the key: a config error is printed and logged.
+    let field = if source.env.is_some() { "env" } else { "file" };
+    if key.len() < MIN_KEY_LEN || key.len() > MAX_KEY_LEN {
+        return Err(ConfigError::new(
+            field,
+            format!("the key must be {MIN_KEY_LEN} to {MAX_KEY_LEN} bytes long"),
+        ));
+    }
+    if !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ConfigError::new(
+            field,
+            "the key must be visible ASCII (it travels in a header), without spaces",
+        ));
+    }
+    Ok(key.into_bytes())
+}

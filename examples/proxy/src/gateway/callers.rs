@@ -1,0 +1,186 @@
+//! The gateway's callers (`[[clients]]`): who sent a request, by the key
+//! it carries in `Authorization: Bearer` or `x-api-key`, compared in
+//! constant time; the key's header is taken off before forwarding.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher, RandomState};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
+use parking_lot::Mutex;
+use serde::Serialize;
+use subtle::ConstantTimeEq;
+
+use crate::config::Client;
+use crate::reply::json_error;
+
+/// The name of requests without a client key.
+pub const ANONYMOUS: &str = "anonymous";
+
+/// Who sent a request, in its response's extensions (for the access log).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller(pub Arc<str>);
+
+/// Requests per client since start, kept across reloads.
+#[derive(Debug, Default)]
+pub struct CallerCounts(Mutex<HashMap<Arc<str>, Arc<AtomicU64>>>);
+
+impl CallerCounts {
+    fn counter(&self, name: &Arc<str>) -> Arc<AtomicU64> {
+        self.0.lock().entry(name.clone()).or_default().clone()
+    }
+}
+
+/// One client's requests, for `/stats`.
+#[derive(Clone, Debug, Serialize)]
+pub struct CallerStats {
+    /// The client's name (`anonymous` for requests without a key).
+    pub name: String,
+    /// Requests it sent to the gateway's routes.
+    pub requests: u64,
+}
+
+/// The clients of one configuration.
+pub struct Callers {
+    /// Keys by their keyed hash: a lookup's time does not depend on how
+    /// much of a key a guess got right; the key itself is then compared
+    /// in constant time.
+    by_hash: HashMap<u64, Vec<(usize, Vec<u8>)>>,
+    hasher: RandomState,
+    names: Vec<Arc<str>>,
+    counts: Vec<Arc<AtomicU64>>,
+    anonymous: Arc<AtomicU64>,
+    require: bool,
+}
+
+impl std::fmt::Debug for Callers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Callers")
+            .field("names", &self.names)
+            .field("require", &self.require)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a request's headers say of its caller.
+pub enum Identified {
+    /// A configured client; the header that carried its key.
+    Client(Caller, HeaderName),
+    /// No client key (and none is required).
+    Anonymous,
+    /// Refused: 401.
+    Refused(Response<Body>),
+}
+
+impl Callers {
+    /// The callers of `clients`, counting into `counts`.
+    pub fn new(clients: &[Client], require: bool, counts: &CallerCounts) -> Self {
+        let hasher = RandomState::new();
+        let mut by_hash: HashMap<u64, Vec<(usize, Vec<u8>)>> = HashMap::new();
+        for (i, client) in clients.iter().enumerate() {
+            for key in &client.keys {
+                let hash = hash_of(&hasher, key);
+                by_hash.entry(hash).or_default().push((i, key.clone()));
+            }
+        }
+        let names: Vec<Arc<str>> = clients.iter().map(|c| c.name.clone()).collect();
+        Self {
+            counts: names.iter().map(|n| counts.counter(n)).collect(),
+            anonymous: counts.counter(&Arc::from(ANONYMOUS)),
+            by_hash,
+            hasher,
+            names,
+            require,
+        }
+    }
+
+    /// Who sent a request with `headers`.
+    pub fn identify(&self, headers: &HeaderMap) -> Identified {
+        if self.names.is_empty() {
+            return Identified::Anonymous;
+        }
+        let mut presented = false;
+        for (name, key) in presented_keys(headers) {
+            presented = true;
+            if let Some(i) = self.find(key) {
+                self.counts[i].fetch_add(1, Ordering::Relaxed);
+                return Identified::Client(Caller(self.names[i].clone()), name);
+            }
+        }
+        if !self.require {
+            self.anonymous.fetch_add(1, Ordering::Relaxed);
+            return Identified::Anonymous;
+        }
+        let (code, message) = if presented {
+            (
+                "unknown_key",
+                "the key is not one of this gateway's clients' keys",
+            )
+        } else {
+            (
+                "missing_key",
+                "this gateway needs a client key: Authorization: Bearer KEY, or x-api-key: KEY",
+            )
+        };
+        let mut refused = json_error(StatusCode::UNAUTHORIZED, code, message);
+        refused
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        Identified::Refused(refused)
+    }
+
+    fn find(&self, key: &[u8]) -> Option<usize> {
+        let candidates = self.by_hash.get(&hash_of(&self.hasher, key))?;
+        let mut found = None;
+        for (i, known) in candidates {
+            if bool::from(known.as_slice().ct_eq(key)) {
+                found = Some(*i);
+            }
+        }
+        found
+    }
+
+    /// Requests by client, the anonymous ones last.
+    pub fn stats(&self) -> Vec<CallerStats> {
+        self.names
+            .iter()
+            .zip(&self.counts)
+            .map(|(name, n)| (name.to_string(), n))
+            .chain((!self.names.is_empty()).then(|| (ANONYMOUS.to_owned(), &self.anonymous)))
+            .map(|(name, n)| CallerStats {
+                name,
+                requests: n.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+}
+
+fn hash_of(hasher: &RandomState, key: &[u8]) -> u64 {
+    let mut h = hasher.build_hasher();
+    h.write(key);
+    h.finish()
+}
+
+/// The keys a request presents: `Authorization: Bearer KEY` (the scheme in
+/// any case), then `x-api-key: KEY`, with the header each came in.
+fn presented_keys(headers: &HeaderMap) -> impl Iterator<Item = (HeaderName, &[u8])> {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .map(HeaderValue::as_bytes)
+        .and_then(|v| {
+            let (scheme, rest) = v.split_at_checked(7)?;
+            scheme
+                .eq_ignore_ascii_case(b"bearer ")
+                .then_some(rest.trim_ascii())
+        })
+        .map(|key| (header::AUTHORIZATION, key));
+    let api_key = headers.get("x-api-key").map(|v| {
+        (
+            HeaderName::from_static("x-api-key"),
+            v.as_bytes().trim_ascii(),
+        )
+    });
+    bearer.into_iter().chain(api_key)
+}

@@ -1,0 +1,263 @@
+//! The gateway's callers (`[[clients]]`), end to end: keys from the
+//! environment and from a file, 401s when a key is required, a caller's
+//! key never forwarded, logged or shown, rotation, and requests counted
+//! per client.
+
+mod support;
+
+use proxy::config::Settings;
+use proxy::gateway::{self, Running};
+use serde_json::Value;
+use support::fake_upstream::FakeUpstream;
+use support::sim::temp_path;
+
+const ALICE: &str = "alice-key-0123456789abcdef";
+const ALICE_NEXT: &str = "alice-next-key-fedcba9876543210";
+const BOB: &str = "bob-key-00112233445566778899";
+const PROVIDER_KEY: &str = "sk-provider-key-5566";
+
+fn env(name: &str) -> Option<String> {
+    match name {
+        "ALICE_KEY" => Some(ALICE.to_owned()),
+        "BOB_KEY" => Some(BOB.to_owned()),
+        "PROVIDER_KEY" => Some(PROVIDER_KEY.to_owned()),
+        "SHORT_KEY" => Some("short".to_owned()),
+        _ => None,
+    }
+}
+
+fn config(upstream: &FakeUpstream, alice_next: &std::path::Path, extra: &str) -> String {
+    format!(
+        r#"
+[gateway]
+{extra}
+
+[[providers]]
+name = "keyed"
+base_url = "{url}"
+api_key_env = "PROVIDER_KEY"
+
+[[providers]]
+name = "open"
+base_url = "{url}"
+
+[[clients]]
+name = "alice"
+keys = [{{ env = "ALICE_KEY" }}, {{ file = {next:?} }}]
+
+[[clients]]
+name = "bob"
+keys = [{{ env = "BOB_KEY" }}]
+"#,
+        url = upstream.base_url(),
+        next = alice_next.display().to_string(),
+    )
+}
+
+async fn start(toml: &str) -> Running {
+    let settings = Settings::from_toml(toml, &env).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn post(url: &str, path: &str, header: Option<(&str, String)>) -> reqwest::Response {
+    let mut request = reqwest::Client::new()
+        .post(format!("{url}{path}"))
+        .header("content-type", "application/json")
+        .body(r#"{"model":"m","messages":[]}"#);
+    if let Some((name, value)) = header {
+        request = request.header(name, value);
+    }
+    request.send().await.unwrap()
+}
+
+fn bearer(key: &str) -> Option<(&'static str, String)> {
+    Some(("authorization", format!("Bearer {key}")))
+}
+
+#[tokio::test]
+async fn with_keys_required_only_clients_pass_and_their_keys_never_go_upstream() {
+    let upstream = FakeUpstream::start().await;
+    let next = temp_path("alice-next");
+    std::fs::write(&next, format!("{ALICE_NEXT}\n")).unwrap();
+    let log = temp_path("clients.log");
+    let extra = format!(
+        "require_client_key = true\naccess_log = {:?}",
+        log.display().to_string()
+    );
+    let gw = start(&config(&upstream, &next, &extra)).await;
+    let url = gw.url();
+
+    let missing = post(&url, "/keyed/v1/chat", None).await;
+    assert_eq!(missing.status(), 401);
+    assert_eq!(missing.headers()["www-authenticate"], "Bearer");
+    let body = support::sim::body_json(missing).await;
+    assert_eq!(body["error"]["code"], "missing_key");
+    let unknown = post(&url, "/keyed/v1/chat", bearer("not-a-client-key-at-all")).await;
+    assert_eq!(unknown.status(), 401);
+    let body = support::sim::body_json(unknown).await;
+    assert_eq!(body["error"]["code"], "unknown_key");
+    assert!(
+        upstream.received().is_empty(),
+        "a refused request went upstream"
+    );
+
+    // Both of alice's keys (rotation), in either header; bob's.
+    assert_eq!(
+        post(&url, "/keyed/v1/chat", bearer(ALICE)).await.status(),
+        200
+    );
+    let x_api_key = Some(("x-api-key", ALICE_NEXT.to_owned()));
+    assert_eq!(post(&url, "/keyed/v1/chat", x_api_key).await.status(), 200);
+    assert_eq!(post(&url, "/open/v1/chat", bearer(BOB)).await.status(), 200);
+    let received = upstream.received();
+    assert_eq!(received.len(), 3);
+    assert_eq!(
+        received[0].values("authorization"),
+        [format!("Bearer {PROVIDER_KEY}")]
+    );
+    assert_eq!(
+        received[1].values("authorization"),
+        [format!("Bearer {PROVIDER_KEY}")]
+    );
+    assert!(received[1].values("x-api-key").is_empty());
+    // A provider without a key of its own gets no caller's key either.
+    assert!(received[2].values("authorization").is_empty());
+
+    let stats: Value = support::sim::stats(&reqwest::Client::new(), &url).await;
+    let clients: Vec<(String, u64)> = stats["clients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_owned(),
+                c["requests"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        clients,
+        [
+            ("alice".to_owned(), 2),
+            ("bob".to_owned(), 1),
+            ("anonymous".to_owned(), 0)
+        ]
+    );
+    let metrics = reqwest::get(format!("{url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    gw.shutdown().await;
+    let logged = std::fs::read_to_string(&log).unwrap();
+    let _ = (std::fs::remove_file(&log), std::fs::remove_file(&next));
+    assert!(logged.contains(r#""client":"alice""#), "{logged}");
+    assert!(logged.contains(r#""code":"missing_key""#), "{logged}");
+    for key in [ALICE, ALICE_NEXT, BOB] {
+        for (what, text) in [
+            ("/stats", &stats.to_string()),
+            ("/metrics", &metrics),
+            ("the log", &logged),
+        ] {
+            assert!(!text.contains(key), "a client key in {what}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn without_keys_required_others_are_anonymous_and_their_headers_pass() {
+    let upstream = FakeUpstream::start().await;
+    let next = temp_path("alice-next-open");
+    std::fs::write(&next, ALICE_NEXT).unwrap();
+    let gw = start(&config(&upstream, &next, "")).await;
+    let url = gw.url();
+    assert_eq!(post(&url, "/open/v1/chat", None).await.status(), 200);
+    // Not a client's key: the provider's own, passed through as before.
+    assert_eq!(
+        post(&url, "/open/v1/chat", bearer("sk-their-own-provider-key"))
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        post(&url, "/open/v1/chat", bearer(ALICE)).await.status(),
+        200
+    );
+    let received = upstream.received();
+    assert_eq!(
+        received[1].values("authorization"),
+        ["Bearer sk-their-own-provider-key"]
+    );
+    assert!(received[2].values("authorization").is_empty());
+    let stats: Value = support::sim::stats(&reqwest::Client::new(), &url).await;
+    assert_eq!(stats["clients"][0]["requests"], 1);
+    assert_eq!(stats["clients"][2]["name"], "anonymous");
+    assert_eq!(stats["clients"][2]["requests"], 2);
+    gw.shutdown().await;
+    let _ = std::fs::remove_file(&next);
+}
+
+#[test]
+fn client_keys_are_checked_and_never_named_in_errors() {
+    let upstream_url = "http://127.0.0.1:9";
+    let base = |clients: &str, extra: &str| {
+        format!(
+            "[gateway]\n{extra}\n[[providers]]\nname = \"p\"\nbase_url = \"{upstream_url}\"\n{clients}"
+        )
+    };
+    for (clients, extra, field) in [
+        (
+            "[[clients]]\nname = \"a\"\nkeys = [{ env = \"SHORT_KEY\" }]",
+            "",
+            "clients[0].keys[0].env",
+        ),
+        (
+            "[[clients]]\nname = \"a\"\nkeys = [{ env = \"UNSET\" }]",
+            "",
+            "clients[0].keys[0].env",
+        ),
+        (
+            "[[clients]]\nname = \"a\"\nkeys = []",
+            "",
+            "clients[0].keys",
+        ),
+        (
+            "[[clients]]\nname = \"a\"\nkeys = [{ env = \"ALICE_KEY\", file = \"/x\" }]",
+            "",
+            "clients[0].keys[0]",
+        ),
+        (
+            "[[clients]]\nname = \"a b\"\nkeys = [{ env = \"ALICE_KEY\" }]",
+            "",
+            "clients[0].name",
+        ),
+        (
+            "[[clients]]\nname = \"a\"\nkeys = [{ env = \"ALICE_KEY\" }]\n[[clients]]\nname = \"a\"\nkeys = [{ env = \"BOB_KEY\" }]",
+            "",
+            "clients[1].name",
+        ),
+        (
+            "[[clients]]\nname = \"a\"\nkeys = [{ env = \"ALICE_KEY\" }]\n[[clients]]\nname = \"b\"\nkeys = [{ env = \"ALICE_KEY\" }]",
+            "",
+            "clients[1].keys[0]",
+        ),
+        (
+            "",
+            "require_client_key = true",
+            "gateway.require_client_key",
+        ),
+        (
+            "[[clients]]\nname = \"a\"\nkeys = [{ file = \"/no/such/file\" }]",
+            "",
+            "clients[0].keys[0].file",
+        ),
+    ] {
+        let toml = base(clients, extra);
+        let e = Settings::from_toml(&toml, &env).unwrap_err().to_string();
+        assert!(e.contains(field), "{clients} {extra}: {e}");
+        assert!(!e.contains(ALICE) && !e.contains("short\""), "{e}");
+    }
+}
