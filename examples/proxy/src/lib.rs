@@ -46,6 +46,7 @@
 //! SIGTERM cuts the shutdown short, or when one stops a `--bench` run.
 
 pub mod access_log;
+pub mod admin;
 pub mod app;
 pub mod bench;
 pub mod bench_tls;

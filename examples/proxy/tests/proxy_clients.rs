@@ -15,6 +15,7 @@ const ALICE: &str = "alice-key-0123456789abcdef";
 const ALICE_NEXT: &str = "alice-next-key-fedcba9876543210";
 const BOB: &str = "bob-key-00112233445566778899";
 const PROVIDER_KEY: &str = "sk-provider-key-5566";
+const ADMIN: &str = "operator-key-aabbccddeeff0011";
 
 fn env(name: &str) -> Option<String> {
     match name {
@@ -22,6 +23,7 @@ fn env(name: &str) -> Option<String> {
         "BOB_KEY" => Some(BOB.to_owned()),
         "PROVIDER_KEY" => Some(PROVIDER_KEY.to_owned()),
         "SHORT_KEY" => Some("short".to_owned()),
+        "ADMIN_KEY" => Some(ADMIN.to_owned()),
         _ => None,
     }
 }
@@ -260,4 +262,50 @@ fn client_keys_are_checked_and_never_named_in_errors() {
         assert!(e.contains(field), "{clients} {extra}: {e}");
         assert!(!e.contains(ALICE) && !e.contains("short\""), "{e}");
     }
+}
+
+#[tokio::test]
+async fn with_clients_the_operator_endpoints_need_the_operator_key() {
+    let upstream = FakeUpstream::start().await;
+    let next = temp_path("alice-next-admin");
+    std::fs::write(&next, ALICE_NEXT).unwrap();
+    let extra = "admin_key_env = \"ADMIN_KEY\"\nadmin_from_loopback = false";
+    let gw = start(&config(&upstream, &next, extra)).await;
+    let url = gw.url();
+    let client = reqwest::Client::new();
+    let get = |path: &str, key: Option<&str>| {
+        let mut request = client.get(format!("{url}{path}"));
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    for path in ["/stats", "/metrics", "/", "/events"] {
+        assert_eq!(get(path, None).await, 401, "{path}");
+        // A client's key opens none of them.
+        assert_eq!(get(path, Some(ALICE)).await, 401, "{path}");
+    }
+    for path in ["/stats", "/metrics", "/"] {
+        assert_eq!(get(path, Some(ADMIN)).await, 200, "{path}");
+    }
+    let reset = client
+        .post(format!("{url}/stats/reset"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reset.status(), 401);
+    // Health stays open: a load balancer has no key.
+    assert_eq!(get("/healthz", None).await, 200);
+    gw.shutdown().await;
+    let _ = std::fs::remove_file(&next);
+
+    // The operator key may not be a client's.
+    let toml = config(&upstream, &next, "admin_key_env = \"ALICE_KEY\"");
+    std::fs::write(&next, ALICE_NEXT).unwrap();
+    let e = Settings::from_toml(&toml, &env).unwrap_err().to_string();
+    let _ = std::fs::remove_file(&next);
+    assert!(
+        e.contains("gateway.admin_key_env") && !e.contains(ALICE),
+        "{e}"
+    );
 }

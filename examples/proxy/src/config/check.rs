@@ -10,7 +10,7 @@ use tower_throttle::error::ConfigError;
 use tower_throttle::rate_limit::{Limits, QuotaConfig, RateLimitConfig, Unit};
 use tower_throttle::redact::{Escaped, Quoted};
 
-use super::clients::check_clients;
+use super::clients::{MIN_KEY_LEN, check_clients};
 use super::providers::check_providers;
 use super::routes::check_routes;
 use super::settings::sim_serve_limits;
@@ -21,6 +21,7 @@ use super::{
     SimulatorSection, TlsFiles, Upstream,
 };
 use crate::access_log;
+use crate::admin::AdminKey;
 use crate::edge::{AllowedHost, AllowedOrigin};
 
 impl Settings {
@@ -50,6 +51,31 @@ impl Settings {
         check_rule_providers(&file, &providers)?;
         let routes = check_routes(&file.routes, &providers)?;
         let clients = check_clients(&file.clients, env)?;
+        let mut gateway = gateway;
+        gateway.admin_key = match &file.gateway.admin_key_env {
+            Some(var) => {
+                let key = read_env("gateway.admin_key_env", var, env)?;
+                let field = "gateway.admin_key_env";
+                if key.len() < MIN_KEY_LEN || !key.bytes().all(|b| b.is_ascii_graphic()) {
+                    return Err(ConfigError::new(
+                        field,
+                        format!("the key must be at least {MIN_KEY_LEN} visible ASCII characters"),
+                    ));
+                }
+                if clients
+                    .iter()
+                    .any(|c| c.keys.iter().any(|k| k == key.as_bytes()))
+                {
+                    return Err(ConfigError::new(
+                        field,
+                        "the operator key is a client's key too; a client's key must open no \
+                         operator endpoint",
+                    ));
+                }
+                Some(AdminKey(key.into_bytes()))
+            }
+            None => None,
+        };
         if gateway.require_client_key && clients.is_empty() {
             return Err(ConfigError::new(
                 "gateway.require_client_key",
@@ -390,6 +416,9 @@ impl GatewaySection {
             tls: self.tls()?,
             access_log: self.access_log()?,
             require_client_key: self.require_client_key.unwrap_or(false),
+            // Read with the clients, in `Settings::check`.
+            admin_key: None,
+            admin_from_loopback: self.admin_from_loopback.unwrap_or(true),
         })
     }
 }

@@ -145,6 +145,12 @@ pub struct GatewaySection {
     /// Refuse (401) a forwarded request without a `[[clients]]` key;
     /// default false (such a request is the anonymous client's).
     pub require_client_key: Option<bool>,
+    /// With `[[clients]]`: the environment variable holding the operator
+    /// key, which opens `/stats`, `/events`, `/metrics` and the page.
+    pub admin_key_env: Option<String>,
+    /// With `[[clients]]`: the operator endpoints answer requests from
+    /// this machine without the key; default true.
+    pub admin_from_loopback: Option<bool>,
     /// One line per request to `"stderr"` or to this file; default none.
     pub access_log: Option<String>,
     /// `"json"` (default) or `"logfmt"`.

@@ -15,6 +15,7 @@ use super::clients::Client;
 use super::routes::ModelRoute;
 use super::{DEFAULT_MAX_BODY, ProxyFile};
 use crate::access_log;
+use crate::admin::AdminKey;
 use crate::edge::{AllowedHost, AllowedOrigin};
 use crate::preset::{Aliases, Kind, LimitHeaders, UsageFormat};
 use crate::serve;
@@ -94,6 +95,10 @@ pub struct GatewaySettings {
     pub access_log: Option<access_log::Settings>,
     /// A forwarded request without a client key is refused (401).
     pub require_client_key: bool,
+    /// The operator key, with `[[clients]]`.
+    pub admin_key: Option<AdminKey>,
+    /// The operator endpoints answer this machine without the key.
+    pub admin_from_loopback: bool,
 }
 
 /// `tls_cert` and `tls_key`, checked to load when the file was read.
@@ -126,6 +131,8 @@ impl Default for GatewaySettings {
             tls: None,
             access_log: None,
             require_client_key: false,
+            admin_key: None,
+            admin_from_loopback: true,
         }
     }
 }

@@ -26,7 +26,7 @@ use crate::preset::{self, Kind};
 use crate::reply::json_error;
 use crate::tls::Via;
 use crate::usage::{self, Tally, UsageBody};
-use crate::{access_log, edge, health, multipart, operator, stats};
+use crate::{access_log, admin, edge, health, multipart, operator, stats};
 
 /// Request headers a client may carry an API key in: removed when the
 /// gateway sends its own (`Authorization` for OpenAI and most others,
@@ -83,7 +83,12 @@ pub fn router(gateway: Gateway) -> Result<Router, ConfigError> {
             ServiceBuilder::new()
                 .layer(ThrottleResponseLayer::new())
                 .layer(operator::rate_limit()?),
-        );
+        )
+        // With clients, only the operator (see `admin`).
+        .route_layer(axum::middleware::from_fn_with_state(
+            gateway.clone(),
+            admin::guard,
+        ));
     // Health first and outside every limit: a saturated gateway is alive.
     let health = Router::new()
         .route("/healthz", get(health::healthz))
