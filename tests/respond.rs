@@ -264,3 +264,32 @@ async fn a_refusal_response_carries_what_refused_in_its_extensions() {
     assert_eq!(own.status(), 429);
     assert_eq!(own.extensions().get::<Refused>(), None);
 }
+
+/// Of several limits, the body names the one that refused (its layer's
+/// `with_name`), and says nothing of a layer without a name.
+#[tokio::test]
+async fn the_body_names_the_limit_that_refused() {
+    use tower_throttle::error::RateLimited;
+
+    let svc = ServiceBuilder::new()
+        .layer(ThrottleResponseLayer::new())
+        .service_fn(|req: http::Request<()>| async move {
+            let mut refused = RateLimited::new("k".into(), Duration::from_secs(2));
+            if req.uri().path() == "/named" {
+                refused.limit = Some("per-client".into());
+            }
+            Err::<http::Response<String>, _>(tower_throttle::BoxError::from(refused))
+        });
+    let body = |r: http::Response<String>| -> serde_json::Value {
+        serde_json::from_str(r.body()).unwrap()
+    };
+    let named = http::Request::builder().uri("/named").body(()).unwrap();
+    let named = tower::ServiceExt::oneshot(svc.clone(), named)
+        .await
+        .unwrap();
+    assert_eq!(body(named)["error"]["limit"], "per-client");
+    let plain = tower::ServiceExt::oneshot(svc, http::Request::new(()))
+        .await
+        .unwrap();
+    assert!(body(plain)["error"].get("limit").is_none());
+}

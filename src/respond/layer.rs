@@ -27,19 +27,27 @@ pub trait MakeResponse<B>: Clone + Send + Sync + 'static {
 }
 
 /// The default body: JSON with the error's code, message and retry-after in
-/// seconds.
+/// seconds, and for a rate limit whose layer has a
+/// [name](crate::rate_limit::RateLimitLayer::with_name), that name
+/// (`"limit"`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct JsonBody;
 
 impl<B: From<String>> MakeResponse<B> for JsonBody {
     fn make(&self, rejection: &Rejection<'_>) -> http::Response<B> {
-        let body = serde_json::json!({
+        let mut body = serde_json::json!({
             "error": {
                 "code": rejection.code(),
                 "message": rejection.message(),
                 "retry_after": rejection.retry_after().map(|d| d.as_secs_f64()),
             }
         });
+        // Which of several limits refused, when its layer is named.
+        if let Rejection::RateLimited(limited) = rejection {
+            if let Some(limit) = &limited.limit {
+                body["error"]["limit"] = serde_json::Value::from(limit.as_str());
+            }
+        }
         let mut response = http::Response::new(B::from(body.to_string()));
         *response.status_mut() = rejection.status();
         response

@@ -76,5 +76,11 @@ pub fn apply(handles: &Handles, settings: &Settings) -> Result<(), ConfigError> 
         handles.backoff.set_proactive(true);
     }
     handles.backoff.set_enabled(on);
+    let mut clients = crate::config::client_limits(&settings.clients)?;
+    clients.enabled = on;
+    handles
+        .clients
+        .apply(&clients)
+        .map_err(|e| e.within("clients"))?;
     Ok(())
 }

@@ -309,3 +309,58 @@ async fn with_clients_the_operator_endpoints_need_the_operator_key() {
         "{e}"
     );
 }
+
+#[tokio::test]
+async fn a_clients_quota_is_judged_with_the_routes_all_or_nothing() {
+    let upstream = FakeUpstream::start().await;
+    let next = temp_path("alice-next-quota");
+    std::fs::write(&next, ALICE_NEXT).unwrap();
+    let toml = config(&upstream, &next, "").replace(
+        "keys = [{ env = \"ALICE_KEY\" }, {",
+        "quotas = [{ limit = 2, period = \"1m\" }]\nkeys = [{ env = \"ALICE_KEY\" }, {",
+    ) + r#"
+[rate_limit]
+mode = "reject"
+
+[[rate_limit.rules]]
+name = "keyed-m"
+provider = "keyed"
+model = "m"
+quotas = [{ limit = 1, period = "1m" }]
+"#;
+    let gw = start(&toml).await;
+    let url = gw.url();
+    let limit_of = |r: reqwest::Response| async move {
+        let retry = r
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let body = support::sim::body_json(r).await;
+        (body["error"]["limit"].as_str().map(str::to_owned), retry)
+    };
+    assert_eq!(
+        post(&url, "/keyed/v1/chat", bearer(ALICE)).await.status(),
+        200
+    );
+    // The route refuses: alice's quota gets back what it took.
+    let refused = post(&url, "/keyed/v1/chat", bearer(ALICE)).await;
+    assert_eq!(refused.status(), 429);
+    assert_eq!(limit_of(refused).await.0.as_deref(), Some("route"));
+    assert_eq!(
+        post(&url, "/open/v1/chat", bearer(ALICE)).await.status(),
+        200
+    );
+    // Two of alice's: her own quota refuses, naming it, with its wait.
+    let refused = post(&url, "/open/v1/chat", bearer(ALICE)).await;
+    assert_eq!(refused.status(), 429);
+    let (limit, retry) = limit_of(refused).await;
+    assert_eq!(limit.as_deref(), Some("client"));
+    assert!(matches!(retry.as_deref(), Some("30" | "29")), "{retry:?}");
+    // Bob has no quota of his own; the route's are his only limits.
+    for _ in 0..3 {
+        assert_eq!(post(&url, "/open/v1/chat", bearer(BOB)).await.status(), 200);
+    }
+    assert_eq!(upstream.received().len(), 5);
+    gw.shutdown().await;
+    let _ = std::fs::remove_file(&next);
+}

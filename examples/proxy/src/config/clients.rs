@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 use tower_throttle::error::ConfigError;
+use tower_throttle::rate_limit::{KeyPattern, Limits, Quota, QuotaConfig, RateLimitConfig, Rule};
 use tower_throttle::redact::Quoted;
 
 use super::Env;
@@ -24,6 +25,10 @@ pub struct ClientSection {
     pub name: String,
     /// Where its keys are: several for rotation.
     pub keys: Vec<KeySource>,
+    /// Its own quotas, over every route together, judged with the routes'
+    /// (`[{ limit = 100, period = "1m" }]`); none: only the routes' limits.
+    #[serde(default)]
+    pub quotas: Vec<QuotaConfig>,
 }
 
 /// Where one key is read from.
@@ -36,11 +41,27 @@ pub struct KeySource {
     pub file: Option<String>,
 }
 
-/// A client, checked: its name and keys.
-#[derive(Clone, PartialEq, Eq)]
+/// A client, checked: its name, keys and quotas.
+#[derive(Clone, PartialEq)]
 pub struct Client {
     pub name: Arc<str>,
     pub keys: Vec<Vec<u8>>,
+    pub quotas: Vec<Quota>,
+}
+
+/// The client limiter's limits: one rule per client with quotas, named
+/// after the client, on the key that is its name; reject mode (a client
+/// over its quota is told at once).
+pub fn client_limits(clients: &[Client]) -> Result<Limits, ConfigError> {
+    let mut limits = Limits::default();
+    for client in clients.iter().filter(|c| !c.quotas.is_empty()) {
+        let mut rule = Rule::new(&*client.name, KeyPattern::literal([&*client.name])?);
+        for quota in &client.quotas {
+            rule = rule.with_quota(*quota);
+        }
+        limits.rules.push(rule);
+    }
+    Ok(limits)
 }
 
 impl std::fmt::Debug for Client {
@@ -93,9 +114,19 @@ pub fn check_clients(sections: &[ClientSection], env: Env<'_>) -> Result<Vec<Cli
             }
             read.push(key);
         }
+        // Checked as the quotas of a [rate_limit] section, so that they
+        // read the same and an error names `clients[i].quotas[j]`.
+        let quotas = RateLimitConfig {
+            quotas: section.quotas.clone(),
+            ..RateLimitConfig::default()
+        }
+        .validate()
+        .map_err(within)?
+        .default;
         clients.push(Client {
             name: Arc::from(name),
             keys: read,
+            quotas,
         });
     }
     Ok(clients)

@@ -120,6 +120,7 @@ pub(super) fn build(
     let backoff = layers.backoff.clone().with_max_wait(backoff_wait);
     let service = ServiceBuilder::new()
         .layer(ThrottleResponseLayer::new())
+        .layer(layers.clients.clone())
         .map_result(finish)
         .layer(backoff)
         .layer(concurrency)

@@ -13,6 +13,11 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use subtle::ConstantTimeEq;
 
+use tower_throttle::error::{BoxError, KeyError};
+use tower_throttle::key::{KeyBuilder, KeyExtractor};
+use tower_throttle::rate_limit::Counts;
+use tower_throttle::respond::Rejection;
+
 use crate::config::Client;
 use crate::reply::json_error;
 
@@ -183,4 +188,32 @@ fn presented_keys(headers: &HeaderMap) -> impl Iterator<Item = (HeaderName, &[u8
         )
     });
     bearer.into_iter().chain(api_key)
+}
+
+/// Keys a request by its caller's name (`anonymous` without one), for the
+/// clients' own quotas.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClientKey;
+
+impl<B> KeyExtractor<http::Request<B>> for ClientKey {
+    fn extract(&self, req: &http::Request<B>, key: &mut KeyBuilder<'_>) -> Result<(), KeyError> {
+        let name = req
+            .extensions()
+            .get::<Caller>()
+            .map_or(ANONYMOUS, |Caller(name)| &**name);
+        key.push_str(name);
+        Ok(())
+    }
+}
+
+/// A client's quota counts a request the routes' limits did not refuse:
+/// refused there, it gives back what it took (all or nothing, as if both
+/// were judged at once).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PassedRoute;
+
+impl<Res> Counts<Res, BoxError> for PassedRoute {
+    fn counts(&self, outcome: &Result<Res, BoxError>) -> bool {
+        !matches!(outcome, Err(e) if Rejection::of(e).is_some())
+    }
 }

@@ -24,6 +24,7 @@ use axum::http::{HeaderName, HeaderValue, Response, StatusCode};
 use bytes::Bytes;
 use http::request::Parts;
 
+use super::callers::Caller;
 use super::{Current, Gateway, forward};
 use crate::access_log::Reached;
 use crate::config::{ModelRoute, Order};
@@ -331,6 +332,9 @@ fn copy(parts: &Parts) -> Parts {
     copy.uri = parts.uri.clone();
     copy.version = parts.version;
     copy.headers = parts.headers.clone();
+    if let Some(caller) = parts.extensions.get::<Caller>() {
+        copy.extensions.insert(caller.clone());
+    }
     copy
 }
 

@@ -18,7 +18,7 @@ use tower_throttle::rate_limit::Settlement;
 use tower_throttle::redact::Quoted;
 use tower_throttle::respond::ThrottleResponseLayer;
 
-use super::callers::Identified;
+use super::callers::{Caller, Identified};
 use super::upstream::Outbound;
 use super::{Current, Gateway, NO_MODEL, Route, Target, deploy};
 use crate::access_log::{Reached, Waited};
@@ -130,6 +130,8 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
     let caller = match current.callers.identify(&parts.headers) {
         Identified::Client(caller, header) => {
             parts.headers.remove(header);
+            // For the clients' quotas (`ClientKey`).
+            parts.extensions.insert(caller.clone());
             Some(caller)
         }
         Identified::Anonymous => None,
@@ -269,6 +271,9 @@ pub(super) async fn send(
             .or_insert_with(|| version.clone());
     }
     let mut out = http::Request::new(body);
+    if let Some(caller) = parts.extensions.get::<Caller>() {
+        out.extensions_mut().insert(caller.clone());
+    }
     *out.method_mut() = parts.method;
     *out.uri_mut() = uri;
     *out.headers_mut() = headers;

@@ -73,7 +73,7 @@ use tower_throttle::concurrency::{ConcurrencyHandle, ConcurrencyLayer};
 use tower_throttle::error::ConfigError;
 use tower_throttle::identity::StableIds;
 use tower_throttle::key::JsonFieldKey;
-use tower_throttle::rate_limit::{CountAll, Estimated, RateLimitHandle, RateLimitLayer};
+use tower_throttle::rate_limit::{CountAll, Estimated, OneUnit, RateLimitHandle, RateLimitLayer};
 #[cfg(feature = "redis")]
 use tower_throttle::redact::Escaped;
 
@@ -85,7 +85,7 @@ use crate::stats::TrackedRoutes;
 use crate::tls::{HttpsClient, TlsClients};
 use crate::{health, live, serve, stats, usage};
 use build::build;
-use callers::{CallerCounts, Callers};
+use callers::{CallerCounts, Callers, ClientKey, PassedRoute};
 use deploy::{DeployState, Dispatch};
 use upstream::http_client;
 
@@ -105,6 +105,8 @@ struct Layers {
     deploy: DeployState,
     /// Requests per client, kept across reloads.
     callers: CallerCounts,
+    /// The clients' own quotas, judged before the routes'.
+    clients: RateLimitLayer<ClientKey, OneUnit, PassedRoute>,
 }
 
 /// The rate limiter's cost of a request: its token estimate (see `usage`).
@@ -121,6 +123,8 @@ pub struct Handles {
     pub backoff: BackoffHandle,
     /// Limits learned from providers, applied through `rate`.
     pub learned: Arc<Learner>,
+    /// The clients' own quotas.
+    pub clients: RateLimitHandle,
 }
 
 /// One provider, resolved to where requests go.
@@ -307,7 +311,16 @@ impl Gateway {
         let concurrency = ConcurrencyLayer::new(live::max_in_flight(&settings), RouteKey)
             .map_err(|e| e.within("concurrency"))?
             .with_key_stats_where(routes, is_tracked(&tracked));
+        // A client over its own quota is refused at once; one the routes
+        // refuse gets back what it took (see `callers`).
+        let client_limits =
+            crate::config::client_limits(&settings.clients).map_err(|e| e.within("clients"))?;
+        let clients = RateLimitLayer::from_limits(&client_limits, ClientKey)
+            .count_only(PassedRoute)
+            .with_name("client");
+        let rate = rate.with_name("route");
         let handles = Handles {
+            clients: clients.handle(),
             rate: rate.handle(),
             concurrency: concurrency.handle(),
             backoff: backoff.handle(),
@@ -345,6 +358,7 @@ impl Gateway {
             stable: Mutex::new(None),
             deploy: DeployState::default(),
             callers: CallerCounts::default(),
+            clients,
         };
         let tls = TlsClients::default();
         let current = build(&layers, &upstream, &tls, simulator, settings, 1)?;
