@@ -13,7 +13,7 @@ use axum::http::{HeaderValue, Response, StatusCode, header};
 use axum::middleware::Next;
 use subtle::ConstantTimeEq;
 
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, bearer_token};
 use crate::reply::json_error;
 
 /// The operator key, never shown.
@@ -38,16 +38,7 @@ pub async fn guard(State(gateway): State<Gateway>, req: Request, next: Next) -> 
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .is_some_and(|ConnectInfo(peer)| peer.ip().is_loopback());
-    let presented = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .map(HeaderValue::as_bytes)
-        .and_then(|v| {
-            let (scheme, rest) = v.split_at_checked(7)?;
-            scheme
-                .eq_ignore_ascii_case(b"bearer ")
-                .then_some(rest.trim_ascii())
-        });
+    let presented = bearer_token(req.headers());
     let admitted = match (&gateway_settings.admin_key, presented) {
         (Some(AdminKey(key)), Some(given)) => bool::from(key.as_slice().ct_eq(given)),
         _ => false,

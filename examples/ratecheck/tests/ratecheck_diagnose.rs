@@ -337,6 +337,19 @@ async fn diagnose_names_and_measures_every_limiter_design() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
+/// nginx, or `None` with a notice when it is not installed (locally; on CI
+/// a missing nginx fails the test).
+fn nginx_or_skip() -> Option<PathBuf> {
+    let binary = nginx();
+    if binary.is_none() {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("nginx is not installed; CI must install it (apt-get install nginx-light)");
+        }
+        eprintln!("skipping the nginx test: nginx is not installed (apt-get install nginx-light)");
+    }
+    binary
+}
+
 /// `nginx` on the PATH, or where Debian puts it.
 fn nginx() -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -433,11 +446,7 @@ http {{
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn diagnose_names_and_measures_nginx_limit_req() {
-    let Some(binary) = nginx() else {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("nginx is not installed; CI must install it (apt-get install nginx-light)");
-        }
-        eprintln!("skipping the nginx test: nginx is not installed (apt-get install nginx-light)");
+    let Some(binary) = nginx_or_skip() else {
         return;
     };
     // 5 r/s with a burst of 9, nodelay: 10 at once, then one every 200 ms
@@ -570,11 +579,7 @@ async fn limiters_counting_refusals_are_named_and_left_open_after_a_window() {
 /// and the rate within 10%.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn diagnose_reads_nginx_limit_req_as_users_write_it() {
-    let Some(binary) = nginx() else {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("nginx is not installed; CI must install it (apt-get install nginx-light)");
-        }
-        eprintln!("skipping the nginx test: nginx is not installed (apt-get install nginx-light)");
+    let Some(binary) = nginx_or_skip() else {
         return;
     };
     // (rate, limit_req's arguments, the hints, burst + 1, refill per second)

@@ -168,19 +168,19 @@ fn hash_of(hasher: &RandomState, key: &[u8]) -> u64 {
     h.finish()
 }
 
+/// The token of `Authorization: Bearer TOKEN` (the scheme in any case).
+pub fn bearer_token(headers: &HeaderMap) -> Option<&[u8]> {
+    let value = headers.get(header::AUTHORIZATION)?.as_bytes();
+    let (scheme, rest) = value.split_at_checked(7)?;
+    scheme
+        .eq_ignore_ascii_case(b"bearer ")
+        .then_some(rest.trim_ascii())
+}
+
 /// The keys a request presents: `Authorization: Bearer KEY` (the scheme in
 /// any case), then `x-api-key: KEY`, with the header each came in.
 fn presented_keys(headers: &HeaderMap) -> impl Iterator<Item = (HeaderName, &[u8])> {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .map(HeaderValue::as_bytes)
-        .and_then(|v| {
-            let (scheme, rest) = v.split_at_checked(7)?;
-            scheme
-                .eq_ignore_ascii_case(b"bearer ")
-                .then_some(rest.trim_ascii())
-        })
-        .map(|key| (header::AUTHORIZATION, key));
+    let bearer = bearer_token(headers).map(|key| (header::AUTHORIZATION, key));
     let api_key = headers.get("x-api-key").map(|v| {
         (
             HeaderName::from_static("x-api-key"),

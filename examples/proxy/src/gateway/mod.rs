@@ -44,7 +44,7 @@ mod route;
 mod running;
 mod upstream;
 
-pub use callers::{ANONYMOUS, Caller, CallerStats};
+pub use callers::{ANONYMOUS, Caller, CallerStats, bearer_token};
 pub use counts::{Changed, TokenCounts, UpstreamCounters, UpstreamCounts};
 pub use deploy::{DOWN_FOR, DeploymentShare, RouteShares};
 pub use forward::router;
