@@ -287,6 +287,10 @@ async fn the_body_names_the_limit_that_refused() {
     let named = tower::ServiceExt::oneshot(svc.clone(), named)
         .await
         .unwrap();
+    assert_eq!(
+        named.extensions().get::<tower_throttle::respond::Refused>(),
+        Some(&tower_throttle::respond::Refused::new("rate_limited").with_limit("per-client"))
+    );
     assert_eq!(body(named)["error"]["limit"], "per-client");
     let plain = tower::ServiceExt::oneshot(svc, http::Request::new(()))
         .await

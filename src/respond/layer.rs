@@ -257,6 +257,9 @@ where
             if let Some(policy) = &limited.policy {
                 refused = refused.with_policy(policy.to_string());
             }
+            if let Some(limit) = &limited.limit {
+                refused = refused.with_limit(limit.clone());
+            }
         }
         response.extensions_mut().insert(refused);
         let headers = response.headers_mut();

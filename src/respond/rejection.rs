@@ -149,12 +149,25 @@ pub struct Refused {
     pub code: &'static str,
     /// The policy (rule name) that refused, for a rate limit.
     pub policy: Option<String>,
+    /// The name of the limit that refused, when its layer has one
+    /// ([`with_name`](crate::rate_limit::RateLimitLayer::with_name)).
+    pub limit: Option<String>,
 }
 
 impl Refused {
     /// A refusal with `code` and no policy.
     pub fn new(code: &'static str) -> Self {
-        Self { code, policy: None }
+        Self {
+            code,
+            policy: None,
+            limit: None,
+        }
+    }
+
+    /// The same refusal, by the limit named `limit`.
+    pub fn with_limit(mut self, limit: impl Into<String>) -> Self {
+        self.limit = Some(limit.into());
+        self
     }
 
     /// The same refusal, by `policy`.

@@ -915,8 +915,10 @@ async fn the_live_page_shows_a_request_in_a_real_browser() {
     let learning = simulator(100, 100).replace(
         r#"base_url = "simulator""#,
         "base_url = \"simulator\"\nlearn_limits = true",
-    );
-    let gw = start(&learning).await;
+    ) + "\n[[clients]]\nname = \"tester\"\nkeys = [{ env = \"TESTER_KEY\" }]\n";
+    // And the clients: the request below is the anonymous client's.
+    let env = |name: &str| (name == "TESTER_KEY").then(|| "tester-key-0123456789abcdef".to_owned());
+    let gw = support::sim::start_with(&learning, &env).await;
     let client = reqwest::Client::new();
     let url = gw.url();
     let profile = temp_path("chromium-profile");
@@ -978,6 +980,14 @@ async fn the_live_page_shows_a_request_in_a_real_browser() {
     // route, then rate limit admitted = 1.
     assert!(row.contains("<td>sim/sim-small</td><td>1</td>"), "{row}");
     assert!(row.contains(">100/1m learned</td>"), "{row}");
+    let client = dom
+        .split("<tr ")
+        .find(|r| r.contains(r#"data-client="anonymous""#))
+        .unwrap_or_else(|| panic!("no row for the anonymous client in the page:\n{dom}"));
+    assert!(
+        client.contains("<td>anonymous</td><td>1</td><td>1</td>"),
+        "{client}"
+    );
     assert!(!dom.contains(r#"<tr class="empty">"#), "{dom}");
 }
 

@@ -361,6 +361,30 @@ quotas = [{ limit = 1, period = "1m" }]
         assert_eq!(post(&url, "/open/v1/chat", bearer(BOB)).await.status(), 200);
     }
     assert_eq!(upstream.received().len(), 5);
+    let stats = support::sim::stats(&reqwest::Client::new(), &url).await;
+    assert_eq!(
+        stats["clients"][0],
+        serde_json::json!({"name": "alice", "requests": 4, "admitted": 2,
+            "refused_client": 1, "refused_route": 1})
+    );
+    assert_eq!(stats["clients"][1]["admitted"], 3);
+    let metrics = reqwest::get(format!("{url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        r#"proxy_client_requests_total{client="alice"} 4"#,
+        r#"proxy_client_admitted_total{client="bob"} 3"#,
+        r#"proxy_client_refused_total{client="alice",limit="client"} 1"#,
+        r#"proxy_client_refused_total{client="alice",limit="route"} 1"#,
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} not in\n{metrics}"
+        );
+    }
     gw.shutdown().await;
     let _ = std::fs::remove_file(&next);
 }

@@ -141,7 +141,7 @@ pub async fn record(State(log): State<AccessLog>, req: Request, next: Next) -> R
     };
     let mut entry = Entry {
         time: line::timestamp(time),
-        client: ext.get::<Caller>().map(|c| c.0.to_string()),
+        client: ext.get::<Caller>().map(|Caller(name, _)| name.to_string()),
         route: route.map(ToString::to_string),
         method,
         path,

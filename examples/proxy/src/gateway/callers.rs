@@ -16,35 +16,69 @@ use subtle::ConstantTimeEq;
 use tower_throttle::error::{BoxError, KeyError};
 use tower_throttle::key::{KeyBuilder, KeyExtractor};
 use tower_throttle::rate_limit::Counts;
-use tower_throttle::respond::Rejection;
+use tower_throttle::respond::{Refused, Rejection};
 
+use crate::access_log::Reached;
 use crate::config::Client;
 use crate::reply::json_error;
 
 /// The name of requests without a client key.
 pub const ANONYMOUS: &str = "anonymous";
 
-/// Who sent a request, in its response's extensions (for the access log).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Caller(pub Arc<str>);
+/// Who sent a request, in its response's extensions (for the access log),
+/// with its counters.
+#[derive(Clone, Debug)]
+pub struct Caller(pub Arc<str>, pub Arc<Counters>);
 
-/// Requests per client since start, kept across reloads.
+/// One client's counters.
 #[derive(Debug, Default)]
-pub struct CallerCounts(Mutex<HashMap<Arc<str>, Arc<AtomicU64>>>);
+pub struct Counters {
+    requests: AtomicU64,
+    admitted: AtomicU64,
+    refused_client: AtomicU64,
+    refused_route: AtomicU64,
+}
+
+impl Counters {
+    /// What became of one of its requests, from its answer's extensions:
+    /// sent upstream, refused by its own quota, or by the route's limits.
+    pub fn answered(&self, extensions: &http::Extensions) {
+        let counter = match extensions.get::<Refused>() {
+            Some(refused) if refused.limit.as_deref() == Some(CLIENT_LIMIT) => &self.refused_client,
+            Some(_) => &self.refused_route,
+            None if extensions.get::<Reached>().is_some() => &self.admitted,
+            None => return,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The name of the clients' own limit, in refusals.
+pub const CLIENT_LIMIT: &str = "client";
+
+/// Counters per client since start, kept across reloads.
+#[derive(Debug, Default)]
+pub struct CallerCounts(Mutex<HashMap<Arc<str>, Arc<Counters>>>);
 
 impl CallerCounts {
-    fn counter(&self, name: &Arc<str>) -> Arc<AtomicU64> {
+    fn counter(&self, name: &Arc<str>) -> Arc<Counters> {
         self.0.lock().entry(name.clone()).or_default().clone()
     }
 }
 
-/// One client's requests, for `/stats`.
-#[derive(Clone, Debug, Serialize)]
+/// One client's requests, for `/stats` and `/metrics`.
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct CallerStats {
     /// The client's name (`anonymous` for requests without a key).
     pub name: String,
     /// Requests it sent to the gateway's routes.
     pub requests: u64,
+    /// Of those, sent upstream.
+    pub admitted: u64,
+    /// Refused by its own quota.
+    pub refused_client: u64,
+    /// Refused by the routes' limits (rate, queue, cooldown).
+    pub refused_route: u64,
 }
 
 /// The clients of one configuration.
@@ -55,8 +89,8 @@ pub struct Callers {
     by_hash: HashMap<u64, Vec<(usize, Vec<u8>)>>,
     hasher: RandomState,
     names: Vec<Arc<str>>,
-    counts: Vec<Arc<AtomicU64>>,
-    anonymous: Arc<AtomicU64>,
+    counts: Vec<Arc<Counters>>,
+    anonymous: Arc<Counters>,
     require: bool,
 }
 
@@ -73,8 +107,8 @@ impl std::fmt::Debug for Callers {
 pub enum Identified {
     /// A configured client; the header that carried its key.
     Client(Caller, HeaderName),
-    /// No client key (and none is required).
-    Anonymous,
+    /// No client key (and none is required), with the anonymous counters.
+    Anonymous(Arc<Counters>),
     /// Refused: 401.
     Refused(Response<Body>),
 }
@@ -104,19 +138,20 @@ impl Callers {
     /// Who sent a request with `headers`.
     pub fn identify(&self, headers: &HeaderMap) -> Identified {
         if self.names.is_empty() {
-            return Identified::Anonymous;
+            return Identified::Anonymous(self.anonymous.clone());
         }
         let mut presented = false;
         for (name, key) in presented_keys(headers) {
             presented = true;
             if let Some(i) = self.find(key) {
-                self.counts[i].fetch_add(1, Ordering::Relaxed);
-                return Identified::Client(Caller(self.names[i].clone()), name);
+                let counters = self.counts[i].clone();
+                counters.requests.fetch_add(1, Ordering::Relaxed);
+                return Identified::Client(Caller(self.names[i].clone(), counters), name);
             }
         }
         if !self.require {
-            self.anonymous.fetch_add(1, Ordering::Relaxed);
-            return Identified::Anonymous;
+            self.anonymous.requests.fetch_add(1, Ordering::Relaxed);
+            return Identified::Anonymous(self.anonymous.clone());
         }
         let (code, message) = if presented {
             (
@@ -156,7 +191,10 @@ impl Callers {
             .chain((!self.names.is_empty()).then(|| (ANONYMOUS.to_owned(), &self.anonymous)))
             .map(|(name, n)| CallerStats {
                 name,
-                requests: n.load(Ordering::Relaxed),
+                requests: n.requests.load(Ordering::Relaxed),
+                admitted: n.admitted.load(Ordering::Relaxed),
+                refused_client: n.refused_client.load(Ordering::Relaxed),
+                refused_route: n.refused_route.load(Ordering::Relaxed),
             })
             .collect()
     }
@@ -200,7 +238,7 @@ impl<B> KeyExtractor<http::Request<B>> for ClientKey {
         let name = req
             .extensions()
             .get::<Caller>()
-            .map_or(ANONYMOUS, |Caller(name)| &**name);
+            .map_or(ANONYMOUS, |Caller(name, _)| &**name);
         key.push_str(name);
         Ok(())
     }

@@ -127,17 +127,19 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
     let current = gateway.current();
     let (mut parts, body) = req.into_parts();
     // Who sends it; the gateway key's header never goes upstream.
-    let caller = match current.callers.identify(&parts.headers) {
+    let (caller, counters) = match current.callers.identify(&parts.headers) {
         Identified::Client(caller, header) => {
             parts.headers.remove(header);
             // For the clients' quotas (`ClientKey`).
             parts.extensions.insert(caller.clone());
-            Some(caller)
+            let counters = caller.1.clone();
+            (Some(caller), counters)
         }
-        Identified::Anonymous => None,
+        Identified::Anonymous(counters) => (None, counters),
         Identified::Refused(refused) => return refused,
     };
     let mut response = forward_read(&gateway, &current, parts, body).await;
+    counters.answered(response.extensions());
     if let Some(caller) = caller {
         response.extensions_mut().insert(caller);
     }

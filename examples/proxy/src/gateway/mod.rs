@@ -85,7 +85,7 @@ use crate::stats::TrackedRoutes;
 use crate::tls::{HttpsClient, TlsClients};
 use crate::{health, live, serve, stats, usage};
 use build::build;
-use callers::{CallerCounts, Callers, ClientKey, PassedRoute};
+use callers::{CLIENT_LIMIT, CallerCounts, Callers, ClientKey, PassedRoute};
 use deploy::{DeployState, Dispatch};
 use upstream::http_client;
 
@@ -317,7 +317,7 @@ impl Gateway {
             crate::config::client_limits(&settings.clients).map_err(|e| e.within("clients"))?;
         let clients = RateLimitLayer::from_limits(&client_limits, ClientKey)
             .count_only(PassedRoute)
-            .with_name("client");
+            .with_name(CLIENT_LIMIT);
         let rate = rate.with_name("route");
         let handles = Handles {
             clients: clients.handle(),

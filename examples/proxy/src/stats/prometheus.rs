@@ -9,7 +9,8 @@ use axum::http::{Response, StatusCode, header};
 use axum::response::IntoResponse;
 
 use super::{RouteStats, Snapshot, snapshot};
-use crate::gateway::Gateway;
+
+use crate::gateway::{CallerStats, Gateway};
 use crate::learn::{LearnedInfo, QuotaInfo, UnitInfo};
 
 /// Prometheus text exposition, one family at a time.
@@ -337,6 +338,7 @@ pub fn prometheus(s: &Snapshot) -> String {
         "Connections closed because their client stopped reading a response.",
     );
     p.sample("proxy_write_timeouts_total", &[], s.write_timeouts as f64);
+    client_families(&mut p, &s.clients);
     if let Some(dropped) = s.access_log_dropped {
         p.family(
             "proxy_access_log_dropped_total",
@@ -346,6 +348,52 @@ pub fn prometheus(s: &Snapshot) -> String {
         p.sample("proxy_access_log_dropped_total", &[], dropped as f64);
     }
     p.out
+}
+
+/// Each `[[clients]]` entry's requests, by name (names are checked plain
+/// text; never a key).
+fn client_families(p: &mut Prom, clients: &[CallerStats]) {
+    if clients.is_empty() {
+        return;
+    }
+    p.family(
+        "proxy_client_requests_total",
+        "counter",
+        "Requests each client sent to the routes.",
+    );
+    for c in clients {
+        p.sample(
+            "proxy_client_requests_total",
+            &[("client", &c.name)],
+            c.requests as f64,
+        );
+    }
+    p.family(
+        "proxy_client_admitted_total",
+        "counter",
+        "Requests of each client sent upstream.",
+    );
+    for c in clients {
+        p.sample(
+            "proxy_client_admitted_total",
+            &[("client", &c.name)],
+            c.admitted as f64,
+        );
+    }
+    p.family(
+        "proxy_client_refused_total",
+        "counter",
+        "Requests of each client refused, by the limit that refused (its own quota: client; the route's limits: route).",
+    );
+    for c in clients {
+        for (limit, n) in [("client", c.refused_client), ("route", c.refused_route)] {
+            p.sample(
+                "proxy_client_refused_total",
+                &[("client", &c.name), ("limit", limit)],
+                n as f64,
+            );
+        }
+    }
 }
 
 /// The learned limits, one sample per route and unit said.
