@@ -356,29 +356,23 @@ fn client_families(p: &mut Prom, clients: &[CallerStats]) {
     if clients.is_empty() {
         return;
     }
-    p.family(
-        "proxy_client_requests_total",
-        "counter",
-        "Requests each client sent to the routes.",
-    );
-    for c in clients {
-        p.sample(
+    let counted: [(&str, &str, fn(&CallerStats) -> u64); 2] = [
+        (
             "proxy_client_requests_total",
-            &[("client", &c.name)],
-            c.requests as f64,
-        );
-    }
-    p.family(
-        "proxy_client_admitted_total",
-        "counter",
-        "Requests of each client sent upstream.",
-    );
-    for c in clients {
-        p.sample(
+            "Requests each client sent to the routes.",
+            |c| c.requests,
+        ),
+        (
             "proxy_client_admitted_total",
-            &[("client", &c.name)],
-            c.admitted as f64,
-        );
+            "Requests of each client sent upstream.",
+            |c| c.admitted,
+        ),
+    ];
+    for (name, help, of) in counted {
+        p.family(name, "counter", help);
+        for c in clients {
+            p.sample(name, &[("client", &c.name)], of(c) as f64);
+        }
     }
     p.family(
         "proxy_client_refused_total",
