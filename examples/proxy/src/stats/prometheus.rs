@@ -350,13 +350,16 @@ pub fn prometheus(s: &Snapshot) -> String {
     p.out
 }
 
+/// One of a client's counts.
+type ClientCount = fn(&CallerStats) -> u64;
+
 /// Each `[[clients]]` entry's requests, by name (names are checked plain
 /// text; never a key).
 fn client_families(p: &mut Prom, clients: &[CallerStats]) {
     if clients.is_empty() {
         return;
     }
-    let counted: [(&str, &str, fn(&CallerStats) -> u64); 2] = [
+    let counted: [(&str, &str, ClientCount); 2] = [
         (
             "proxy_client_requests_total",
             "Requests each client sent to the routes.",
