@@ -1,8 +1,10 @@
 //! Who may use the operator endpoints (`/`, `/stats`, `/stats/reset`,
 //! `/events`, `/metrics`) once the gateway has clients: whoever presents
 //! the operator key (`[gateway] admin_key_env`), and, unless
-//! `admin_from_loopback = false`, anyone on this machine. A client's key
-//! opens none of them. Without `[[clients]]` they stay open as before.
+//! `admin_from_loopback = false`, anyone on this machine (behind a reverse
+//! proxy on the same machine, every caller is; set it false there). A
+//! client's key opens none of them. Without `[[clients]]` or an operator
+//! key they stay open as before.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -30,7 +32,8 @@ impl fmt::Debug for AdminKey {
 pub async fn guard(State(gateway): State<Gateway>, req: Request, next: Next) -> Response<Body> {
     let current = gateway.current();
     let settings = &current.settings;
-    if settings.clients.is_empty() {
+    // Open as before without clients, unless an operator key is set.
+    if settings.clients.is_empty() && settings.gateway.admin_key.is_none() {
         return next.run(req).await;
     }
     let gateway_settings = &settings.gateway;

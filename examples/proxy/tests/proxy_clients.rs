@@ -188,14 +188,27 @@ async fn without_keys_required_others_are_anonymous_and_their_headers_pass() {
         post(&url, "/open/v1/chat", bearer(ALICE)).await.status(),
         200
     );
+    // A key sent both ways: neither header goes on.
+    let both = reqwest::Client::new()
+        .post(format!("{url}/open/v1/chat"))
+        .header("content-type", "application/json")
+        .bearer_auth(ALICE)
+        .header("x-api-key", ALICE_NEXT)
+        .body(r#"{"model":"m","messages":[]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(both.status(), 200);
     let received = upstream.received();
     assert_eq!(
         received[1].values("authorization"),
         ["Bearer sk-their-own-provider-key"]
     );
     assert!(received[2].values("authorization").is_empty());
+    assert!(received[3].values("authorization").is_empty());
+    assert!(received[3].values("x-api-key").is_empty());
     let stats: Value = support::sim::stats(&reqwest::Client::new(), &url).await;
-    assert_eq!(stats["clients"][0]["requests"], 1);
+    assert_eq!(stats["clients"][0]["requests"], 2);
     assert_eq!(stats["clients"][2]["name"], "anonymous");
     assert_eq!(stats["clients"][2]["requests"], 2);
     gw.shutdown().await;
@@ -285,15 +298,19 @@ async fn with_clients_the_operator_endpoints_need_the_operator_key() {
         // A client's key opens none of them.
         assert_eq!(get(path, Some(ALICE)).await, 401, "{path}");
     }
-    for path in ["/stats", "/metrics", "/"] {
+    for path in ["/stats", "/metrics", "/", "/events"] {
         assert_eq!(get(path, Some(ADMIN)).await, 200, "{path}");
     }
-    let reset = client
-        .post(format!("{url}/stats/reset"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(reset.status(), 401);
+    let reset = |key: Option<&str>| {
+        let mut request = client.post(format!("{url}/stats/reset"));
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(reset(None).await, 401);
+    assert_eq!(reset(Some(ALICE)).await, 401);
+    assert_eq!(reset(Some(ADMIN)).await, 200);
     // Health stays open: a load balancer has no key.
     assert_eq!(get("/healthz", None).await, 200);
     gw.shutdown().await;
@@ -387,4 +404,25 @@ quotas = [{ limit = 1, period = "1m" }]
     }
     gw.shutdown().await;
     let _ = std::fs::remove_file(&next);
+}
+
+#[tokio::test]
+async fn an_operator_key_without_clients_closes_the_operator_endpoints_too() {
+    let upstream = FakeUpstream::start().await;
+    let toml = format!(
+        "[gateway]\nadmin_key_env = \"ADMIN_KEY\"\nadmin_from_loopback = false\n\n[[providers]]\nname = \"p\"\nbase_url = \"{}\"\n",
+        upstream.base_url()
+    );
+    let gw = start(&toml).await;
+    let client = reqwest::Client::new();
+    let stats = |key: Option<&str>| {
+        let mut request = client.get(format!("{}/stats", gw.url()));
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(stats(None).await, 401);
+    assert_eq!(stats(Some(ADMIN)).await, 200);
+    gw.shutdown().await;
 }

@@ -283,3 +283,74 @@ fn routes_are_checked_against_the_providers() {
     );
     Settings::from_toml(&weighted, &no_env).unwrap();
 }
+
+/// A deployment that takes the request and closes the connection before
+/// answering: the request may have been acted on, so it is not sent to
+/// the other (a second billed call); the deployment is passed over next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_may_have_been_sent_is_not_sent_again() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hangs_up = format!("http://{}", listener.local_addr().unwrap());
+    let taken = Arc::new(AtomicUsize::new(0));
+    let counted = taken.clone();
+    let closer = tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let mut buf = vec![0u8; 4096];
+            let _ = tokio::io::AsyncReadExt::read(&mut socket, &mut buf).await;
+            counted.fetch_add(1, Ordering::Relaxed);
+            drop(socket);
+        }
+    });
+    let b = Deployment::start().await;
+    let toml = config(&hangs_up, &b.url(), "order = \"in_order\"")
+        .replace("limit = 2, period = \"1m\"", "limit = 100, period = \"1m\"");
+    let gw = start(&toml).await;
+    let client = reqwest::Client::new();
+    let url = gw.url();
+    let (status, deployment, _) = ask(&client, &url, "gpt-4o").await;
+    assert_eq!((status, deployment.as_str()), (502, "deploy-a"));
+    assert_eq!((taken.load(Ordering::Relaxed), b.received()), (1, 0));
+    // Failing now: the next goes to b.
+    assert_eq!(
+        ask(&client, &url, "gpt-4o").await,
+        (200, "deploy-b".into(), None)
+    );
+    gw.shutdown().await;
+    closer.abort();
+}
+
+/// A client's own quota is charged once for a request that fell back from
+/// an unreachable deployment to another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_falls_back_is_charged_to_its_client_once() {
+    let b = Deployment::start().await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let down = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let toml = config(&down, &b.url(), "order = \"in_order\"")
+        .replace("limit = 2, period = \"1m\"", "limit = 100, period = \"1m\"")
+        + "\n[[clients]]\nname = \"alice\"\nkeys = [{ env = \"ALICE\" }]\nquotas = [{ limit = 2, period = \"1m\" }]\n";
+    let env = |name: &str| (name == "ALICE").then(|| "alice-key-0123456789abcdef".to_owned());
+    let settings = Settings::from_toml(&toml, &env).unwrap();
+    let gw = proxy::gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
+        .await
+        .unwrap();
+    let client = reqwest::Client::new();
+    let ask_as_alice = || {
+        client
+            .post(format!("{}/v1/chat/completions", gw.url()))
+            .bearer_auth("alice-key-0123456789abcdef")
+            .header("content-type", "application/json")
+            .body(chat("gpt-4o", false))
+            .send()
+    };
+    // The first tries a (unreachable) then b: one of alice's two.
+    assert_eq!(ask_as_alice().await.unwrap().status(), 200);
+    assert_eq!(ask_as_alice().await.unwrap().status(), 200);
+    assert_eq!(ask_as_alice().await.unwrap().status(), 429);
+    assert_eq!(b.received(), 2);
+    gw.shutdown().await;
+}

@@ -77,6 +77,8 @@ pub struct Logged {
     inner: Body,
     pending: Option<Pending>,
     sent: u64,
+    /// The answer broke off with an error: never complete.
+    errored: bool,
 }
 
 impl Logged {
@@ -85,6 +87,7 @@ impl Logged {
             inner,
             pending: Some(pending),
             sent: 0,
+            errored: false,
         }
     }
 }
@@ -110,7 +113,8 @@ impl http_body::Body for Logged {
                 }
             }
             // The answer broke off: written as incomplete when dropped.
-            Poll::Ready(Some(Err(_))) | Poll::Pending => {}
+            Poll::Ready(Some(Err(_))) => self.errored = true,
+            Poll::Pending => {}
         }
         polled
     }
@@ -129,7 +133,8 @@ impl Drop for Logged {
         if let Some(pending) = self.pending.take() {
             // A whole body hyper never polled to its end (it saw
             // `is_end_stream`) is complete; any other was cut short.
-            pending.write(self.sent, http_body::Body::is_end_stream(&self.inner));
+            let ended = !self.errored && http_body::Body::is_end_stream(&self.inner);
+            pending.write(self.sent, ended);
         }
     }
 }

@@ -36,8 +36,9 @@ pub struct Entry {
     /// The status sent.
     pub status: u16,
     /// `forwarded` (the upstream answered), `refused` (a limit refused),
-    /// `error` (the gateway answered with an error of its own) or `local`
-    /// (an endpoint of the gateway's: the stats, the page).
+    /// `error` (the gateway answered with an error of its own), `local`
+    /// (an endpoint of the gateway's: the stats, the page) or `cancelled`
+    /// (dropped before its answer: the client left; status 499).
     pub outcome: &'static str,
     /// What refused or failed: `rate_limited`, `queue_full`,
     /// `cooling_down`, `bad_path`, `upstream_timeout`, …
@@ -71,6 +72,34 @@ pub struct Entry {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[allow(missing_docs)]
     pub upstream_tokens_remaining: Option<u64>,
+}
+
+impl Entry {
+    /// A request dropped before its answer (499, as nginx logs a client
+    /// that closed its connection first): the rest is filled in by the
+    /// caller.
+    pub fn cancelled() -> Self {
+        Self {
+            time: String::new(),
+            client: None,
+            route: None,
+            method: String::new(),
+            path: String::new(),
+            status: 499,
+            outcome: "cancelled",
+            code: None,
+            limit: None,
+            latency_ms: 0.0,
+            waited_ms: None,
+            request_bytes: 0,
+            response_bytes: 0,
+            complete: false,
+            upstream_requests_limit: None,
+            upstream_requests_remaining: None,
+            upstream_tokens_limit: None,
+            upstream_tokens_remaining: None,
+        }
+    }
 }
 
 /// Longest path written, in bytes.

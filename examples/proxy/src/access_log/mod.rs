@@ -34,7 +34,7 @@ use tower_throttle::backoff::Announcement;
 use tower_throttle::respond::Refused;
 
 pub use line::{Entry, Format, MAX_PATH};
-pub use writer::{Destination, QUEUE_LINES, Writer, rotated};
+pub use writer::{Destination, FLUSH_EVERY, QUEUE_LINES, Writer, rotated};
 
 use crate::gateway::{Caller, Route};
 use crate::reply::ErrorCode;
@@ -108,9 +108,23 @@ impl AccessLog {
     }
 
     fn write(&self, entry: &Entry) {
-        let always = matches!(entry.outcome, "refused" | "error") || entry.status >= 500;
+        let always =
+            matches!(entry.outcome, "refused" | "error" | "cancelled") || entry.status >= 500;
         if always || self.sampled() {
             self.writer.send(entry.line(self.format));
+        }
+    }
+}
+
+/// A request on its way to its answer: its line if it never gets one.
+struct Unanswered(Option<Entry>, AccessLog, Instant, Arc<AtomicU64>);
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if let Some(mut entry) = self.0.take() {
+            entry.latency_ms = line::millis(self.2.elapsed());
+            entry.request_bytes = self.3.load(Ordering::Relaxed);
+            self.1.write(&entry);
         }
     }
 }
@@ -121,13 +135,29 @@ pub async fn record(State(log): State<AccessLog>, req: Request, next: Next) -> R
     if matches!(req.uri().path(), "/healthz" | "/readyz") {
         return next.run(req).await;
     }
-    let started = Instant::now();
-    let time = SystemTime::now();
-    let method = req.method().to_string();
-    let path = line::cut_path(req.uri().path());
     let received = Arc::new(AtomicU64::new(0));
+    // Written as `cancelled` if the request is dropped before its answer
+    // (the client left while it waited in a line, a reset stream).
+    let mut waiting = Unanswered(
+        Some(Entry {
+            time: line::timestamp(SystemTime::now()),
+            method: req.method().to_string(),
+            path: line::cut_path(req.uri().path()),
+            ..Entry::cancelled()
+        }),
+        log.clone(),
+        Instant::now(),
+        received.clone(),
+    );
     let req = req.map(|b| Body::new(body::Counted::new(b, received.clone())));
     let response = next.run(req).await;
+    let Some(Entry {
+        time, method, path, ..
+    }) = waiting.0.take()
+    else {
+        return response;
+    };
+    let started = waiting.2;
     let (parts, answer) = response.into_parts();
     let ext = &parts.extensions;
     let refused = ext.get::<Refused>();
@@ -140,7 +170,7 @@ pub async fn record(State(log): State<AccessLog>, req: Request, next: Next) -> R
         (None, None, None) => "local",
     };
     let mut entry = Entry {
-        time: line::timestamp(time),
+        time,
         client: ext.get::<Caller>().map(|Caller(name, _)| name.to_string()),
         route: route.map(ToString::to_string),
         method,

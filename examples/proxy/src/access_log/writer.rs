@@ -163,10 +163,20 @@ impl Sink {
             } => {
                 let len = line.len() as u64;
                 if *size > 0 && *size + len > *max_bytes {
-                    out.flush()?;
-                    std::fs::rename(&*path, rotated(path))?;
-                    *out = BufWriter::with_capacity(BUFFER, append(path)?);
+                    // Counted from zero again whatever happens: a rotation
+                    // that fails is tried again a whole size later, the
+                    // lines meanwhile kept in the file as it is.
                     *size = 0;
+                    out.flush()?;
+                    let reopened =
+                        std::fs::rename(&*path, rotated(path)).and_then(|()| append(path));
+                    match reopened {
+                        Ok(file) => *out = BufWriter::with_capacity(BUFFER, file),
+                        Err(e) => tracing::warn!(
+                            error = %Escaped(&e.to_string()),
+                            "access log: cannot rotate; writing on in the same file"
+                        ),
+                    }
                 }
                 out.write_all(line.as_bytes())?;
                 *size += len;

@@ -24,6 +24,7 @@ use crate::config::{Settings, Upstream as UpstreamKind};
 use crate::live;
 use crate::reply::json_error;
 use crate::tls::{HttpsClient, TlsClients, UpstreamTls};
+use hyper_util::client::legacy::Error as ClientError;
 
 fn optional_duration(field: &str, text: Option<&str>) -> Result<Option<Duration>, ConfigError> {
     text.map(|t| tower_throttle::config::parse_duration(field, t))
@@ -229,10 +230,26 @@ fn finish(
             "upstream_timeout",
             "the upstream did not answer within upstream_timeout",
         )),
+        // No connection: nothing was sent (a fallback may send it again).
+        Err(e)
+            if e.downcast_ref::<ClientError>()
+                .is_some_and(ClientError::is_connect) =>
+        {
+            Ok(json_error(
+                StatusCode::BAD_GATEWAY,
+                UNREACHABLE,
+                "the upstream could not be reached",
+            ))
+        }
+        // The connection failed once the request may have gone out.
         Err(_) => Ok(json_error(
             StatusCode::BAD_GATEWAY,
-            "upstream_unreachable",
-            "the upstream could not be reached",
+            "upstream_failed",
+            "the connection to the upstream failed before its answer",
         )),
     }
 }
+
+/// The code of an answer the gateway gave because no connection to the
+/// upstream could be made: the request was not sent.
+pub(super) const UNREACHABLE: &str = "upstream_unreachable";

@@ -18,9 +18,10 @@ use tower_throttle::key::{KeyBuilder, KeyExtractor};
 use tower_throttle::rate_limit::Counts;
 use tower_throttle::respond::{Refused, Rejection};
 
+use super::build::UNREACHABLE;
 use crate::access_log::Reached;
 use crate::config::Client;
-use crate::reply::json_error;
+use crate::reply::{ErrorCode, json_error};
 
 /// The name of requests without a client key.
 pub const ANONYMOUS: &str = "anonymous";
@@ -105,8 +106,8 @@ impl std::fmt::Debug for Callers {
 
 /// What a request's headers say of its caller.
 pub enum Identified {
-    /// A configured client; the header that carried its key.
-    Client(Caller, HeaderName),
+    /// A configured client.
+    Client(Caller),
     /// No client key (and none is required), with the anonymous counters.
     Anonymous(Arc<Counters>),
     /// Refused: 401.
@@ -141,12 +142,12 @@ impl Callers {
             return Identified::Anonymous(self.anonymous.clone());
         }
         let mut presented = false;
-        for (name, key) in presented_keys(headers) {
+        for (_, key) in presented_keys(headers) {
             presented = true;
             if let Some(i) = self.find(key) {
                 let counters = self.counts[i].clone();
                 counters.requests.fetch_add(1, Ordering::Relaxed);
-                return Identified::Client(Caller(self.names[i].clone(), counters), name);
+                return Identified::Client(Caller(self.names[i].clone(), counters));
             }
         }
         if !self.require {
@@ -169,6 +170,18 @@ impl Callers {
             .headers_mut()
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         Identified::Refused(refused)
+    }
+
+    /// Take off every header of `headers` that carries a client's key
+    /// (a request may send its key both ways): none goes upstream.
+    pub fn strip_keys(&self, headers: &mut HeaderMap) {
+        let carrying: Vec<HeaderName> = presented_keys(headers)
+            .filter(|(_, key)| self.find(key).is_some())
+            .map(|(name, _)| name)
+            .collect();
+        for name in carrying {
+            headers.remove(name);
+        }
     }
 
     fn find(&self, key: &[u8]) -> Option<usize> {
@@ -250,8 +263,16 @@ impl<B> KeyExtractor<http::Request<B>> for ClientKey {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PassedRoute;
 
-impl<Res> Counts<Res, BoxError> for PassedRoute {
-    fn counts(&self, outcome: &Result<Res, BoxError>) -> bool {
-        !matches!(outcome, Err(e) if Rejection::of(e).is_some())
+impl<B> Counts<http::Response<B>, BoxError> for PassedRoute {
+    fn counts(&self, outcome: &Result<http::Response<B>, BoxError>) -> bool {
+        match outcome {
+            Err(e) => Rejection::of(e).is_none(),
+            // Not sent (no connection, no TLS session): a fallback sends it
+            // to another deployment, where it is counted again.
+            Ok(answer) => !matches!(
+                answer.extensions().get::<ErrorCode>(),
+                Some(ErrorCode(c)) if *c == UNREACHABLE || *c == "upstream_tls"
+            ),
+        }
     }
 }

@@ -24,6 +24,7 @@ use axum::http::{HeaderName, HeaderValue, Response, StatusCode};
 use bytes::Bytes;
 use http::request::Parts;
 
+use super::build::UNREACHABLE;
 use super::callers::Caller;
 use super::{Current, Gateway, forward};
 use crate::access_log::Reached;
@@ -289,7 +290,7 @@ pub(super) async fn send(
             // back); not reached with at least one.
             return json_error(
                 StatusCode::BAD_GATEWAY,
-                "upstream_unreachable",
+                UNREACHABLE,
                 "no deployment of this model could be reached",
             );
         };
@@ -302,12 +303,11 @@ pub(super) async fn send(
             forward::send(gateway, current, target, 0, copy(&parts), body.clone()).await;
         let reached = response.extensions().get::<Reached>().is_some();
         let code = response.extensions().get::<ErrorCode>().map(|c| c.0);
-        let unreachable = matches!(code, Some("upstream_unreachable" | "upstream_tls"));
+        // Nothing was sent: no connection, or no TLS session.
+        let unreachable = matches!(code, Some(c) if c == UNREACHABLE || c == "upstream_tls");
         let status = response.status().as_u16();
-        if unreachable
-            || code == Some("upstream_timeout")
-            || (reached && (502..=504).contains(&status))
-        {
+        let failed = matches!(code, Some("upstream_timeout" | "upstream_failed"));
+        if unreachable || failed || (reached && (502..=504).contains(&status)) {
             state.failed(name);
         } else if reached {
             state.answered(name);

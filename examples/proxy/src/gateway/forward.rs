@@ -128,8 +128,8 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
     let (mut parts, body) = req.into_parts();
     // Who sends it; the gateway key's header never goes upstream.
     let (caller, counters) = match current.callers.identify(&parts.headers) {
-        Identified::Client(caller, header) => {
-            parts.headers.remove(header);
+        Identified::Client(caller) => {
+            current.callers.strip_keys(&mut parts.headers);
             // For the clients' quotas (`ClientKey`).
             parts.extensions.insert(caller.clone());
             let counters = caller.1.clone();

@@ -234,7 +234,10 @@ impl Running {
             self.server.abort();
         }
         if let Some(log) = self.gateway.access_log() {
-            log.flush().await;
+            // Connections just closed drop their answers (and write their
+            // lines) as their tasks end: give them a moment.
+            tokio::time::sleep(crate::access_log::FLUSH_EVERY).await;
+            let _ = tokio::time::timeout(Duration::from_secs(2), log.flush()).await;
         }
         if let Some(simulator) = self.simulator.take() {
             simulator.stop(Duration::from_secs(1)).await;
