@@ -243,7 +243,7 @@ async fn a_full_file_is_rotated_and_sampling_keeps_every_refusal_in_logfmt() {
         );
     }
     let count = |needle: &str| lines.iter().filter(|l| l.contains(needle)).count();
-    // 80 pages, 4 forwarded and the stream sampled at one in two (42),
+    // 80 pages and 4 forwarded sampled at one in two (42),
     // and the 2 refusals all; in two files, the first rotated once.
     assert_eq!(
         count("outcome=refused code=rate_limited limit=small-per-second"),
@@ -307,4 +307,65 @@ async fn a_log_that_cannot_be_written_stops_the_start() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("gateway.access_log"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_client_leaves_while_it_waits_is_logged_cancelled() {
+    let log = temp_path("cancelled.log");
+    let toml = format!(
+        "[gateway]\naccess_log = {:?}\nshutdown_grace = \"2s\"\n{}\n[concurrency]\nmax_in_flight = 1\n",
+        log.display().to_string(),
+        simulator(100, 100).replace("latency = \"0ms\"", "latency = \"600ms\"")
+    );
+    let settings = Settings::from_toml(&toml, &env).unwrap();
+    let gw = proxy::gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
+        .await
+        .unwrap();
+    let url = gw.url();
+    let client = reqwest::Client::new();
+    let first = tokio::spawn({
+        let client = client.clone();
+        let url = url.clone();
+        async move {
+            send(
+                &client,
+                &url,
+                "/sim/v1/chat/completions",
+                chat("sim-small", false),
+            )
+            .await
+        }
+    });
+    // The second waits for the first's permit; its client gives up.
+    support::sim::until(&client, &url, "the first in flight", |s| {
+        s["aggregate"]["concurrency"]["in_flight"].as_u64() == Some(1)
+    })
+    .await;
+    let impatient = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let left = impatient
+        .post(format!("{url}/sim/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(chat("sim-small", false))
+        .send()
+        .await;
+    assert!(left.is_err(), "the second was answered: {left:?}");
+    assert_eq!(first.await.unwrap().status(), 200);
+    gw.shutdown().await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let cancelled: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["outcome"] == "cancelled")
+        .collect();
+    assert_eq!(cancelled.len(), 1, "{text}");
+    assert_eq!(cancelled[0]["status"], 499);
+    assert_eq!(cancelled[0]["complete"], false);
+    assert_eq!(cancelled[0]["path"], "/sim/v1/chat/completions");
 }
