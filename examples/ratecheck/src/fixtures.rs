@@ -202,7 +202,16 @@ pub fn record(
             break;
         }
         extended = true;
-        let extra = plan.after_silence(|i| requests[i].and_then(|r: Request| r.admitted()));
+        let last_sent = requests
+            .iter()
+            .flatten()
+            .map(|r| Duration::from_secs_f64(r.sent_s.max(0.0)))
+            .max()
+            .unwrap_or_default();
+        let extra = plan.after_silence(
+            |i| requests[i].and_then(|r: Request| r.admitted()),
+            last_sent,
+        );
         if extra.is_empty() {
             break;
         }

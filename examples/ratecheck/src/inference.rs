@@ -360,9 +360,17 @@ pub fn infer(timeline: &Timeline, interrupted: bool) -> Inference {
             f / w
         )),
         None => {
+            // The batch after a quiet window, when it went, rules out a
+            // limiter counting refusals; a budget may have left no time.
+            let counting = if signals.after_silence_admitted.is_some() {
+                ""
+            } else {
+                ", or the limiter counts refused requests too (a run with room for a quiet \
+                 window after the probes, without --probe-seconds or with a longer one, tells)"
+            };
             reasons.push(format!(
                 "nothing was admitted after the burst: the window is longer than this run, or \
-                 the limit does not refill; try a longer --window and --probe-seconds \
+                 the limit does not refill{counting}; try a longer --window and --probe-seconds \
                  (the probe ran {:.1} s after the burst)",
                 timeline
                     .requests

@@ -318,12 +318,15 @@ pub async fn run(
             break;
         }
         extended = true;
-        let extra = plan.after_silence(|i| {
-            outcomes
-                .iter()
-                .find(|o: &&Outcome| o.event == i)
-                .and_then(Outcome::admitted)
-        });
+        // By event, once: a run may hold a million requests.
+        let mut admitted = vec![None; plan.events.len()];
+        for o in &outcomes {
+            if let Some(slot) = admitted.get_mut(o.event) {
+                *slot = o.admitted();
+            }
+        }
+        let last_sent = outcomes.iter().map(|o| o.sent).max().unwrap_or_default();
+        let extra = plan.after_silence(|i| admitted.get(i).copied().flatten(), last_sent);
         if extra.is_empty() {
             break;
         }

@@ -109,11 +109,16 @@ impl Plan {
     }
 
     /// The batch after silence, given whether each planned request was
-    /// admitted (`None`: no answer, or another status): sent when the
+    /// admitted (`None`: no answer, or another status) and when the last
+    /// was sent: sent when the
     /// burst admitted some and nothing after it was admitted, which the
     /// probes at twice the rate cannot tell from a window longer than the
     /// run. Empty otherwise.
-    pub fn after_silence(&self, admitted: impl Fn(usize) -> Option<bool>) -> Vec<Event> {
+    pub fn after_silence(
+        &self,
+        admitted: impl Fn(usize) -> Option<bool>,
+        last_sent: Duration,
+    ) -> Vec<Event> {
         let Some(silence) = self.silence else {
             return Vec::new();
         };
@@ -127,7 +132,8 @@ impl Plan {
         let burst_admitted = answers(false).any(|ok| ok);
         let answered_after = answers(true).next().is_some();
         let none_after = answers(true).all(|ok| !ok);
-        let at = self.last_at() + silence.after;
+        // From the last request as it went (a busy run sends late).
+        let at = self.last_at().max(last_sent) + silence.after;
         if !(burst_admitted && answered_after && none_after)
             || silence.latest.is_some_and(|latest| at > latest)
         {

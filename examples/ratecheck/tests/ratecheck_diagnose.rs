@@ -494,6 +494,8 @@ async fn probe_seconds_bound_the_whole_diagnose_run() {
     let took = started.elapsed();
     server.stop().await;
     assert!(took <= Duration::from_secs(4), "{took:?}");
+    // No wait for the middle of a window: the burst went at once.
+    assert_eq!(run.plan.burst_at, Some(Duration::ZERO));
     let report = report::build(&config, &run);
     let detail = report.mode_detail.as_ref().expect("diagnose has details");
     assert!(
