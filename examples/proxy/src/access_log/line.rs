@@ -76,8 +76,8 @@ pub struct Entry {
 
 impl Entry {
     /// A request dropped before its answer (499, as nginx logs a client
-    /// that closed its connection first): the rest is filled in by the
-    /// caller.
+    /// that closed its connection first), and the start of every entry:
+    /// the rest is filled in by the caller.
     pub fn cancelled() -> Self {
         Self {
             time: String::new(),

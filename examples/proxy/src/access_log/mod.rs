@@ -179,15 +179,9 @@ pub async fn record(State(log): State<AccessLog>, req: Request, next: Next) -> R
         outcome,
         code: refused.map(|r| r.code).or(error.map(|e| e.0)),
         limit: refused.and_then(|r| r.policy.clone()),
-        latency_ms: 0.0,
         waited_ms: ext.get::<Waited>().map(|w| line::millis(w.0)),
-        request_bytes: 0,
-        response_bytes: 0,
-        complete: false,
-        upstream_requests_limit: None,
-        upstream_requests_remaining: None,
-        upstream_tokens_limit: None,
-        upstream_tokens_remaining: None,
+        // Latency, bytes and completeness once the body ends.
+        ..Entry::cancelled()
     };
     if let Some(UpstreamSaid(said)) = ext.get::<UpstreamSaid>() {
         entry.set_upstream(said);
