@@ -53,7 +53,7 @@ impl Key {
 
     /// Take a permit, or join the queue if it has fewer than `max_queue`.
     pub fn acquire(&self, max_queue: usize) -> Acquired {
-        match self.state.acquire(max_queue, &|| "k".to_owned()) {
+        match self.state.acquire(max_queue, 0, &|| "k".to_owned()) {
             Acquire::Granted(permit) => Acquired::Granted(permit),
             Acquire::Queued(ticket) => Acquired::Queued(Waiting(ticket)),
             Acquire::Full => Acquired::Full,
@@ -132,7 +132,8 @@ pub struct Waiting(QueueTicket);
 impl Waiting {
     /// Ready once the permit was handed over; else the waker is kept.
     pub fn poll_granted(&self, cx: &mut Context<'_>) -> Poll<()> {
-        self.0.poll_granted(cx)
+        // No lanes in the models: nothing is ever pushed out.
+        self.0.poll_granted(cx).map(|_| ())
     }
 
     /// The handed-over permit (after [`Waiting::poll_granted`] was ready).

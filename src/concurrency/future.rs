@@ -10,8 +10,8 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use super::hold::HoldPermit;
-use super::permits::{Granted, Permit, QueueTicket};
-use crate::error::{BoxError, QueueTimeout};
+use super::permits::{Granted, Permit, QueueTicket, Turn};
+use crate::error::{BoxError, QueueFull, QueueTimeout};
 use crate::redact::Quoted;
 
 /// Where a waiting request stands.
@@ -34,6 +34,8 @@ struct Waiter<S, R> {
     deadline: Option<Pin<Box<Sleep>>>,
     /// The key's text, for the timeout error.
     key: String,
+    /// The line's length, for the error of a waiter pushed out of it.
+    max_queue: usize,
 }
 
 impl<S, R> Waiter<S, R> {
@@ -46,7 +48,16 @@ impl<S, R> Waiter<S, R> {
         S::Error: Into<BoxError>,
     {
         if let Place::Queued(ticket) = &self.place {
-            let granted = ticket.poll_granted(cx).is_ready();
+            let turn = ticket.poll_granted(cx);
+            if turn == Poll::Ready(Turn::PushedOut) {
+                if let Place::Queued(ticket) = std::mem::replace(&mut self.place, Place::Moving) {
+                    ticket.pushed_out();
+                }
+                let key = std::mem::take(&mut self.key);
+                tracing::debug!(key = %Quoted(&key), "concurrency: pushed out of a full line");
+                return Poll::Ready(Err(Box::new(QueueFull::new(key, self.max_queue))));
+            }
+            let granted = turn.is_ready();
             if !granted {
                 let Some(deadline) = self.deadline.as_mut() else {
                     return Poll::Pending;
@@ -147,6 +158,7 @@ impl<Fut, S, R> ResponseFuture<Fut, S, R> {
         ticket: QueueTicket,
         deadline: Option<Instant>,
         key: String,
+        max_queue: usize,
         release_at_headers: bool,
     ) -> Self {
         Self {
@@ -157,6 +169,7 @@ impl<Fut, S, R> ResponseFuture<Fut, S, R> {
                     place: Place::Queued(ticket),
                     deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
                     key,
+                    max_queue,
                 }),
             },
             release_at_headers,

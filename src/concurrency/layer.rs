@@ -8,7 +8,7 @@ use tower_layer::Layer;
 
 use super::handle::ConcurrencyHandle;
 use super::permits::Permits;
-use super::service::{Concurrency, Shared};
+use super::service::{Concurrency, NoLanes, Shared};
 use crate::error::ConfigError;
 use crate::home::Home;
 use crate::stats::KeyTracking;
@@ -57,8 +57,8 @@ use crate::stats::KeyTracking;
 /// # let _ = svc;
 /// # Ok::<(), tower_throttle::error::ConfigError>(())
 /// ```
-pub struct ConcurrencyLayer<X> {
-    shared: Shared<X>,
+pub struct ConcurrencyLayer<X, L = NoLanes> {
+    shared: Shared<X, L>,
 }
 
 impl<X> ConcurrencyLayer<X> {
@@ -79,12 +79,75 @@ impl<X> ConcurrencyLayer<X> {
                 home: Home::new(&permits),
                 permits,
                 extractor: Arc::new(extractor),
+                lanes: Arc::new(NoLanes),
                 max_queue: usize::MAX,
                 queue_timeout: None,
                 release_at_headers: false,
                 fallback: None,
             },
         })
+    }
+}
+
+impl<X, L> ConcurrencyLayer<X, L> {
+    /// Share each key's permits fairly between *lanes* (callers, say) read
+    /// from each request by `lanes`, instead of strict arrival order.
+    ///
+    /// While a key's requests wait, the lanes with waiters take turns: each
+    /// permit given back goes to the oldest waiter of the lane whose turn
+    /// it is, and that lane moves to the back of the round. A lane's own
+    /// requests keep their arrival order, and a lane that starts waiting
+    /// gets a permit within one round (one permit for each lane waiting
+    /// ahead of it), however many requests another lane has queued.
+    /// Requests whose lane cannot be read share one lane.
+    ///
+    /// With [`with_max_queue`](Self::with_max_queue), a request that finds
+    /// its key's line full pushes out the newest waiter of the longest lane
+    /// when that lane would still be longer than its own (the one pushed
+    /// out fails with [`QueueFull`](crate::error::QueueFull)); in the
+    /// longest lane, it is refused itself. A flood fills its own lane, not
+    /// the others' room.
+    ///
+    /// What changes: a waiter's turn is no longer fixed when it arrives
+    /// (lanes arriving later are served between its lane's turns), so
+    /// [`with_queue_timeout`](Self::with_queue_timeout) can end a wait
+    /// that strict order would have served.
+    ///
+    /// ```
+    /// use tower_throttle::concurrency::ConcurrencyLayer;
+    /// use tower_throttle::key::{GlobalKey, HeaderKey};
+    ///
+    /// // Two upstream calls at a time, shared in turn between the callers
+    /// // named by `x-client`.
+    /// let layer = ConcurrencyLayer::new(2, GlobalKey)?
+    ///     .with_max_queue(500)
+    ///     .with_fair_share(HeaderKey::new("x-client")?);
+    /// # let _ = layer;
+    /// # Ok::<(), tower_throttle::error::ConfigError>(())
+    /// ```
+    pub fn with_fair_share<L2>(self, lanes: L2) -> ConcurrencyLayer<X, L2> {
+        let Shared {
+            permits,
+            home,
+            extractor,
+            lanes: _,
+            max_queue,
+            queue_timeout,
+            release_at_headers,
+            fallback,
+        } = self.shared;
+        ConcurrencyLayer {
+            shared: Shared {
+                permits,
+                home,
+                extractor,
+                lanes: Arc::new(lanes),
+                max_queue,
+                queue_timeout,
+                release_at_headers,
+                fallback,
+            },
+        }
     }
 
     /// Let at most `max_queue` requests wait per key; one more is refused at
@@ -174,15 +237,15 @@ impl<X> ConcurrencyLayer<X> {
     }
 }
 
-impl<S, X> Layer<S> for ConcurrencyLayer<X> {
-    type Service = Concurrency<S, X>;
+impl<S, X, L> Layer<S> for ConcurrencyLayer<X, L> {
+    type Service = Concurrency<S, X, L>;
 
     fn layer(&self, inner: S) -> Self::Service {
         Concurrency::new(inner, Arc::new(self.shared.clone()))
     }
 }
 
-impl<X> Clone for ConcurrencyLayer<X> {
+impl<X, L> Clone for ConcurrencyLayer<X, L> {
     fn clone(&self) -> Self {
         Self {
             shared: self.shared.clone(),
@@ -190,7 +253,7 @@ impl<X> Clone for ConcurrencyLayer<X> {
     }
 }
 
-impl<X> fmt::Debug for ConcurrencyLayer<X> {
+impl<X, L: 'static> fmt::Debug for ConcurrencyLayer<X, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("ConcurrencyLayer")
             .field(&self.shared)

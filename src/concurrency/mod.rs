@@ -5,7 +5,9 @@
 //! strict FIFO queue per key and gets its permit the moment a predecessor
 //! gives one back: no polling, no timer. The queue can be bounded
 //! ([`QueueFull`](crate::error::QueueFull)) and the wait limited in time
-//! ([`QueueTimeout`](crate::error::QueueTimeout)).
+//! ([`QueueTimeout`](crate::error::QueueTimeout)). With
+//! [`ConcurrencyLayer::with_fair_share`], a key's waiters take turns by
+//! lane (a caller, say) instead, each lane in its own arrival order.
 //!
 //! A request is in flight until its response has been read, not merely until
 //! its headers arrived: for `http::Response<B>` (and `reqwest::Response`
@@ -124,4 +126,4 @@ pub use handle::ConcurrencyHandle;
 pub use hold::HoldPermit;
 pub use layer::ConcurrencyLayer;
 pub use permits::Permit;
-pub use service::Concurrency;
+pub use service::{Concurrency, NoLanes};

@@ -40,11 +40,10 @@
 //! beside the others (the loom models in `tests/loom_permits.rs` check them
 //! together).
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -58,6 +57,9 @@ use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, MutexGuard};
 mod live;
 #[cfg(loom)]
 pub(crate) mod model;
+mod waiters;
+
+use waiters::{Waiter, Waiters};
 
 /// Set in a key's word while its queue has waiters.
 const QUEUED: u64 = 1 << 63;
@@ -86,18 +88,13 @@ const NO_ROUNDS: Nanos = Nanos::MAX;
 /// idle states (4,096, about half a MiB) stay behind after a flood of keys.
 const LINGER: usize = 64;
 
-/// One waiting request, in its key's queue.
-struct QueueEntry {
-    ticket: u64,
-    /// The task to wake when the permit comes; `None` until first polled.
-    waker: Option<Waker>,
-}
-
 #[derive(Default)]
 struct Queue {
     next_ticket: u64,
-    /// Oldest first; tickets strictly rising.
-    waiters: VecDeque<QueueEntry>,
+    waiters: Waiters,
+    /// Tickets pushed out of a full line to make room for a waiter of a
+    /// shorter lane, until each notices.
+    pushed_out: Vec<u64>,
     /// Admissions moved out of the word of a state that counts its own.
     carried: u64,
     /// Permits out that a state counting its own handed to waiters not yet
@@ -106,11 +103,23 @@ struct Queue {
 }
 
 impl Queue {
-    fn position(&self, ticket: u64) -> Option<usize> {
-        self.waiters
-            .binary_search_by_key(&ticket, |w| w.ticket)
-            .ok()
+    /// Whether `ticket` was pushed out (and forget it: it is told once).
+    fn was_pushed_out(&mut self, ticket: u64) -> bool {
+        let Some(i) = self.pushed_out.iter().position(|&t| t == ticket) else {
+            return false;
+        };
+        self.pushed_out.swap_remove(i);
+        true
     }
+}
+
+/// How a wait in the line ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Turn {
+    /// The permit is the waiter's.
+    Granted,
+    /// Pushed out of a full line by a waiter of a shorter lane.
+    PushedOut,
 }
 
 /// One key's permits and queue.
@@ -224,12 +233,14 @@ impl KeyState {
         (admitted, admitted.saturating_sub(in_flight))
     }
 
-    /// Take a permit, or join the queue when it has fewer than `max_queue`
-    /// waiters. `text` names the key for per-key counters.
+    /// Take a permit, or join the queue in `lane` (see [`Waiters`]) when
+    /// it has fewer than `max_queue` waiters, or room can be made. `text`
+    /// names the key for per-key counters.
     #[inline(always)]
     pub(crate) fn acquire(
         self: &Arc<Self>,
         max_queue: usize,
+        lane: u64,
         text: &dyn Fn() -> String,
     ) -> Acquire {
         let mut word = self.word.load(Ordering::Relaxed);
@@ -253,12 +264,17 @@ impl KeyState {
                 Err(now) => word = now,
             }
         }
-        self.acquire_slow(max_queue, text)
+        self.acquire_slow(max_queue, lane, text)
     }
 
     #[cold]
     #[inline(never)]
-    fn acquire_slow(self: &Arc<Self>, max_queue: usize, text: &dyn Fn() -> String) -> Acquire {
+    fn acquire_slow(
+        self: &Arc<Self>,
+        max_queue: usize,
+        lane: u64,
+        text: &dyn Fn() -> String,
+    ) -> Acquire {
         let mut queue = self.queue.lock();
         let mut word = self.carry(&mut queue);
         loop {
@@ -292,19 +308,32 @@ impl KeyState {
                 Err(now) => word = now,
             }
         }
+        let mut pushed_out = None;
         if queue.waiters.len() >= max_queue {
-            drop(queue);
-            self.stats.record(self.key, Event::Rejected, text);
-            return Acquire::Full;
+            match queue.waiters.push_out_for(lane) {
+                Some(out) => {
+                    queue.pushed_out.push(out.ticket);
+                    pushed_out = out.waker;
+                }
+                None => {
+                    drop(queue);
+                    self.stats.record(self.key, Event::Rejected, text);
+                    return Acquire::Full;
+                }
+            }
         }
         let ticket = queue.next_ticket;
         queue.next_ticket += 1;
         let since = Instant::now();
-        queue.waiters.push_back(QueueEntry {
+        queue.waiters.push(Waiter {
             ticket,
+            lane,
             waker: None,
         });
         drop(queue);
+        if let Some(waker) = pushed_out {
+            waker.wake();
+        }
         self.stats.record(self.key, Event::Queued, text);
         Acquire::Queued(QueueTicket {
             state: self.clone(),
@@ -352,11 +381,7 @@ impl KeyState {
         // out): the permit is not passed on; the waiters wait until fewer
         // than the limit are out.
         let over = self.word.load(Ordering::Relaxed) & OUT > self.max.load(Ordering::Relaxed);
-        let next = if over {
-            None
-        } else {
-            queue.waiters.pop_front()
-        };
+        let next = if over { None } else { queue.waiters.pop_next() };
         let Some(next) = next else {
             // Nobody waits (or the last waiter left since we looked, and
             // cleared the flag).
@@ -415,14 +440,19 @@ impl KeyState {
         self.entered(&String::new);
     }
 
-    /// Ready once `ticket` has been granted its permit; otherwise remember
-    /// the task to wake.
-    fn poll_granted(&self, ticket: u64, cx: &mut Context<'_>) -> Poll<()> {
+    /// Ready once `ticket` has been granted its permit or pushed out;
+    /// otherwise remember the task to wake.
+    fn poll_granted(&self, ticket: u64, cx: &mut Context<'_>) -> Poll<Turn> {
         let mut queue = self.queue.lock();
-        let Some(i) = queue.position(ticket) else {
-            return Poll::Ready(());
+        let Some(waiter) = queue.waiters.get_mut(ticket) else {
+            if queue.was_pushed_out(ticket) {
+                drop(queue);
+                self.stats
+                    .record(self.key, Event::Dequeued(None), &String::new);
+                return Poll::Ready(Turn::PushedOut);
+            }
+            return Poll::Ready(Turn::Granted);
         };
-        let waiter = &mut queue.waiters[i];
         match &waiter.waker {
             Some(waker) if waker.will_wake(cx.waker()) => {}
             _ => waiter.waker = Some(cx.waker().clone()),
@@ -430,14 +460,20 @@ impl KeyState {
         Poll::Pending
     }
 
-    /// Take `ticket` out of the queue. True when it was still waiting;
-    /// false when it had been granted its permit, which the caller now holds.
+    /// Take `ticket` out of the queue. True when it was still waiting (or
+    /// had been pushed out); false when it had been granted its permit,
+    /// which the caller now holds.
     fn leave(&self, ticket: u64) -> bool {
         let mut queue = self.queue.lock();
-        let Some(i) = queue.position(ticket) else {
+        if queue.waiters.remove(ticket).is_none() {
+            if queue.was_pushed_out(ticket) {
+                drop(queue);
+                self.stats
+                    .record(self.key, Event::Dequeued(None), &String::new);
+                return true;
+            }
             return false;
-        };
-        queue.waiters.remove(i);
+        }
         if queue.waiters.is_empty() {
             self.word.fetch_and(!QUEUED, Ordering::Release);
         }
@@ -714,8 +750,8 @@ impl QueueTicket {
         self.since
     }
 
-    /// Ready once the permit has been granted.
-    pub(crate) fn poll_granted(&self, cx: &mut Context<'_>) -> Poll<()> {
+    /// Ready once the permit has been granted, or the place pushed out.
+    pub(crate) fn poll_granted(&self, cx: &mut Context<'_>) -> Poll<Turn> {
         self.state.poll_granted(self.ticket, cx)
     }
 
@@ -730,6 +766,14 @@ impl QueueTicket {
         } else {
             Err(self.granted())
         }
+    }
+
+    /// The place was pushed out (as [`poll_granted`](Self::poll_granted)
+    /// said): count the request refused.
+    pub(crate) fn pushed_out(mut self) {
+        self.armed = false;
+        let state = &self.state;
+        state.stats.record(state.key, Event::Rejected, &String::new);
     }
 
     /// The granted permit; only after [`poll_granted`](Self::poll_granted)

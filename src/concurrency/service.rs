@@ -14,15 +14,17 @@ use super::hold::HoldPermit;
 use super::permits::{Acquire, LastKey, Permits, QueueTicket};
 use crate::error::{BoxError, KeyError, QueueFull, QueueTimeout};
 use crate::home::Home;
-use crate::key::{GlobalKey, KeyExtractor, KeyHash, key_label};
+use crate::key::{GlobalKey, KeyBuilder, KeyExtractor, KeyHash, key_label};
 use crate::redact::{Escaped, Quoted};
 
 /// Everything a concurrency service reads per request, shared by its clones.
-pub(crate) struct Shared<X> {
+pub(crate) struct Shared<X, L = NoLanes> {
     pub(crate) permits: Arc<Permits>,
     /// Where handles find `permits` (see [`Home`]).
     pub(crate) home: Home<Permits>,
     pub(crate) extractor: Arc<X>,
+    /// Reads each waiter's lane (see [`ConcurrencyLayer::with_fair_share`](super::ConcurrencyLayer::with_fair_share)).
+    pub(crate) lanes: Arc<L>,
     /// Most requests waiting per key; `usize::MAX` when unbounded.
     pub(crate) max_queue: usize,
     pub(crate) queue_timeout: Option<Duration>,
@@ -30,12 +32,13 @@ pub(crate) struct Shared<X> {
     pub(crate) fallback: Option<(KeyHash, Arc<str>)>,
 }
 
-impl<X> Clone for Shared<X> {
+impl<X, L> Clone for Shared<X, L> {
     fn clone(&self) -> Self {
         Self {
             permits: self.permits.clone(),
             home: self.home.clone(),
             extractor: self.extractor.clone(),
+            lanes: self.lanes.clone(),
             max_queue: self.max_queue,
             queue_timeout: self.queue_timeout,
             release_at_headers: self.release_at_headers,
@@ -44,7 +47,7 @@ impl<X> Clone for Shared<X> {
     }
 }
 
-impl<X> fmt::Debug for Shared<X> {
+impl<X, L: 'static> fmt::Debug for Shared<X, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let max_queue = (self.max_queue != usize::MAX).then_some(self.max_queue);
         f.debug_struct("Concurrency")
@@ -53,12 +56,16 @@ impl<X> fmt::Debug for Shared<X> {
             .field("queue_timeout", &self.queue_timeout)
             .field("release_at_headers", &self.release_at_headers)
             .field("extractor", &std::any::type_name::<X>())
+            .field(
+                "fair_share",
+                &(!is_no_lanes::<L>()).then(std::any::type_name::<L>),
+            )
             .field("fallback", &self.fallback.as_ref().map(|(_, key)| key))
             .finish()
     }
 }
 
-impl<X> Shared<X> {
+impl<X, L> Shared<X, L> {
     /// A zero timeout means no waiting at all: a request that would queue
     /// times out at once.
     fn no_wait(&self) -> bool {
@@ -89,6 +96,22 @@ impl<X> Shared<X> {
         }
     }
 
+    /// `req`'s lane in its key's line: one lane for all without fair
+    /// share, and for the requests whose lane cannot be read.
+    #[inline]
+    fn lane<R>(&self, req: &R) -> u64
+    where
+        L: KeyExtractor<R>,
+    {
+        if is_no_lanes::<L>() {
+            return 0;
+        }
+        self.permits
+            .seed()
+            .hash(&*self.lanes, req)
+            .map_or(0, |lane| lane.0)
+    }
+
     /// `req`'s key as it may be shown, for errors, logs and per-key
     /// counters (secret parts as fingerprints).
     fn key_text<R>(&self, req: &R) -> String
@@ -110,14 +133,14 @@ impl<X> Shared<X> {
 /// requests on one key skips the key lookup; that key's state stays in memory
 /// while remembered. A clone starts remembering nothing. With
 /// [`GlobalKey`] there is no lookup at all: the one key's state is at hand.
-pub struct Concurrency<S, X> {
+pub struct Concurrency<S, X, L = NoLanes> {
     inner: S,
-    shared: Arc<Shared<X>>,
+    shared: Arc<Shared<X, L>>,
     last: LastKey,
 }
 
-impl<S, X> Concurrency<S, X> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared<X>>) -> Self {
+impl<S, X, L> Concurrency<S, X, L> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared<X, L>>) -> Self {
         Self {
             inner,
             shared,
@@ -133,7 +156,7 @@ impl<S, X> Concurrency<S, X> {
     }
 }
 
-impl<S: Clone, X> Clone for Concurrency<S, X> {
+impl<S: Clone, X, L> Clone for Concurrency<S, X, L> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -144,7 +167,7 @@ impl<S: Clone, X> Clone for Concurrency<S, X> {
     }
 }
 
-impl<S: fmt::Debug, X> fmt::Debug for Concurrency<S, X> {
+impl<S: fmt::Debug, X, L: 'static> fmt::Debug for Concurrency<S, X, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Concurrency")
             .field("inner", &self.inner)
@@ -153,12 +176,13 @@ impl<S: fmt::Debug, X> fmt::Debug for Concurrency<S, X> {
     }
 }
 
-impl<S, R, X> Service<R> for Concurrency<S, X>
+impl<S, R, X, L> Service<R> for Concurrency<S, X, L>
 where
     S: Service<R> + Clone,
     S::Error: Into<BoxError>,
     S::Response: HoldPermit,
     X: KeyExtractor<R>,
+    L: KeyExtractor<R>,
 {
     type Response = <S::Response as HoldPermit>::Held;
     type Error = BoxError;
@@ -191,7 +215,8 @@ where
             };
             self.last.state(key, &shared.permits)
         };
-        match state.acquire(shared.max_queue(), &|| shared.key_text(&req)) {
+        let lane = shared.lane(&req);
+        match state.acquire(shared.max_queue(), lane, &|| shared.key_text(&req)) {
             Acquire::Granted(permit) => {
                 ResponseFuture::called(self.inner.call(req), permit, shared.release_at_headers)
             }
@@ -201,7 +226,7 @@ where
     }
 }
 
-impl<S, X> Concurrency<S, X> {
+impl<S, X, L> Concurrency<S, X, L> {
     /// The response future of a request that waits in its key's queue.
     #[inline(never)]
     fn wait<R>(&mut self, req: R, ticket: QueueTicket) -> ResponseFuture<S::Future, S, R>
@@ -219,7 +244,15 @@ impl<S, X> Concurrency<S, X> {
         // service keeps a fresh clone, to be polled ready again.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::waiting(inner, req, ticket, deadline, key, shared.release_at_headers)
+        ResponseFuture::waiting(
+            inner,
+            req,
+            ticket,
+            deadline,
+            key,
+            shared.max_queue,
+            shared.release_at_headers,
+        )
     }
 }
 
@@ -228,6 +261,24 @@ impl<S, X> Concurrency<S, X> {
 #[inline(always)]
 fn is_global<X: 'static>() -> bool {
     TypeId::of::<X>() == TypeId::of::<GlobalKey>()
+}
+
+/// Whether `L` is [`NoLanes`], decided at compile time as [`is_global`].
+#[inline(always)]
+fn is_no_lanes<L: 'static>() -> bool {
+    TypeId::of::<L>() == TypeId::of::<NoLanes>()
+}
+
+/// No fair share: a key's waiters form one line, in arrival order. The
+/// default lanes of a [`ConcurrencyLayer`](super::ConcurrencyLayer); see
+/// [`with_fair_share`](super::ConcurrencyLayer::with_fair_share).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoLanes;
+
+impl<R> KeyExtractor<R> for NoLanes {
+    fn extract(&self, _req: &R, _key: &mut KeyBuilder<'_>) -> Result<(), KeyError> {
+        Ok(())
+    }
 }
 
 fn no_key(e: KeyError) -> BoxError {

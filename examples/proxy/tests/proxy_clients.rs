@@ -5,6 +5,8 @@
 
 mod support;
 
+use std::time::{Duration, Instant};
+
 use proxy::config::Settings;
 use proxy::gateway::{self, Running};
 use serde_json::Value;
@@ -425,4 +427,66 @@ async fn an_operator_key_without_clients_closes_the_operator_endpoints_too() {
     assert_eq!(stats(None).await, 401);
     assert_eq!(stats(Some(ADMIN)).await, 200);
     gw.shutdown().await;
+}
+
+/// A route saturated by one client's flood (200 at once, one in flight
+/// allowed, each answered in `INTERVAL`) still serves another client's
+/// requests within one turn: each waits for what is left of the request
+/// in flight and at most one of the flood's, under two intervals (and
+/// the HTTP hops), where arrival order would put it behind the whole
+/// flood; and the upstream never has more than the route allows.
+#[tokio::test]
+async fn a_flooding_client_delays_another_by_at_most_one_turn() {
+    const INTERVAL: Duration = Duration::from_millis(200);
+    // Two local HTTP hops each way, on a loaded machine.
+    const HOPS: Duration = Duration::from_millis(80);
+    let upstream = FakeUpstream::start().await;
+    upstream.answer_after(INTERVAL);
+    let next = temp_path("alice-next-flood");
+    std::fs::write(&next, ALICE_NEXT).unwrap();
+    let toml =
+        config(&upstream, &next, "") + "\n[concurrency]\nmax_in_flight = 1\nmax_queue = 1000\n";
+    let gw = start(&toml).await;
+    let url = gw.url();
+    let send = |client: reqwest::Client, key: &str| {
+        client
+            .post(format!("{url}/open/v1/chat"))
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {key}"))
+            .body(r#"{"model":"m","messages":[]}"#)
+            .send()
+    };
+    let alice = reqwest::Client::new();
+    let flood: Vec<_> = (0..200)
+        .map(|_| tokio::spawn(send(alice.clone(), ALICE)))
+        .collect();
+    // Let the flood queue up first.
+    tokio::time::sleep(INTERVAL * 2).await;
+    let bob = reqwest::Client::new();
+    let mut waits = Vec::new();
+    for n in 0..10u32 {
+        let sent = Instant::now();
+        let answer = send(bob.clone(), BOB).await.unwrap();
+        assert_eq!(answer.status(), 200);
+        // Less its own answer's time: what it waited for the route.
+        waits.push(sent.elapsed().saturating_sub(INTERVAL));
+        // Not in step with the flood's answers.
+        tokio::time::sleep(INTERVAL * 2 + Duration::from_millis(13 * u64::from(n))).await;
+    }
+    // Bob's ten went up too.
+    let alice_admitted = upstream.received().len() - 10;
+    for task in &flood {
+        task.abort();
+    }
+    gw.shutdown().await;
+    let _ = std::fs::remove_file(&next);
+    waits.sort();
+    let longest = *waits.last().unwrap();
+    assert!(
+        longest < INTERVAL * 2 + HOPS,
+        "bob waited up to {longest:?} (all: {waits:?}); alice had {alice_admitted} admitted"
+    );
+    // The flood was still waiting: the route was saturated throughout.
+    assert!(alice_admitted < 150, "{alice_admitted}");
+    assert_eq!(upstream.most_in_flight(), 1);
 }

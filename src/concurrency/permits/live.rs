@@ -19,7 +19,7 @@ impl KeyState {
         // and giving back permits both go the locked way.
         let mut word = self.carry(&mut queue);
         while word & QUEUED != 0 && word & OUT < max {
-            let Some(next) = queue.waiters.pop_front() else {
+            let Some(next) = queue.waiters.pop_next() else {
                 break;
             };
             if self.counts_itself() {

@@ -242,7 +242,7 @@ fn presented_keys(headers: &HeaderMap) -> impl Iterator<Item = (HeaderName, &[u8
 }
 
 /// Keys a request by its caller's name (`anonymous` without one), for the
-/// clients' own quotas.
+/// clients' own quotas and their turns in a route's line.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ClientKey;
 

@@ -97,7 +97,8 @@ pub type ProxyService = BoxCloneSyncService<http::Request<Bytes>, Response<Body>
 /// state) with the new waits and queue limits.
 struct Layers {
     rate: RateLimitLayer<RouteKey, Estimated<TokenCost>, CountAll, NoteQuota>,
-    concurrency: ConcurrencyLayer<RouteKey>,
+    /// A route's waiters take turns by client (a fair share of the route).
+    concurrency: ConcurrencyLayer<RouteKey, ClientKey>,
     backoff: Backoff429Layer<RouteKey>,
     /// The identity layer's client/project/session ids, kept across reloads.
     stable: Mutex<Option<StableIds>>,
@@ -310,7 +311,8 @@ impl Gateway {
         let rate = rate.with_response_headers(NoteQuota);
         let concurrency = ConcurrencyLayer::new(live::max_in_flight(&settings), RouteKey)
             .map_err(|e| e.within("concurrency"))?
-            .with_key_stats_where(routes, is_tracked(&tracked));
+            .with_key_stats_where(routes, is_tracked(&tracked))
+            .with_fair_share(ClientKey);
         // A client over its own quota is refused at once; one the routes
         // refuse gets back what it took (see `callers`).
         let client_limits =

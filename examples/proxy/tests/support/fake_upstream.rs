@@ -5,6 +5,8 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -48,6 +50,11 @@ struct Shared {
     received: Mutex<Vec<Received>>,
     armed: Mutex<Option<Armed>>,
     answer: Mutex<Option<String>>,
+    /// How long each canned answer takes.
+    delay: Mutex<Duration>,
+    /// Requests being answered now, and the most there ever were.
+    in_flight: AtomicUsize,
+    most_in_flight: AtomicUsize,
 }
 
 /// A running fake provider.
@@ -89,6 +96,16 @@ impl FakeUpstream {
         tx
     }
 
+    /// Take `delay` over each canned answer from now on.
+    pub fn answer_after(&self, delay: Duration) {
+        *self.shared.delay.lock() = delay;
+    }
+
+    /// The most requests it was ever answering at once.
+    pub fn most_in_flight(&self) -> usize {
+        self.shared.most_in_flight.load(Ordering::SeqCst)
+    }
+
     /// Every request received so far, oldest first.
     pub fn received(&self) -> Vec<Received> {
         self.shared.received.lock().clone()
@@ -123,6 +140,13 @@ async fn answer(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         }
         return response;
     }
+    let now = shared.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    shared.most_in_flight.fetch_max(now, Ordering::SeqCst);
+    let delay = *shared.delay.lock();
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    shared.in_flight.fetch_sub(1, Ordering::SeqCst);
     let json = shared
         .answer
         .lock()

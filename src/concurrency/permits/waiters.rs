@@ -1,0 +1,269 @@
+//! One key's waiters, and the order in which they get their permits.
+//!
+//! Every waiter is in a *lane*. Without fair share there is one lane, and
+//! the order is arrival order. With fair share (a lane per caller, say),
+//! the lanes with waiters take turns: each permit goes to the oldest waiter
+//! of the lane whose turn it is, and that lane, if it still has waiters,
+//! goes to the back of the round. A lane that starts waiting joins the back
+//! too, so its first waiter gets a permit within one round (one permit per
+//! lane ahead of it), however many the other lanes have waiting; and each
+//! lane's own waiters go in their arrival order.
+//!
+//! When the key's line is full, a newcomer may push out the newest waiter
+//! of the longest lane (see [`Waiters::push_out_for`]): a flood fills its
+//! own lane, never the others' room.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
+use std::task::Waker;
+
+use crate::store::PassThrough;
+
+/// One waiting request.
+pub(super) struct Waiter {
+    pub(super) ticket: u64,
+    pub(super) lane: u64,
+    /// The task to wake when the permit comes; `None` until first polled.
+    pub(super) waker: Option<Waker>,
+}
+
+/// A key's waiters, oldest first, and the round of their lanes.
+#[derive(Default)]
+pub(super) struct Waiters {
+    /// Oldest first; tickets strictly rising (so a binary search finds one).
+    all: VecDeque<Waiter>,
+    /// The lanes with waiters, the one whose turn is next first.
+    round: VecDeque<u64>,
+    /// How many wait in each lane of `round`. Lanes are keyed hashes
+    /// already: hashed again, they would only cost.
+    per_lane: HashMap<u64, usize, BuildHasherDefault<PassThrough>>,
+}
+
+impl Waiters {
+    pub(super) fn len(&self) -> usize {
+        self.all.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.all.is_empty()
+    }
+
+    fn position(&self, ticket: u64) -> Option<usize> {
+        self.all.binary_search_by_key(&ticket, |w| w.ticket).ok()
+    }
+
+    /// The waiter holding `ticket`, if it still waits.
+    pub(super) fn get_mut(&mut self, ticket: u64) -> Option<&mut Waiter> {
+        let i = self.position(ticket)?;
+        self.all.get_mut(i)
+    }
+
+    /// Add a waiter, its ticket above every other's.
+    pub(super) fn push(&mut self, waiter: Waiter) {
+        let count = self.per_lane.entry(waiter.lane).or_insert(0);
+        if *count == 0 {
+            self.round.push_back(waiter.lane);
+        }
+        *count += 1;
+        self.all.push_back(waiter);
+    }
+
+    /// Take out the waiter whose turn it is.
+    pub(super) fn pop_next(&mut self) -> Option<Waiter> {
+        let lane = *self.round.front()?;
+        // One lane: its oldest waiter is the oldest of all.
+        let i = if self.round.len() == 1 {
+            0
+        } else {
+            self.all.iter().position(|w| w.lane == lane)?
+        };
+        let waiter = self.all.remove(i)?;
+        self.round.pop_front();
+        if self.count_out(lane) > 0 {
+            self.round.push_back(lane);
+        }
+        Some(waiter)
+    }
+
+    /// Take out the waiter holding `ticket`, if it still waits.
+    pub(super) fn remove(&mut self, ticket: u64) -> Option<Waiter> {
+        let waiter = self.all.remove(self.position(ticket)?)?;
+        if self.count_out(waiter.lane) == 0 {
+            self.round.retain(|&lane| lane != waiter.lane);
+        }
+        Some(waiter)
+    }
+
+    /// Make room for a newcomer in `lane` in a full line: take out the
+    /// newest waiter of the longest lane, when that lane would still be
+    /// longer than `lane` with the newcomer in it. `None`: the newcomer's
+    /// own lane is (one of) the longest, and the newcomer is the one
+    /// refused.
+    pub(super) fn push_out_for(&mut self, lane: u64) -> Option<Waiter> {
+        let mine = self.per_lane.get(&lane).copied().unwrap_or(0);
+        let (&longest, &count) = self.per_lane.iter().max_by_key(|(_, count)| **count)?;
+        if count <= mine + 1 {
+            return None;
+        }
+        let i = self.all.iter().rposition(|w| w.lane == longest)?;
+        let ticket = self.all[i].ticket;
+        self.remove(ticket)
+    }
+
+    /// One waiter fewer in `lane`: how many are left in it.
+    fn count_out(&mut self, lane: u64) -> usize {
+        let Some(count) = self.per_lane.get_mut(&lane) else {
+            return 0;
+        };
+        *count -= 1;
+        let left = *count;
+        if left == 0 {
+            self.per_lane.remove(&lane);
+        }
+        left
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn waiter(ticket: u64, lane: u64) -> Waiter {
+        Waiter {
+            ticket,
+            lane,
+            waker: None,
+        }
+    }
+
+    fn order(waiters: &mut Waiters) -> Vec<(u64, u64)> {
+        std::iter::from_fn(|| waiters.pop_next())
+            .map(|w| (w.ticket, w.lane))
+            .collect()
+    }
+
+    #[test]
+    fn one_lane_is_arrival_order() {
+        let mut waiters = Waiters::default();
+        for ticket in 0..5 {
+            waiters.push(waiter(ticket, 7));
+        }
+        assert!(waiters.remove(2).is_some());
+        let tickets: Vec<u64> = order(&mut waiters).iter().map(|w| w.0).collect();
+        assert_eq!(tickets, [0, 1, 3, 4]);
+    }
+
+    #[test]
+    fn a_lane_joining_behind_a_flood_goes_within_one_round() {
+        let mut waiters = Waiters::default();
+        for ticket in 0..500 {
+            waiters.push(waiter(ticket, 1));
+        }
+        waiters.push(waiter(500, 2));
+        let served = order(&mut waiters);
+        assert_eq!(served[0], (0, 1));
+        assert_eq!(served[1], (500, 2));
+        assert_eq!(served.len(), 501);
+    }
+
+    #[test]
+    fn a_full_line_pushes_out_the_longest_lanes_newest() {
+        let mut waiters = Waiters::default();
+        for ticket in 0..4 {
+            waiters.push(waiter(ticket, 1));
+        }
+        waiters.push(waiter(4, 2));
+        let out = waiters.push_out_for(2).expect("lane 1 is longer");
+        assert_eq!((out.ticket, out.lane), (3, 1));
+        // Lane 1 now holds 3, lane 2 one: a newcomer of lane 2 still has
+        // room made; lane 1's own newcomer never does.
+        assert!(waiters.push_out_for(1).is_none());
+        waiters.push(waiter(5, 2));
+        assert!(waiters.push_out_for(2).is_none());
+        assert_eq!(waiters.len(), 5);
+    }
+
+    /// What a generated history does: a waiter joins a lane, the line
+    /// serves one, or a waiter leaves.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Join(u64),
+        Serve,
+        Leave(usize),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => (0u64..5).prop_map(Step::Join),
+            3 => Just(Step::Serve),
+            1 => (0usize..64).prop_map(Step::Leave),
+        ]
+    }
+
+    proptest! {
+        /// Over generated histories: each lane is served in its arrival
+        /// order; nobody is served twice or lost; and between a waiter
+        /// becoming its lane's oldest and being served, no other lane is
+        /// served more than once.
+        #[test]
+        fn lanes_take_turns_and_keep_their_order(steps in prop::collection::vec(step(), 1..300)) {
+            let mut waiters = Waiters::default();
+            let mut next = 0u64;
+            // Per lane, the tickets waiting, oldest first (the model).
+            let mut lanes: HashMap<u64, VecDeque<u64>> = HashMap::new();
+            // Per waiting ticket at the head of its lane: how many times
+            // each other lane was served since it got there.
+            let mut since_head: HashMap<u64, HashMap<u64, u32>> = HashMap::new();
+            for step in steps {
+                match step {
+                    Step::Join(lane) => {
+                        waiters.push(waiter(next, lane));
+                        let line = lanes.entry(lane).or_default();
+                        line.push_back(next);
+                        if line.len() == 1 {
+                            since_head.insert(next, HashMap::new());
+                        }
+                        next += 1;
+                    }
+                    Step::Serve => {
+                        let Some(w) = waiters.pop_next() else {
+                            prop_assert!(lanes.values().all(VecDeque::is_empty));
+                            continue;
+                        };
+                        let line = lanes.get_mut(&w.lane).expect("a lane with waiters");
+                        prop_assert_eq!(line.pop_front(), Some(w.ticket), "lane order");
+                        since_head.remove(&w.ticket);
+                        if let Some(&head) = line.front() {
+                            since_head.insert(head, HashMap::new());
+                        }
+                        for (head, served) in since_head.iter_mut() {
+                            let count = served.entry(w.lane).or_default();
+                            *count += 1;
+                            prop_assert!(*count <= 1, "{} waited while lane {} went twice", head, w.lane);
+                        }
+                    }
+                    Step::Leave(n) => {
+                        let all: Vec<u64> = lanes.values().flatten().copied().collect();
+                        if all.is_empty() {
+                            continue;
+                        }
+                        let ticket = all[n % all.len()];
+                        let w = waiters.remove(ticket).expect("still waiting");
+                        let line = lanes.get_mut(&w.lane).expect("its lane");
+                        let at = line.iter().position(|&t| t == ticket).expect("in its lane");
+                        line.remove(at);
+                        since_head.remove(&ticket);
+                        if at == 0 {
+                            if let Some(&head) = line.front() {
+                                since_head.insert(head, HashMap::new());
+                            }
+                        }
+                    }
+                }
+                let waiting: usize = lanes.values().map(VecDeque::len).sum();
+                prop_assert_eq!(waiters.len(), waiting);
+            }
+        }
+    }
+}
