@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 use proptest::prelude::*;
 use redis_server::RedisServer;
 use tokio::time::Instant;
-use tower::{BoxError, Layer, Service, ServiceExt};
+use tower::{Layer, ServiceExt};
 use tower_throttle::error::RateLimited;
 use tower_throttle::key::GlobalKey;
 use tower_throttle::rate_limit::{Estimated, Quota, RateLimitLayer, Settlement};
