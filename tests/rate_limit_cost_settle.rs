@@ -83,9 +83,11 @@ async fn align(svc: &mut Svc, algorithm: Algorithm, limit: u32) {
         return;
     }
     let _ = send(svc, "align", limit).await;
-    let refused = send(svc, "align", limit).await.unwrap_err();
-    let wait = refused.downcast_ref::<RateLimited>().unwrap().retry_after;
-    time::advance(wait).await;
+    // Refused, wait it out; waiting, it went at the window's start.
+    if let Err(refused) = send(svc, "align", limit).await {
+        let wait = refused.downcast_ref::<RateLimited>().unwrap().retry_after;
+        time::advance(wait).await;
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -289,12 +291,14 @@ async fn nothing_is_settled_across_a_reset() {
 }
 
 /// One step of a generated history: wait `advance_ms`, then a request
-/// estimated at `estimate` whose real cost is `actual` (never more).
+/// estimated at `estimate` whose real cost is `actual` (never more),
+/// settled `settle_after` steps later (0: at once).
 #[derive(Clone, Debug)]
 struct Step {
     advance_ms: u64,
     estimate: u32,
     actual: u32,
+    settle_after: usize,
 }
 
 fn steps() -> impl Strategy<Value = Vec<Step>> {
@@ -303,19 +307,23 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
             prop_oneof![Just(0u64), 0..1_500u64, Just(1_000u64)],
             1..=10u32,
             0..=10u32,
+            prop_oneof![Just(0usize), 0..4usize],
         )
-            .prop_map(|(advance_ms, estimate, fraction)| Step {
+            .prop_map(|(advance_ms, estimate, fraction, settle_after)| Step {
                 advance_ms,
                 estimate,
                 actual: estimate * fraction / 10,
+                settle_after,
             }),
         1..60,
     )
 }
 
-/// Runs `history` against a quota of 10 per second under `algorithm`, and
-/// returns the first window holding more real cost than 10, if any.
-fn overrun(algorithm: Algorithm, history: &[Step]) -> Option<String> {
+/// Runs `history` against a quota of 10 per second under `algorithm`,
+/// waiting up to `max_wait` (each request admitted before the next is
+/// sent), and returns the first window holding more real cost than 10, if
+/// any.
+fn overrun(algorithm: Algorithm, history: &[Step], max_wait: Duration) -> Option<String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -323,15 +331,28 @@ fn overrun(algorithm: Algorithm, history: &[Step]) -> Option<String> {
         .unwrap();
     runtime.block_on(async {
         let quota = quota(algorithm, 10, Duration::from_secs(1));
-        let mut svc = service(vec![quota], Duration::ZERO);
+        let mut svc = service(vec![quota], max_wait);
         align(&mut svc, algorithm, 10).await;
         let start = Instant::now();
         let mut admitted: Vec<(u128, u32)> = Vec::new();
-        for step in history {
+        // Settlements not yet made: (the step they are due at, the
+        // settlement, the real cost).
+        let mut pending: Vec<(usize, Settlement, u32)> = Vec::new();
+        for (n, step) in history.iter().enumerate() {
             time::advance(Duration::from_millis(step.advance_ms)).await;
+            pending.retain(|(due, settlement, actual)| {
+                if *due <= n {
+                    settlement.settle(*actual);
+                }
+                *due > n
+            });
             if let Ok(settlement) = send(&mut svc, "k", step.estimate).await {
-                settlement.settle(step.actual);
                 admitted.push(((Instant::now() - start).as_nanos(), step.actual));
+                if step.settle_after == 0 {
+                    settlement.settle(step.actual);
+                } else {
+                    pending.push((n + step.settle_after, settlement, step.actual));
+                }
             }
         }
         let second = 1_000_000_000u128;
@@ -391,7 +412,17 @@ proptest! {
     #[test]
     fn settling_never_admits_more_than_the_quota(history in steps()) {
         for algorithm in ALL {
-            prop_assert_eq!(overrun(algorithm, &history), None, "{:?}", algorithm);
+            prop_assert_eq!(overrun(algorithm, &history, Duration::ZERO), None, "{:?}", algorithm);
+        }
+    }
+
+    /// The same for requests that wait their turn (each admitted at the
+    /// instant it was booked for, then settled).
+    #[test]
+    fn settling_waiters_never_admits_more_than_the_quota(history in steps()) {
+        for algorithm in ALL {
+            let max_wait = Duration::from_secs(5);
+            prop_assert_eq!(overrun(algorithm, &history, max_wait), None, "{:?}", algorithm);
         }
     }
 }

@@ -49,23 +49,29 @@ fn cost_of(req: &http::Request<()>) -> u32 {
 
 /// One generated request: sent `after_ms` after the one before (without
 /// waiting for it), estimated at `estimate`, really costing `actual`
-/// (never more).
+/// (never more), settled `settle_ms` after its answer.
 #[derive(Clone, Debug)]
 struct Step {
     after_ms: u64,
     estimate: u32,
     actual: u32,
+    settle_ms: u64,
 }
 
 fn steps() -> impl Strategy<Value = Vec<Step>> {
     prop::collection::vec(
-        (prop_oneof![Just(0u64), 0..250u64], 1..=6u32, 0..=10u32).prop_map(
-            |(after_ms, estimate, fraction)| Step {
+        (
+            prop_oneof![Just(0u64), 0..250u64],
+            1..=6u32,
+            0..=10u32,
+            prop_oneof![Just(0u64), 0..600u64],
+        )
+            .prop_map(|(after_ms, estimate, fraction, settle_ms)| Step {
                 after_ms,
                 estimate,
                 actual: estimate * fraction / 10,
-            },
-        ),
+                settle_ms,
+            }),
         1..20,
     )
 }
@@ -93,8 +99,6 @@ async fn run(
         .with_store(store)
         .expect("a quota Redis keeps");
     let calls = Calls::default();
-    // The inner service settles each request to its real cost as it
-    // answers, as a provider's usage is read from its answer.
     let seen = calls.clone();
     let svc = layer.layer(tower::service_fn(move |req: http::Request<()>| {
         let actual: u32 = req
@@ -103,9 +107,6 @@ async fn run(
             .and_then(|v| v.to_str().ok()?.parse().ok())
             .unwrap_or(0);
         seen.lock().push((Instant::now(), actual));
-        if let Some(settlement) = req.extensions().get::<Settlement>() {
-            settlement.settle(actual);
-        }
         std::future::ready(Ok::<_, Infallible>(http::Response::new(())))
     }));
     let mut tasks = Vec::new();
@@ -116,11 +117,18 @@ async fn run(
             .header("x-actual", step.actual.to_string())
             .body(())
             .expect("valid request");
-        req.extensions_mut().insert(Settlement::new());
+        let settlement = Settlement::new();
+        req.extensions_mut().insert(settlement.clone());
         let svc = svc.clone();
+        let (actual, settle_after) = (step.actual, Duration::from_millis(step.settle_ms));
         tasks.push(tokio::spawn(async move {
             match svc.oneshot(req).await {
-                Ok(_) => {}
+                // Settled to the real cost once known, as a provider's
+                // usage is read at the end of its answer.
+                Ok(_) => {
+                    tokio::time::sleep(settle_after).await;
+                    settlement.settle(actual);
+                }
                 Err(e) => assert!(e.is::<RateLimited>(), "not a refusal: {e}"),
             }
         }));
