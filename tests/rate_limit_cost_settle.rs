@@ -290,6 +290,61 @@ async fn nothing_is_settled_across_a_reset() {
     assert!(send(&mut svc, "k", 1).await.is_err());
 }
 
+/// A retune between admission and settlement: the settlement gives
+/// nothing back across it (the key keeps what it used under the old
+/// quota), so the key answers as a twin's that never settled.
+#[tokio::test(start_paused = true)]
+async fn nothing_is_settled_across_a_retune() {
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+    ] {
+        let twin = || {
+            let layer = RateLimitLayer::new(
+                quota(algorithm, 1_000, MINUTE),
+                HeaderKey::new("x-key").unwrap(),
+            )
+            .with_cost(Estimated(cost_of));
+            let handle = layer.handle();
+            let inner = tower::service_fn(|_req: http::Request<()>| async {
+                Ok::<_, Infallible>(http::Response::new(()))
+            });
+            (tower::util::BoxService::new(layer.layer(inner)), handle)
+        };
+        let (mut settled, settled_handle) = twin();
+        let (mut kept, kept_handle) = twin();
+        align(&mut kept, algorithm, 1_000).await;
+        align(&mut settled, algorithm, 1_000).await;
+        let settlement = send(&mut settled, "k", 800).await.unwrap();
+        send(&mut kept, "k", 800).await.unwrap();
+        for handle in [&settled_handle, &kept_handle] {
+            handle.set_default(vec![quota(algorithm, 1_200, MINUTE)]);
+        }
+        assert!(settlement.settle(0), "{algorithm:?}");
+        for cost in [400, 200, 100, 1] {
+            // A fixed window's edges are each layer's reading of the wall
+            // clock, microseconds apart: its waits are compared in
+            // seconds.
+            let wait = |r: Result<Settlement, BoxError>| {
+                r.err().map(|e| {
+                    let wait = e.downcast_ref::<RateLimited>().unwrap().retry_after;
+                    if algorithm == Algorithm::FixedWindow {
+                        Duration::from_secs(wait.as_secs_f64().round() as u64)
+                    } else {
+                        wait
+                    }
+                })
+            };
+            assert_eq!(
+                wait(send(&mut settled, "k", cost).await),
+                wait(send(&mut kept, "k", cost).await),
+                "{algorithm:?}, cost {cost}: the settlement gave back across the retune"
+            );
+        }
+    }
+}
+
 /// One step of a generated history: wait `advance_ms`, then a request
 /// estimated at `estimate` whose real cost is `actual` (never more),
 /// settled `settle_after` steps later (0: at once).
