@@ -81,6 +81,7 @@ pub mod clock;
 pub mod concurrency;
 pub mod config;
 pub mod error;
+pub mod fair;
 mod home;
 pub mod identity;
 pub mod key;

@@ -114,7 +114,7 @@ mod future;
 mod handle;
 mod hold;
 mod layer;
-mod permits;
+pub(crate) mod permits;
 #[cfg(loom)]
 pub(crate) use permits::{Acquire, Granted, KeyState, Permits, QueueTicket, model::Inside};
 mod service;

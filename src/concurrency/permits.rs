@@ -137,6 +137,9 @@ pub(crate) struct KeyState {
     /// admission for a state that counts its own.
     step: u64,
     key: KeyHash,
+    /// The lane of the request that last got a permit (with lanes: see
+    /// [`Waiters::push`]); lane 0 is not recorded.
+    last_lane: AtomicU64,
     stats: Arc<Stats>,
     /// To drop this state from the store once it is idle; `None` for the
     /// single key's state, which is not in the store.
@@ -180,6 +183,7 @@ impl KeyState {
             max: AtomicU64::new(max as u64),
             step: if counts_itself { ADMITTED + 1 } else { 1 },
             key,
+            last_lane: AtomicU64::new(0),
             stats,
             owner,
         })
@@ -256,6 +260,9 @@ impl KeyState {
                 Ordering::Relaxed,
             ) {
                 Ok(_) => {
+                    if lane != 0 {
+                        self.last_lane.store(lane, Ordering::Relaxed);
+                    }
                     self.entered(text);
                     return Acquire::Granted(Permit {
                         state: self.clone(),
@@ -299,6 +306,9 @@ impl KeyState {
             {
                 Ok(_) if granted => {
                     drop(queue);
+                    if lane != 0 {
+                        self.last_lane.store(lane, Ordering::Relaxed);
+                    }
                     self.entered(text);
                     return Acquire::Granted(Permit {
                         state: self.clone(),
@@ -325,11 +335,15 @@ impl KeyState {
         let ticket = queue.next_ticket;
         queue.next_ticket += 1;
         let since = Instant::now();
-        queue.waiters.push(Waiter {
-            ticket,
-            lane,
-            waker: None,
-        });
+        let last = self.last_lane.load(Ordering::Relaxed);
+        queue.waiters.push(
+            Waiter {
+                ticket,
+                lane,
+                waker: None,
+            },
+            last,
+        );
         drop(queue);
         if let Some(waker) = pushed_out {
             waker.wake();
@@ -382,6 +396,9 @@ impl KeyState {
         // than the limit are out.
         let over = self.word.load(Ordering::Relaxed) & OUT > self.max.load(Ordering::Relaxed);
         let next = if over { None } else { queue.waiters.pop_next() };
+        if let Some(next) = &next {
+            self.last_lane.store(next.lane, Ordering::Relaxed);
+        }
         let Some(next) = next else {
             // Nobody waits (or the last waiter left since we looked, and
             // cleared the flag).

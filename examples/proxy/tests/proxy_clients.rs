@@ -490,3 +490,64 @@ async fn a_flooding_client_delays_another_by_at_most_one_turn() {
     assert!(alice_admitted < 150, "{alice_admitted}");
     assert_eq!(upstream.most_in_flight(), 1);
 }
+
+/// The same for a route saturated by its rate (ten a second, waited for):
+/// the clients' requests waiting for it take turns, so another client's
+/// waits stay under two of the route's intervals, and the route's pace
+/// holds (never more than its burst and one a tenth of a second).
+#[tokio::test]
+async fn a_flooding_client_delays_another_by_at_most_one_turn_of_a_routes_rate() {
+    const INTERVAL: Duration = Duration::from_millis(100);
+    const HOPS: Duration = Duration::from_millis(80);
+    let upstream = FakeUpstream::start().await;
+    let next = temp_path("alice-next-rate-flood");
+    std::fs::write(&next, ALICE_NEXT).unwrap();
+    let toml = config(&upstream, &next, "")
+        + r#"
+[rate_limit]
+mode = "wait"
+max_wait = "60s"
+quotas = [{ limit = 10, period = "1s" }]
+"#;
+    let gw = start(&toml).await;
+    let url = gw.url();
+    let send = |client: reqwest::Client, key: &str| {
+        client
+            .post(format!("{url}/open/v1/chat"))
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {key}"))
+            .body(r#"{"model":"m","messages":[]}"#)
+            .send()
+    };
+    let alice = reqwest::Client::new();
+    let flood: Vec<_> = (0..100)
+        .map(|_| tokio::spawn(send(alice.clone(), ALICE)))
+        .collect();
+    // The burst goes; the rest wait.
+    tokio::time::sleep(INTERVAL * 3).await;
+    let bob = reqwest::Client::new();
+    let mut waits = Vec::new();
+    for n in 0..10u32 {
+        let sent = Instant::now();
+        let answer = send(bob.clone(), BOB).await.unwrap();
+        assert_eq!(answer.status(), 200);
+        waits.push(sent.elapsed());
+        tokio::time::sleep(INTERVAL * 2 + Duration::from_millis(7 * u64::from(n))).await;
+    }
+    let received = upstream.received().len();
+    for task in &flood {
+        task.abort();
+    }
+    gw.shutdown().await;
+    let _ = std::fs::remove_file(&next);
+    waits.sort();
+    let longest = *waits.last().unwrap();
+    eprintln!("bob's waits: {waits:?}");
+    assert!(
+        longest < INTERVAL * 2 + HOPS,
+        "bob waited up to {longest:?} (all: {waits:?}); {received} went up"
+    );
+    // The flood was still waiting, and the route kept its pace: its burst
+    // of ten, then one a tenth of a second.
+    assert!(received < 90, "{received}");
+}

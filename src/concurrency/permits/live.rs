@@ -22,6 +22,7 @@ impl KeyState {
             let Some(next) = queue.waiters.pop_next() else {
                 break;
             };
+            self.last_lane.store(next.lane, Ordering::Relaxed);
             if self.counts_itself() {
                 queue.granted += 1;
             }

@@ -5,9 +5,11 @@
 //! the lanes with waiters take turns: each permit goes to the oldest waiter
 //! of the lane whose turn it is, and that lane, if it still has waiters,
 //! goes to the back of the round. A lane that starts waiting joins the back
-//! too, so its first waiter gets a permit within one round (one permit per
-//! lane ahead of it), however many the other lanes have waiting; and each
-//! lane's own waiters go in their arrival order.
+//! too, but ahead of the lane that got the last permit when that one is at
+//! the back (it just had its turn), so its first waiter gets a permit
+//! within one round (one permit per lane ahead of it), however many the
+//! other lanes have waiting; and each lane's own waiters go in their
+//! arrival order.
 //!
 //! When the key's line is full, a newcomer may push out the newest waiter
 //! of the longest lane (see [`Waiters::push_out_for`]): a flood fills its
@@ -58,11 +60,17 @@ impl Waiters {
         self.all.get_mut(i)
     }
 
-    /// Add a waiter, its ticket above every other's.
-    pub(super) fn push(&mut self, waiter: Waiter) {
+    /// Add a waiter, its ticket above every other's; `last` is the lane
+    /// that got the last permit.
+    pub(super) fn push(&mut self, waiter: Waiter, last: u64) {
         let count = self.per_lane.entry(waiter.lane).or_insert(0);
         if *count == 0 {
-            self.round.push_back(waiter.lane);
+            match self.round.back() {
+                Some(&back) if back == last && back != waiter.lane => {
+                    self.round.insert(self.round.len() - 1, waiter.lane);
+                }
+                _ => self.round.push_back(waiter.lane),
+            }
         }
         *count += 1;
         self.all.push_back(waiter);
@@ -147,7 +155,7 @@ mod tests {
     fn one_lane_is_arrival_order() {
         let mut waiters = Waiters::default();
         for ticket in 0..5 {
-            waiters.push(waiter(ticket, 7));
+            waiters.push(waiter(ticket, 7), 7);
         }
         assert!(waiters.remove(2).is_some());
         let tickets: Vec<u64> = order(&mut waiters).iter().map(|w| w.0).collect();
@@ -158,9 +166,9 @@ mod tests {
     fn a_lane_joining_behind_a_flood_goes_within_one_round() {
         let mut waiters = Waiters::default();
         for ticket in 0..500 {
-            waiters.push(waiter(ticket, 1));
+            waiters.push(waiter(ticket, 1), u64::MAX);
         }
-        waiters.push(waiter(500, 2));
+        waiters.push(waiter(500, 2), u64::MAX);
         let served = order(&mut waiters);
         assert_eq!(served[0], (0, 1));
         assert_eq!(served[1], (500, 2));
@@ -168,18 +176,32 @@ mod tests {
     }
 
     #[test]
+    fn a_lane_joining_goes_ahead_of_the_lane_that_just_had_its_turn() {
+        let mut waiters = Waiters::default();
+        // Lane 1 has a request in flight (the last permit) and more
+        // waiting; lane 2 joins, then lane 3.
+        for ticket in 0..3 {
+            waiters.push(waiter(ticket, 1), 1);
+        }
+        waiters.push(waiter(3, 2), 1);
+        waiters.push(waiter(4, 3), 1);
+        let lanes: Vec<u64> = order(&mut waiters).iter().map(|w| w.1).collect();
+        assert_eq!(lanes, [2, 3, 1, 1, 1]);
+    }
+
+    #[test]
     fn a_full_line_pushes_out_the_longest_lanes_newest() {
         let mut waiters = Waiters::default();
         for ticket in 0..4 {
-            waiters.push(waiter(ticket, 1));
+            waiters.push(waiter(ticket, 1), 1);
         }
-        waiters.push(waiter(4, 2));
+        waiters.push(waiter(4, 2), 1);
         let out = waiters.push_out_for(2).expect("lane 1 is longer");
         assert_eq!((out.ticket, out.lane), (3, 1));
         // Lane 1 now holds 3, lane 2 one: a newcomer of lane 2 still has
         // room made; lane 1's own newcomer never does.
         assert!(waiters.push_out_for(1).is_none());
-        waiters.push(waiter(5, 2));
+        waiters.push(waiter(5, 2), 1);
         assert!(waiters.push_out_for(2).is_none());
         assert_eq!(waiters.len(), 5);
     }
@@ -210,6 +232,8 @@ mod tests {
         fn lanes_take_turns_and_keep_their_order(steps in prop::collection::vec(step(), 1..300)) {
             let mut waiters = Waiters::default();
             let mut next = 0u64;
+            // The lane served last (none yet).
+            let mut last = u64::MAX;
             // Per lane, the tickets waiting, oldest first (the model).
             let mut lanes: HashMap<u64, VecDeque<u64>> = HashMap::new();
             // Per waiting ticket at the head of its lane: how many times
@@ -218,7 +242,7 @@ mod tests {
             for step in steps {
                 match step {
                     Step::Join(lane) => {
-                        waiters.push(waiter(next, lane));
+                        waiters.push(waiter(next, lane), last);
                         let line = lanes.entry(lane).or_default();
                         line.push_back(next);
                         if line.len() == 1 {
@@ -231,6 +255,7 @@ mod tests {
                             prop_assert!(lanes.values().all(VecDeque::is_empty));
                             continue;
                         };
+                        last = w.lane;
                         let line = lanes.get_mut(&w.lane).expect("a lane with waiters");
                         prop_assert_eq!(line.pop_front(), Some(w.ticket), "lane order");
                         since_head.remove(&w.ticket);

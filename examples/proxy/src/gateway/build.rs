@@ -12,6 +12,7 @@ use tower::ServiceBuilder;
 use tower::util::BoxCloneSyncService;
 use tower_throttle::concurrency::ConcurrencyBody;
 use tower_throttle::error::{BoxError, ConfigError};
+use tower_throttle::fair::PassTurnLayer;
 use tower_throttle::identity::IdentityHeaderLayer;
 use tower_throttle::rate_limit::{Limits, RateLimitInfo};
 use tower_throttle::redact::Quoted;
@@ -125,7 +126,10 @@ pub(super) fn build(
         .map_result(finish)
         .layer(backoff)
         .layer(concurrency)
+        // Waiting for the route's rate, clients take turns (see `Layers`).
+        .option_layer(layers.fair.clone().filter(|_| !rate_wait.is_zero()))
         .layer(rate)
+        .layer(PassTurnLayer::new())
         .layer(identity)
         .timeout(settings.gateway.upstream_timeout)
         .service(upstream.clone());

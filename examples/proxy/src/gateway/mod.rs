@@ -71,6 +71,7 @@ use tower::util::BoxCloneSyncService;
 use tower_throttle::backoff::{Backoff429Layer, BackoffHandle};
 use tower_throttle::concurrency::{ConcurrencyHandle, ConcurrencyLayer};
 use tower_throttle::error::ConfigError;
+use tower_throttle::fair::FairQueueLayer;
 use tower_throttle::identity::StableIds;
 use tower_throttle::key::JsonFieldKey;
 use tower_throttle::rate_limit::{CountAll, Estimated, OneUnit, RateLimitHandle, RateLimitLayer};
@@ -99,6 +100,10 @@ struct Layers {
     rate: RateLimitLayer<RouteKey, Estimated<TokenCost>, CountAll, NoteQuota>,
     /// A route's waiters take turns by client (a fair share of the route).
     concurrency: ConcurrencyLayer<RouteKey, ClientKey>,
+    /// The line of requests waiting for a route's rate, in turns by
+    /// client; `None` with a Redis store (each request would hold its
+    /// route's turn for a round trip to Redis).
+    fair: Option<FairQueueLayer<RouteKey, ClientKey>>,
     backoff: Backoff429Layer<RouteKey>,
     /// The identity layer's client/project/session ids, kept across reloads.
     stable: Mutex<Option<StableIds>>,
@@ -309,6 +314,9 @@ impl Gateway {
             None => (rate, backoff),
         };
         let rate = rate.with_response_headers(NoteQuota);
+        let fair = Some(FairQueueLayer::new(RouteKey, ClientKey));
+        #[cfg(feature = "redis")]
+        let fair = fair.filter(|_| store.is_none());
         let concurrency = ConcurrencyLayer::new(live::max_in_flight(&settings), RouteKey)
             .map_err(|e| e.within("concurrency"))?
             .with_key_stats_where(routes, is_tracked(&tracked))
@@ -356,6 +364,7 @@ impl Gateway {
         let layers = Layers {
             rate,
             concurrency,
+            fair,
             backoff,
             stable: Mutex::new(None),
             deploy: DeployState::default(),

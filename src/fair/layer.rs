@@ -1,0 +1,191 @@
+//! `FairQueueLayer`: one request per key past it at a time, the others
+//! waiting their lane's turn.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::future::ResponseFuture;
+use super::turn::Turn;
+use crate::concurrency::permits::{Acquire, Permits};
+use crate::error::{BoxError, QueueFull, QueueTimeout};
+use crate::key::{KeyExtractor, key_label};
+use crate::stats::KeyTracking;
+
+struct Shared<X, L> {
+    /// One permit per key: the turn.
+    permits: Arc<Permits>,
+    extractor: Arc<X>,
+    lanes: Arc<L>,
+    max_queue: usize,
+    queue_timeout: Option<Duration>,
+}
+
+impl<X, L> Clone for Shared<X, L> {
+    fn clone(&self) -> Self {
+        Self {
+            permits: self.permits.clone(),
+            extractor: self.extractor.clone(),
+            lanes: self.lanes.clone(),
+            max_queue: self.max_queue,
+            queue_timeout: self.queue_timeout,
+        }
+    }
+}
+
+/// Lets one request per key at a time past it, until it passes a
+/// [`PassTurnLayer`](super::PassTurnLayer) below; the others wait in a
+/// fair queue per key, where the lanes read by `L` take turns (see the
+/// [module docs](super)).
+///
+/// A request without a key (the extractor `X` finds none) is not queued.
+/// Requests whose lane cannot be read share one lane. Clones of the layer,
+/// and every service made from them, share one queue per key.
+pub struct FairQueueLayer<X, L> {
+    shared: Shared<X, L>,
+}
+
+impl<X, L> FairQueueLayer<X, L> {
+    /// A fair queue per key read by `extractor`, with lanes read by `lanes`;
+    /// unbounded in length and time.
+    pub fn new(extractor: X, lanes: L) -> Self {
+        Self {
+            shared: Shared {
+                permits: Permits::new(1, KeyTracking::default()),
+                extractor: Arc::new(extractor),
+                lanes: Arc::new(lanes),
+                max_queue: usize::MAX,
+                queue_timeout: None,
+            },
+        }
+    }
+
+    /// Let at most `max_queue` requests wait per key; a newcomer to a full
+    /// queue pushes out the newest request of the longest lane (which
+    /// fails with [`QueueFull`]), or, in the longest lane itself, is
+    /// refused with it. Zero: never wait.
+    pub fn with_max_queue(mut self, max_queue: usize) -> Self {
+        self.shared.max_queue = max_queue;
+        self
+    }
+
+    /// Give up on a request that has waited `timeout` for its turn, with
+    /// [`QueueTimeout`].
+    pub fn with_queue_timeout(mut self, timeout: Duration) -> Self {
+        self.shared.queue_timeout = Some(timeout);
+        self
+    }
+}
+
+impl<X, L> Clone for FairQueueLayer<X, L> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<X, L> fmt::Debug for FairQueueLayer<X, L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FairQueueLayer")
+            .field("extractor", &std::any::type_name::<X>())
+            .field("lanes", &std::any::type_name::<L>())
+            .field("max_queue", &self.shared.max_queue)
+            .field("queue_timeout", &self.shared.queue_timeout)
+            .finish()
+    }
+}
+
+impl<S, X, L> Layer<S> for FairQueueLayer<X, L> {
+    type Service = FairQueue<S, X, L>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        FairQueue {
+            inner,
+            shared: Arc::new(self.shared.clone()),
+        }
+    }
+}
+
+/// The service of [`FairQueueLayer`].
+pub struct FairQueue<S, X, L> {
+    inner: S,
+    shared: Arc<Shared<X, L>>,
+}
+
+impl<S, X, L> FairQueue<S, X, L> {
+    inner_service_accessors!(inner: S);
+}
+
+impl<S: Clone, X, L> Clone for FairQueue<S, X, L> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, X, L> fmt::Debug for FairQueue<S, X, L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FairQueue")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, B, X, L> Service<http::Request<B>> for FairQueue<S, X, L>
+where
+    S: Service<http::Request<B>> + Clone,
+    S::Error: Into<BoxError>,
+    X: KeyExtractor<http::Request<B>>,
+    L: KeyExtractor<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Future, S, B>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        let shared = &*self.shared;
+        let seed = shared.permits.seed();
+        let Ok(key) = seed.hash(&*shared.extractor, &req) else {
+            return ResponseFuture::called(self.inner.call(req));
+        };
+        let lane = seed.hash(&*shared.lanes, &req).map_or(0, |lane| lane.0);
+        let key_text = || key_label(&*shared.extractor, &req).unwrap_or_default();
+        let state = shared.permits.key_state(key);
+        match state.acquire(shared.max_queue, lane, &key_text) {
+            Acquire::Granted(permit) => {
+                req.extensions_mut().insert(Turn::new(permit));
+                ResponseFuture::called(self.inner.call(req))
+            }
+            Acquire::Queued(ticket) => {
+                let deadline = shared
+                    .queue_timeout
+                    .and_then(|timeout| ticket.since().checked_add(timeout));
+                let key = key_text();
+                // The ready inner service goes with the waiting request.
+                let clone = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, clone);
+                ResponseFuture::waiting(inner, req, ticket, deadline, key, shared.max_queue)
+            }
+            Acquire::Full => {
+                let key = key_text();
+                let error: BoxError = if shared.max_queue == 0 {
+                    Box::new(QueueTimeout::new(key, Duration::ZERO))
+                } else {
+                    Box::new(QueueFull::new(key, shared.max_queue))
+                };
+                ResponseFuture::failed(error)
+            }
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! A request's turn in its key's fair queue, carried in its extensions
+//! until it passes the [`PassTurnLayer`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use parking_lot::Mutex;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::concurrency::Permit;
+
+/// A request's turn: while it lives (in the request's extensions), the
+/// next request of its key waits in the fair queue. Passed on by
+/// [`PassTurn`], or when the request is dropped.
+#[derive(Clone)]
+pub struct Turn(Arc<Mutex<Option<Permit>>>);
+
+impl Turn {
+    pub(crate) fn new(permit: Permit) -> Self {
+        Self(Arc::new(Mutex::new(Some(permit))))
+    }
+
+    /// Pass the turn on to the next request waiting on the key (once; the
+    /// clones of this turn then hold nothing).
+    pub fn pass(&self) {
+        drop(self.0.lock().take());
+    }
+}
+
+impl fmt::Debug for Turn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Turn")
+            .field("held", &self.0.lock().is_some())
+            .finish()
+    }
+}
+
+/// Marks where a request's [`Turn`] ends: placed inside the layer that
+/// makes requests wait, under a [`FairQueueLayer`](super::FairQueueLayer).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PassTurnLayer;
+
+impl PassTurnLayer {
+    /// The marker layer.
+    pub fn new() -> Self {
+        Self
+    }
+}
+
+impl<S> Layer<S> for PassTurnLayer {
+    type Service = PassTurn<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        PassTurn { inner }
+    }
+}
+
+/// Passes on the turn of each request it is called with; made by
+/// [`PassTurnLayer`].
+#[derive(Clone, Debug)]
+pub struct PassTurn<S> {
+    inner: S,
+}
+
+impl<S> PassTurn<S> {
+    inner_service_accessors!(inner: S);
+}
+
+impl<S, B> Service<http::Request<B>> for PassTurn<S>
+where
+    S: Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        if let Some(turn) = req.extensions_mut().remove::<Turn>() {
+            turn.pass();
+        }
+        self.inner.call(req)
+    }
+}

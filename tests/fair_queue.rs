@@ -1,0 +1,188 @@
+//! FairQueueLayer around a waiting rate limiter: callers' requests take
+//! turns at the limiter's pace, each caller's in its own order.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
+use tower_throttle::error::{QueueFull, RateLimited};
+use tower_throttle::fair::{FairQueueLayer, PassTurnLayer, Turn};
+use tower_throttle::key::{GlobalKey, HeaderKey};
+use tower_throttle::rate_limit::{Quota, RateLimitLayer};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// Each call: `client/n`, and when (since the test began).
+type Calls = Arc<Mutex<Vec<(String, Duration)>>>;
+
+fn request(client: &str, n: usize) -> http::Request<()> {
+    http::Request::builder()
+        .header("x-client", client)
+        .header("x-n", n.to_string())
+        .body(())
+        .expect("valid request")
+}
+
+/// One a second, waited for up to `max_wait`, in a fair queue by
+/// `x-client` of at most `max_queue`; the inner service records its calls
+/// and whether a turn reached it (it must not: the marker passed it).
+fn stack(
+    calls: &Calls,
+    max_wait: Duration,
+    max_queue: usize,
+) -> impl Service<
+    http::Request<()>,
+    Response = http::Response<()>,
+    Error = BoxError,
+    Future = impl Future<Output = Result<http::Response<()>, BoxError>> + Send,
+> + Clone
++ Send
++ 'static {
+    let calls = calls.clone();
+    let start = Instant::now();
+    ServiceBuilder::new()
+        .layer(
+            FairQueueLayer::new(GlobalKey, HeaderKey::new("x-client").expect("valid"))
+                .with_max_queue(max_queue),
+        )
+        .layer(
+            RateLimitLayer::new(Quota::per_second(1).expect("valid"), GlobalKey)
+                .with_max_wait(max_wait),
+        )
+        .layer(PassTurnLayer::new())
+        .service(tower::service_fn(move |req: http::Request<()>| {
+            assert!(req.extensions().get::<Turn>().is_none(), "the turn passed");
+            let header = |name| {
+                req.headers()
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_owned()
+            };
+            calls.lock().push((
+                format!("{}/{}", header("x-client"), header("x-n")),
+                start.elapsed(),
+            ));
+            std::future::ready(Ok::<_, Infallible>(http::Response::new(())))
+        }))
+}
+
+async fn spawn<S>(svc: &S, req: http::Request<()>) -> tokio::task::JoinHandle<Result<(), BoxError>>
+where
+    S: Service<http::Request<()>, Error = BoxError> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Response: Send,
+{
+    let svc = svc.clone();
+    let task = tokio::spawn(async move { svc.oneshot(req).await.map(drop) });
+    tokio::task::yield_now().await;
+    task
+}
+
+/// A caller with 50 waiting, another's one: the second goes right after
+/// the first's request holding the turn, not after all 50; the limiter's
+/// pace is one a second throughout, and the first's go in order.
+#[tokio::test(start_paused = true)]
+async fn a_callers_request_waits_one_turn_behind_another_callers_50() {
+    let calls = Calls::default();
+    let svc = stack(&calls, Duration::from_secs(3_600), usize::MAX);
+    let mut tasks = Vec::new();
+    for n in 0..50 {
+        tasks.push(spawn(&svc, request("flood", n)).await);
+    }
+    tasks.push(spawn(&svc, request("single", 0)).await);
+    for task in tasks {
+        task.await.expect("no panic").expect("served");
+    }
+    let calls = calls.lock();
+    let names: Vec<&str> = calls.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names[..4], ["flood/0", "flood/1", "single/0", "flood/2"]);
+    let flood: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| n.starts_with("flood/"))
+        .collect();
+    let in_order: Vec<String> = (0..50).map(|n| format!("flood/{n}")).collect();
+    assert_eq!(flood, in_order);
+    // One a second, from the first: the limiter's pace, unchanged.
+    for (i, (name, at)) in calls.iter().enumerate() {
+        assert_eq!(*at, SECOND * i as u32, "{name}");
+    }
+}
+
+/// A request the limiter refuses passes its turn on: the next one is
+/// judged at once.
+#[tokio::test(start_paused = true)]
+async fn a_refused_request_passes_its_turn() {
+    let calls = Calls::default();
+    let mut svc = stack(&calls, Duration::ZERO, usize::MAX);
+    svc.ready()
+        .await
+        .expect("ready")
+        .call(request("a", 0))
+        .await
+        .expect("the first goes");
+    for n in 1..4 {
+        let refused = svc
+            .ready()
+            .await
+            .expect("ready")
+            .call(request("b", n))
+            .await
+            .expect_err("over the limit");
+        assert!(refused.is::<RateLimited>(), "{refused}");
+    }
+    assert_eq!(calls.lock().len(), 1);
+}
+
+/// A full fair queue pushes out the flood's newest for another caller.
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_makes_room_for_another_caller() {
+    let calls = Calls::default();
+    let svc = stack(&calls, Duration::from_secs(3_600), 2);
+    let mut flood = Vec::new();
+    // The first goes, the second holds the turn, two wait.
+    for n in 0..4 {
+        flood.push(spawn(&svc, request("flood", n)).await);
+    }
+    let single = spawn(&svc, request("single", 0)).await;
+    single.await.expect("no panic").expect("served");
+    let mut outcomes = Vec::new();
+    for task in flood {
+        outcomes.push(task.await.expect("no panic"));
+    }
+    let pushed_out = outcomes.pop().expect("four").expect_err("pushed out");
+    assert!(pushed_out.is::<QueueFull>(), "{pushed_out}");
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    let names: Vec<String> = calls.lock().iter().map(|(name, _)| name.clone()).collect();
+    assert_eq!(names, ["flood/0", "flood/1", "single/0", "flood/2"]);
+}
+
+/// A waiter dropped from the fair queue leaves it: the next goes in its
+/// place, at the limiter's pace.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_waiter_leaves_the_queue() {
+    let calls = Calls::default();
+    let svc = stack(&calls, Duration::from_secs(3_600), usize::MAX);
+    let first = spawn(&svc, request("a", 0)).await;
+    let second = spawn(&svc, request("a", 1)).await;
+    let dropped = spawn(&svc, request("a", 2)).await;
+    let last = spawn(&svc, request("a", 3)).await;
+    dropped.abort();
+    for task in [first, second, last] {
+        task.await.expect("no panic").expect("served");
+    }
+    let calls = calls.lock();
+    assert_eq!(
+        *calls,
+        [
+            ("a/0".to_owned(), Duration::ZERO),
+            ("a/1".to_owned(), SECOND),
+            ("a/3".to_owned(), SECOND * 2)
+        ]
+    );
+}
