@@ -53,10 +53,10 @@ impl Key {
 
     /// Take a permit, or join the queue if it has fewer than `max_queue`.
     pub fn acquire(&self, max_queue: usize) -> Acquired {
-        match self.state.acquire(max_queue, 0, &|| "k".to_owned()) {
+        match self.state.acquire(max_queue, 0, None, &|| "k".to_owned()) {
             Acquire::Granted(permit) => Acquired::Granted(permit),
             Acquire::Queued(ticket) => Acquired::Queued(Waiting(ticket)),
-            Acquire::Full => Acquired::Full,
+            Acquire::Full | Acquire::TooLong(_) => Acquired::Full,
         }
     }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
-use tower_throttle::error::{QueueFull, RateLimited};
+use tower_throttle::error::{QueueFull, QueueTimeout, RateLimited};
 use tower_throttle::fair::{FairQueueLayer, PassTurnLayer, Turn};
 use tower_throttle::key::{GlobalKey, HeaderKey};
 use tower_throttle::rate_limit::{Quota, RateLimitLayer};
@@ -42,13 +42,30 @@ fn stack(
 > + Clone
 + Send
 + 'static {
+    stack_with(
+        calls,
+        max_wait,
+        FairQueueLayer::new(GlobalKey, HeaderKey::new("x-client").expect("valid"))
+            .with_max_queue(max_queue),
+    )
+}
+
+fn stack_with(
+    calls: &Calls,
+    max_wait: Duration,
+    fair: FairQueueLayer<GlobalKey, HeaderKey>,
+) -> impl Service<
+    http::Request<()>,
+    Response = http::Response<()>,
+    Error = BoxError,
+    Future = impl Future<Output = Result<http::Response<()>, BoxError>> + Send,
+> + Clone
++ Send
++ 'static {
     let calls = calls.clone();
     let start = Instant::now();
     ServiceBuilder::new()
-        .layer(
-            FairQueueLayer::new(GlobalKey, HeaderKey::new("x-client").expect("valid"))
-                .with_max_queue(max_queue),
-        )
+        .layer(fair)
         .layer(
             RateLimitLayer::new(Quota::per_second(1).expect("valid"), GlobalKey)
                 .with_max_wait(max_wait),
@@ -185,4 +202,69 @@ async fn a_dropped_waiter_leaves_the_queue() {
             ("a/3".to_owned(), SECOND * 2)
         ]
     );
+}
+
+/// With a `max_wait`, a request whose wait could be longer (its place in
+/// its lane times the lanes waiting, at the pace turns pass) is refused
+/// at once; another caller's, whose turn comes sooner, waits.
+#[tokio::test(start_paused = true)]
+async fn a_wait_that_could_pass_max_wait_is_refused_at_once() {
+    let calls = Calls::default();
+    let fair = FairQueueLayer::new(GlobalKey, HeaderKey::new("x-client").expect("valid"))
+        .with_max_wait(Duration::from_millis(2_500));
+    let svc = stack_with(&calls, Duration::from_secs(3_600), fair);
+    // One a second: the first goes, the next three wait their turns, and
+    // the pace is learned.
+    let mut first = Vec::new();
+    for n in 0..4 {
+        first.push(spawn(&svc, request("a", n)).await);
+    }
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    // a/3 holds the turn (it goes at 3 s); a/4 would wait one turn, a/5
+    // two, a/6 three: more than 2.5 s. (Lanes that start waiting later
+    // may add a turn each: b/0 below.)
+    let a4 = spawn(&svc, request("a", 4)).await;
+    let a5 = spawn(&svc, request("a", 5)).await;
+    let started = Instant::now();
+    let refused = svc
+        .clone()
+        .oneshot(request("a", 6))
+        .await
+        .expect_err("too long");
+    assert_eq!(started.elapsed(), Duration::ZERO, "refused at once");
+    let refused = refused.downcast::<RateLimited>().expect("a refusal");
+    assert_eq!(refused.retry_after, SECOND * 3);
+    // Another caller's: two lanes, its first place: two turns at most.
+    let b0 = spawn(&svc, request("b", 0)).await;
+    for task in first.into_iter().chain([a4, a5, b0]) {
+        task.await.expect("no panic").expect("served");
+    }
+    let names: Vec<String> = calls.lock().iter().map(|(name, _)| name.clone()).collect();
+    assert_eq!(names, ["a/0", "a/1", "a/2", "a/3", "b/0", "a/4", "a/5"]);
+}
+
+/// Until a key's pace is known, `max_wait` bounds the wait itself.
+#[tokio::test(start_paused = true)]
+async fn before_the_pace_is_known_max_wait_bounds_the_wait() {
+    let calls = Calls::default();
+    let fair = FairQueueLayer::new(GlobalKey, HeaderKey::new("x-client").expect("valid"))
+        .with_max_wait(Duration::from_millis(2_500));
+    let svc = stack_with(&calls, Duration::from_secs(3_600), fair);
+    let mut tasks = Vec::new();
+    for n in 0..6 {
+        tasks.push(spawn(&svc, request("a", n)).await);
+    }
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        outcomes.push(task.await.expect("no panic"));
+    }
+    // a/0 at once, a/1..a/3 took their turns within 2.5 s; a/4 and a/5
+    // gave up at 2.5 s.
+    for outcome in &outcomes[..4] {
+        assert!(outcome.is_ok(), "{outcomes:?}");
+    }
+    for outcome in &outcomes[4..] {
+        let error = outcome.as_ref().expect_err("gave up");
+        assert!(error.is::<QueueTimeout>(), "{error}");
+    }
 }

@@ -95,6 +95,12 @@ struct Queue {
     /// Tickets pushed out of a full line to make room for a waiter of a
     /// shorter lane, until each notices.
     pushed_out: Vec<u64>,
+    /// When a permit last passed to a waiter, while the line is not empty.
+    last_pass: Option<Instant>,
+    /// The time between permits passing to waiters, averaged: the line's
+    /// pace, for [`KeyState::acquire`]'s `max_wait` (kept across idle
+    /// spells: the next line likely moves alike).
+    pace: Duration,
     /// Admissions moved out of the word of a state that counts its own.
     carried: u64,
     /// Permits out that a state counting its own handed to waiters not yet
@@ -120,6 +126,23 @@ pub(crate) enum Turn {
     Granted,
     /// Pushed out of a full line by a waiter of a shorter lane.
     PushedOut,
+}
+
+impl Queue {
+    /// A permit passes to a waiter now: learn the line's pace.
+    fn passed(&mut self) {
+        let now = Instant::now();
+        if let Some(last) = self.last_pass {
+            let gap = now.saturating_duration_since(last);
+            // A moving average over about four passes.
+            self.pace = if self.pace.is_zero() {
+                gap
+            } else {
+                (self.pace * 3 + gap) / 4
+            };
+        }
+        self.last_pass = (!self.waiters.is_empty()).then_some(now);
+    }
 }
 
 /// One key's permits and queue.
@@ -164,6 +187,9 @@ pub(crate) enum Acquire {
     Queued(QueueTicket),
     /// The queue is at its limit; nothing was taken.
     Full,
+    /// At the line's pace, the wait could take this long, more than the
+    /// `max_wait` asked for; nothing was taken.
+    TooLong(Duration),
 }
 
 impl KeyState {
@@ -238,13 +264,16 @@ impl KeyState {
     }
 
     /// Take a permit, or join the queue in `lane` (see [`Waiters`]) when
-    /// it has fewer than `max_queue` waiters, or room can be made. `text`
-    /// names the key for per-key counters.
+    /// it has fewer than `max_queue` waiters, or room can be made, and,
+    /// with a `max_wait`, when the longest its wait can take at the line's
+    /// pace (its place in its lane times the lanes waiting) is within it.
+    /// `text` names the key for per-key counters.
     #[inline(always)]
     pub(crate) fn acquire(
         self: &Arc<Self>,
         max_queue: usize,
         lane: u64,
+        max_wait: Option<Duration>,
         text: &dyn Fn() -> String,
     ) -> Acquire {
         let mut word = self.word.load(Ordering::Relaxed);
@@ -271,7 +300,7 @@ impl KeyState {
                 Err(now) => word = now,
             }
         }
-        self.acquire_slow(max_queue, lane, text)
+        self.acquire_slow(max_queue, lane, max_wait, text)
     }
 
     #[cold]
@@ -280,6 +309,7 @@ impl KeyState {
         self: &Arc<Self>,
         max_queue: usize,
         lane: u64,
+        max_wait: Option<Duration>,
         text: &dyn Fn() -> String,
     ) -> Acquire {
         let mut queue = self.queue.lock();
@@ -316,6 +346,21 @@ impl KeyState {
                 }
                 Ok(_) => break,
                 Err(now) => word = now,
+            }
+        }
+        if let Some(max_wait) = max_wait {
+            let (place, lanes) = queue.waiters.place_of(lane);
+            let longest = queue
+                .pace
+                .saturating_mul(u32::try_from(place.saturating_mul(lanes)).unwrap_or(u32::MAX));
+            if longest > max_wait {
+                if queue.waiters.is_empty() {
+                    // The flag was set for this request alone.
+                    self.word.fetch_and(!QUEUED, Ordering::Release);
+                }
+                drop(queue);
+                self.stats.record(self.key, Event::Rejected, text);
+                return Acquire::TooLong(longest);
             }
         }
         let mut pushed_out = None;
@@ -398,6 +443,7 @@ impl KeyState {
         let next = if over { None } else { queue.waiters.pop_next() };
         if let Some(next) = &next {
             self.last_lane.store(next.lane, Ordering::Relaxed);
+            queue.passed();
         }
         let Some(next) = next else {
             // Nobody waits (or the last waiter left since we looked, and
@@ -492,6 +538,7 @@ impl KeyState {
             return false;
         }
         if queue.waiters.is_empty() {
+            queue.last_pass = None;
             self.word.fetch_and(!QUEUED, Ordering::Release);
         }
         drop(queue);
@@ -765,6 +812,11 @@ impl QueueTicket {
     /// When the request joined the queue.
     pub(crate) fn since(&self) -> Instant {
         self.since
+    }
+
+    /// Whether its key's line has a known pace (see [`KeyState::acquire`]).
+    pub(crate) fn paced(&self) -> bool {
+        !self.state.queue.lock().pace.is_zero()
     }
 
     /// Ready once the permit has been granted, or the place pushed out.

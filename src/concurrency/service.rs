@@ -216,12 +216,13 @@ where
             self.last.state(key, &shared.permits)
         };
         let lane = shared.lane(&req);
-        match state.acquire(shared.max_queue(), lane, &|| shared.key_text(&req)) {
+        match state.acquire(shared.max_queue(), lane, None, &|| shared.key_text(&req)) {
             Acquire::Granted(permit) => {
                 ResponseFuture::called(self.inner.call(req), permit, shared.release_at_headers)
             }
             Acquire::Queued(ticket) => self.wait(req, ticket),
-            Acquire::Full => ResponseFuture::failed(shared.refusal(&req)),
+            // No `max_wait` asked: never too long.
+            Acquire::Full | Acquire::TooLong(_) => ResponseFuture::failed(shared.refusal(&req)),
         }
     }
 }

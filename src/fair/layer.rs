@@ -12,7 +12,7 @@ use tower_service::Service;
 use super::future::ResponseFuture;
 use super::turn::Turn;
 use crate::concurrency::permits::{Acquire, Permits};
-use crate::error::{BoxError, QueueFull, QueueTimeout};
+use crate::error::{BoxError, QueueFull, QueueTimeout, RateLimited};
 use crate::key::{KeyExtractor, key_label};
 use crate::stats::KeyTracking;
 
@@ -23,6 +23,9 @@ struct Shared<X, L> {
     lanes: Arc<L>,
     max_queue: usize,
     queue_timeout: Option<Duration>,
+    max_wait: Option<Duration>,
+    /// Named in its refusals (see [`RateLimited::limit`]).
+    name: Option<Arc<str>>,
 }
 
 impl<X, L> Clone for Shared<X, L> {
@@ -33,6 +36,8 @@ impl<X, L> Clone for Shared<X, L> {
             lanes: self.lanes.clone(),
             max_queue: self.max_queue,
             queue_timeout: self.queue_timeout,
+            max_wait: self.max_wait,
+            name: self.name.clone(),
         }
     }
 }
@@ -60,6 +65,8 @@ impl<X, L> FairQueueLayer<X, L> {
                 lanes: Arc::new(lanes),
                 max_queue: usize::MAX,
                 queue_timeout: None,
+                max_wait: None,
+                name: None,
             },
         }
     }
@@ -70,6 +77,31 @@ impl<X, L> FairQueueLayer<X, L> {
     /// refused with it. Zero: never wait.
     pub fn with_max_queue(mut self, max_queue: usize) -> Self {
         self.shared.max_queue = max_queue;
+        self
+    }
+
+    /// Refuse at once, with [`RateLimited`] (its `retry_after` the wait
+    /// foreseen), a request whose wait for its turn could take longer than
+    /// `max_wait`: its place in its lane times the lanes waiting, at the
+    /// pace turns have been passing on its key. A request let in is not
+    /// cut short later (but by [`with_queue_timeout`](Self::with_queue_timeout)):
+    /// each lane that starts waiting after it may add one turn to its
+    /// wait. Until a key's pace is known (its first line), a request that
+    /// waits `max_wait` gives up then, with [`QueueTimeout`].
+    ///
+    /// This is the fair queue's form of a waiting layer's `max_wait`: that
+    /// layer's own counts from when a request enters it, after its turn
+    /// came, and its line is then at most one request long.
+    pub fn with_max_wait(mut self, max_wait: Duration) -> Self {
+        self.shared.max_wait = Some(max_wait);
+        self
+    }
+
+    /// Name the limit this queue stands for in its [`RateLimited`]
+    /// refusals (as the waiting layer's
+    /// [`with_name`](crate::rate_limit::RateLimitLayer::with_name) does).
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.shared.name = Some(Arc::from(name.into()));
         self
     }
 
@@ -162,20 +194,36 @@ where
         let lane = seed.hash(&*shared.lanes, &req).map_or(0, |lane| lane.0);
         let key_text = || key_label(&*shared.extractor, &req).unwrap_or_default();
         let state = shared.permits.key_state(key);
-        match state.acquire(shared.max_queue, lane, &key_text) {
+        match state.acquire(shared.max_queue, lane, shared.max_wait, &key_text) {
             Acquire::Granted(permit) => {
                 req.extensions_mut().insert(Turn::new(permit));
                 ResponseFuture::called(self.inner.call(req))
             }
             Acquire::Queued(ticket) => {
+                // Judged by the pace: the wait is not cut short later; not
+                // yet known: `max_wait` bounds the wait itself.
+                let bound = match shared.max_wait {
+                    Some(max_wait) if !ticket.paced() => Some(max_wait),
+                    _ => None,
+                };
                 let deadline = shared
                     .queue_timeout
+                    .or(bound)
                     .and_then(|timeout| ticket.since().checked_add(timeout));
                 let key = key_text();
                 // The ready inner service goes with the waiting request.
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
                 ResponseFuture::waiting(inner, req, ticket, deadline, key, shared.max_queue)
+            }
+            Acquire::TooLong(wait) => {
+                let key = key_text();
+                tracing::debug!(key = %crate::redact::Quoted(&key), ?wait, "fair queue: the wait could be too long");
+                let mut refused = RateLimited::new(key, wait);
+                if let Some(name) = &shared.name {
+                    refused = refused.with_limit(&**name);
+                }
+                ResponseFuture::failed(Box::new(refused))
             }
             Acquire::Full => {
                 let key = key_text();

@@ -27,8 +27,8 @@ fn the_single_key_moves_its_admissions_out_of_its_word_and_loses_none() {
     for _ in 0..3 {
         // Lock-free while the count is short of CARRY, then under the
         // lock; the second request waits and is handed the permit.
-        let first = granted(single.acquire(usize::MAX, 0, &text));
-        let second = queued(single.acquire(usize::MAX, 0, &text));
+        let first = granted(single.acquire(usize::MAX, 0, None, &text));
+        let second = queued(single.acquire(usize::MAX, 0, None, &text));
         drop(first);
         let second = second.into_granted().enter();
         admitted += 2;

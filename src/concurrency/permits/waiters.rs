@@ -76,6 +76,14 @@ impl Waiters {
         self.all.push_back(waiter);
     }
 
+    /// Where a newcomer in `lane` would stand: its place in its lane (1:
+    /// first), and how many lanes would be waiting.
+    pub(super) fn place_of(&self, lane: u64) -> (usize, usize) {
+        let mine = self.per_lane.get(&lane).copied().unwrap_or(0);
+        let lanes = self.round.len() + usize::from(mine == 0);
+        (mine + 1, lanes)
+    }
+
     /// Take out the waiter whose turn it is.
     pub(super) fn pop_next(&mut self) -> Option<Waiter> {
         let lane = *self.round.front()?;

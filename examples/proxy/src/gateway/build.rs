@@ -126,8 +126,17 @@ pub(super) fn build(
         .map_result(finish)
         .layer(backoff)
         .layer(concurrency)
-        // Waiting for the route's rate, clients take turns (see `Layers`).
-        .option_layer(layers.fair.clone().filter(|_| !rate_wait.is_zero()))
+        // Waiting for the route's rate, clients take turns (see `Layers`);
+        // without clients, every request is in one lane, and the route's
+        // line stays the rate limiter's own (judged exactly at arrival).
+        .option_layer(
+            (!rate_wait.is_zero() && !settings.clients.is_empty())
+                .then(|| {
+                    let fair = layers.fair.clone();
+                    fair.map(|fair| fair.with_max_wait(rate_wait).with_name("route"))
+                })
+                .flatten(),
+        )
         .layer(rate)
         .layer(PassTurnLayer::new())
         .layer(identity)
