@@ -384,7 +384,7 @@ quotas = [{ limit = 1, period = "1m" }]
     assert_eq!(
         stats["clients"][0],
         serde_json::json!({"name": "alice", "requests": 4, "admitted": 2,
-            "refused_client": 1, "refused_route": 1})
+            "refused_client": 1, "refused_route": 1, "waiting": 0})
     );
     assert_eq!(stats["clients"][1]["admitted"], 3);
     let metrics = reqwest::get(format!("{url}/metrics"))
@@ -475,8 +475,35 @@ async fn a_flooding_client_delays_another_by_at_most_one_turn() {
     }
     // Bob's ten went up too.
     let alice_admitted = upstream.received().len() - 10;
+    // The flood waits, counted per client; bob has nothing waiting.
+    let http = reqwest::Client::new();
+    let stats = support::sim::stats(&http, &url).await;
+    let waiting = |stats: &Value, n: usize| stats["clients"][n]["waiting"].as_u64().unwrap();
+    assert!(waiting(&stats, 0) >= 100, "{}", stats["clients"]);
+    assert_eq!(waiting(&stats, 1), 0);
+    let metrics = http
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"proxy_client_waiting{client="bob"} 0"#),
+        "{metrics}"
+    );
     for task in &flood {
         task.abort();
+    }
+    // Its callers gone, nothing of it waits.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while waiting(&support::sim::stats(&http, &url).await, 0) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the flood's requests still counted waiting"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     gw.shutdown().await;
     let _ = std::fs::remove_file(&next);

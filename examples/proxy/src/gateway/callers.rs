@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher, RandomState};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
@@ -38,6 +38,50 @@ pub struct Counters {
     admitted: AtomicU64,
     refused_client: AtomicU64,
     refused_route: AtomicU64,
+    /// Requests in the gateway not yet sent upstream (see [`WaitMark`]).
+    waiting: AtomicU64,
+}
+
+/// A request of a client counted as waiting, in the request's extensions,
+/// until [`WaitMark::sent`] (it goes upstream) or until it is dropped
+/// (refused, or its caller left); once, however often it was cloned.
+#[derive(Clone, Debug)]
+pub struct WaitMark(Arc<Marked>);
+
+#[derive(Debug)]
+struct Marked {
+    counters: Arc<Counters>,
+    done: AtomicBool,
+}
+
+impl WaitMark {
+    /// Count one more request of `counters` waiting.
+    pub fn new(counters: Arc<Counters>) -> Self {
+        counters.waiting.fetch_add(1, Ordering::Relaxed);
+        Self(Arc::new(Marked {
+            counters,
+            done: AtomicBool::new(false),
+        }))
+    }
+
+    /// The request goes upstream: it waits no more.
+    pub fn sent(&self) {
+        self.0.end();
+    }
+}
+
+impl Marked {
+    fn end(&self) {
+        if !self.done.swap(true, Ordering::Relaxed) {
+            self.counters.waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Marked {
+    fn drop(&mut self) {
+        self.end();
+    }
 }
 
 impl Counters {
@@ -80,6 +124,9 @@ pub struct CallerStats {
     pub refused_client: u64,
     /// Refused by the routes' limits (rate, queue, cooldown).
     pub refused_route: u64,
+    /// In the gateway now, not yet sent upstream (waiting for a route's
+    /// turn, rate or permit).
+    pub waiting: u64,
 }
 
 /// The clients of one configuration.
@@ -208,6 +255,7 @@ impl Callers {
                 admitted: n.admitted.load(Ordering::Relaxed),
                 refused_client: n.refused_client.load(Ordering::Relaxed),
                 refused_route: n.refused_route.load(Ordering::Relaxed),
+                waiting: n.waiting.load(Ordering::Relaxed),
             })
             .collect()
     }

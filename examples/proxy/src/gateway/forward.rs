@@ -18,7 +18,7 @@ use tower_throttle::rate_limit::Settlement;
 use tower_throttle::redact::Quoted;
 use tower_throttle::respond::ThrottleResponseLayer;
 
-use super::callers::{Caller, Identified};
+use super::callers::{Caller, Identified, WaitMark};
 use super::upstream::Outbound;
 use super::{Current, Gateway, NO_MODEL, Route, Target, deploy};
 use crate::access_log::{Reached, Waited};
@@ -138,6 +138,8 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
         Identified::Anonymous(counters) => (None, counters),
         Identified::Refused(refused) => return refused,
     };
+    // Waiting until it goes upstream (`Upstream` says so) or is answered.
+    parts.extensions.insert(WaitMark::new(counters.clone()));
     let mut response = forward_read(&gateway, &current, parts, body).await;
     counters.answered(response.extensions());
     if let Some(caller) = caller {

@@ -20,6 +20,7 @@ use tower_throttle::backoff::announced_limits;
 use tower_throttle::error::BoxError;
 use tower_throttle::redact::{Escaped, Quoted};
 
+use super::callers::WaitMark;
 use super::{Route, UpstreamCounters};
 use crate::access_log::{Reached, UpstreamSaid};
 use crate::config::Credential;
@@ -85,6 +86,9 @@ impl Service<http::Request<Bytes>> for Upstream {
             parts.headers.insert(credential.header, credential.value);
         }
         let https = parts.extensions.remove::<Via>();
+        if let Some(mark) = parts.extensions.remove::<WaitMark>() {
+            mark.sent();
+        }
         let req = http::Request::from_parts(parts, Full::new(body));
         let future = match https {
             Some(Via(client)) => client.request(req),

@@ -391,6 +391,18 @@ fn client_families(p: &mut Prom, clients: &[CallerStats]) {
             );
         }
     }
+    p.family(
+        "proxy_client_waiting",
+        "gauge",
+        "Requests of each client in the gateway not yet sent upstream.",
+    );
+    for c in clients {
+        p.sample(
+            "proxy_client_waiting",
+            &[("client", &c.name)],
+            c.waiting as f64,
+        );
+    }
 }
 
 /// The learned limits, one sample per route and unit said.
