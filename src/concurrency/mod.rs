@@ -126,4 +126,5 @@ pub use handle::ConcurrencyHandle;
 pub use hold::HoldPermit;
 pub use layer::ConcurrencyLayer;
 pub use permits::Permit;
+pub(crate) use service::fair_lane;
 pub use service::{Concurrency, NoLanes};

@@ -95,12 +95,11 @@ struct Queue {
     /// Tickets pushed out of a full line to make room for a waiter of a
     /// shorter lane, until each notices.
     pushed_out: Vec<u64>,
-    /// When a permit last passed to a waiter, while the line is not empty.
-    last_pass: Option<Instant>,
-    /// The time between permits passing to waiters, averaged: the line's
-    /// pace, for [`KeyState::acquire`]'s `max_wait` (kept across idle
-    /// spells: the next line likely moves alike).
-    pace: Duration,
+    /// How long a permit is held, averaged over those reported to
+    /// [`KeyState::learn_pace`] (a fair queue's turns): the line's pace,
+    /// for [`KeyState::acquire`]'s `max_wait`. `None` until one that was
+    /// waited for is.
+    pace: Option<Duration>,
     /// Admissions moved out of the word of a state that counts its own.
     carried: u64,
     /// Permits out that a state counting its own handed to waiters not yet
@@ -126,23 +125,6 @@ pub(crate) enum Turn {
     Granted,
     /// Pushed out of a full line by a waiter of a shorter lane.
     PushedOut,
-}
-
-impl Queue {
-    /// A permit passes to a waiter now: learn the line's pace.
-    fn passed(&mut self) {
-        let now = Instant::now();
-        if let Some(last) = self.last_pass {
-            let gap = now.saturating_duration_since(last);
-            // A moving average over about four passes.
-            self.pace = if self.pace.is_zero() {
-                gap
-            } else {
-                (self.pace * 3 + gap) / 4
-            };
-        }
-        self.last_pass = (!self.waiters.is_empty()).then_some(now);
-    }
 }
 
 /// One key's permits and queue.
@@ -352,6 +334,7 @@ impl KeyState {
             let (place, lanes) = queue.waiters.place_of(lane);
             let longest = queue
                 .pace
+                .unwrap_or_default()
                 .saturating_mul(u32::try_from(place.saturating_mul(lanes)).unwrap_or(u32::MAX));
             if longest > max_wait {
                 if queue.waiters.is_empty() {
@@ -365,7 +348,13 @@ impl KeyState {
         }
         let mut pushed_out = None;
         if queue.waiters.len() >= max_queue {
-            match queue.waiters.push_out_for(lane) {
+            // Never waiting makes no room either.
+            let out = if max_queue == 0 {
+                None
+            } else {
+                queue.waiters.push_out_for(lane)
+            };
+            match out {
                 Some(out) => {
                     queue.pushed_out.push(out.ticket);
                     pushed_out = out.waker;
@@ -443,7 +432,6 @@ impl KeyState {
         let next = if over { None } else { queue.waiters.pop_next() };
         if let Some(next) = &next {
             self.last_lane.store(next.lane, Ordering::Relaxed);
-            queue.passed();
         }
         let Some(next) = next else {
             // Nobody waits (or the last waiter left since we looked, and
@@ -472,6 +460,21 @@ impl KeyState {
             waker.wake();
         }
         false
+    }
+
+    /// A permit was held `took` and is about to be given back: learn the
+    /// line's pace from it, averaged over about four. Only a permit that
+    /// others waited for says how fast the line moves; one nobody waited
+    /// for can only say it moves faster now (so a pace learned in a slow
+    /// spell does not refuse every wait after it).
+    fn learn_pace(&self, took: Duration) {
+        let mut queue = self.queue.lock();
+        let waited_for = !queue.waiters.is_empty();
+        queue.pace = match queue.pace {
+            Some(pace) if waited_for || took < pace => Some((pace * 3 + took) / 4),
+            None if waited_for => Some(took),
+            unchanged => unchanged,
+        };
     }
 
     /// A permit handed to a waiter that was dropped before it was sent:
@@ -538,7 +541,6 @@ impl KeyState {
             return false;
         }
         if queue.waiters.is_empty() {
-            queue.last_pass = None;
             self.word.fetch_and(!QUEUED, Ordering::Release);
         }
         drop(queue);
@@ -703,6 +705,14 @@ pub struct Permit {
     state: Arc<KeyState>,
 }
 
+impl Permit {
+    /// This permit was held `took` (a fair queue's turn): its key's line
+    /// learns its pace from it.
+    pub(crate) fn held_for(&self, took: Duration) {
+        self.state.learn_pace(took);
+    }
+}
+
 impl Drop for Permit {
     #[inline]
     fn drop(&mut self) {
@@ -816,7 +826,7 @@ impl QueueTicket {
 
     /// Whether its key's line has a known pace (see [`KeyState::acquire`]).
     pub(crate) fn paced(&self) -> bool {
-        !self.state.queue.lock().pace.is_zero()
+        self.state.queue.lock().pace.is_some()
     }
 
     /// Ready once the permit has been granted, or the place pushed out.

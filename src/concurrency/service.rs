@@ -106,10 +106,7 @@ impl<X, L> Shared<X, L> {
         if is_no_lanes::<L>() {
             return 0;
         }
-        self.permits
-            .seed()
-            .hash(&*self.lanes, req)
-            .map_or(0, |lane| lane.0)
+        fair_lane(self.permits.seed().hash(&*self.lanes, req))
     }
 
     /// `req`'s key as it may be shown, for errors, logs and per-key
@@ -262,6 +259,14 @@ impl<S, X, L> Concurrency<S, X, L> {
 #[inline(always)]
 fn is_global<X: 'static>() -> bool {
     TypeId::of::<X>() == TypeId::of::<GlobalKey>()
+}
+
+/// A request's lane from its lane key: never 0, which is the one lane of
+/// [`NoLanes`] (the lines do not remember it as the last served); a
+/// request whose lane cannot be read is in a lane of its own kind.
+#[inline]
+pub(crate) fn fair_lane(lane: Result<KeyHash, KeyError>) -> u64 {
+    lane.map_or(u64::MAX, |lane| lane.0.max(1))
 }
 
 /// Whether `L` is [`NoLanes`], decided at compile time as [`is_global`].

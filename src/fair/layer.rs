@@ -11,6 +11,7 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::turn::Turn;
+use crate::concurrency::fair_lane;
 use crate::concurrency::permits::{Acquire, Permits};
 use crate::error::{BoxError, QueueFull, QueueTimeout, RateLimited};
 use crate::key::{KeyExtractor, key_label};
@@ -86,8 +87,11 @@ impl<X, L> FairQueueLayer<X, L> {
     /// pace turns have been passing on its key. A request let in is not
     /// cut short later (but by [`with_queue_timeout`](Self::with_queue_timeout)):
     /// each lane that starts waiting after it may add one turn to its
-    /// wait. Until a key's pace is known (its first line), a request that
-    /// waits `max_wait` gives up then, with [`QueueTimeout`].
+    /// wait. The pace is how long turns are held, averaged over the last
+    /// few that others waited for (a turn nobody waited for can only lower
+    /// it, so a key that has calmed down soon waits again). Until a key
+    /// has a pace, a request that waits `max_wait` gives up then, with
+    /// [`QueueTimeout`].
     ///
     /// This is the fair queue's form of a waiting layer's `max_wait`: that
     /// layer's own counts from when a request enters it, after its turn
@@ -191,7 +195,7 @@ where
         let Ok(key) = seed.hash(&*shared.extractor, &req) else {
             return ResponseFuture::called(self.inner.call(req));
         };
-        let lane = seed.hash(&*shared.lanes, &req).map_or(0, |lane| lane.0);
+        let lane = fair_lane(seed.hash(&*shared.lanes, &req));
         let key_text = || key_label(&*shared.extractor, &req).unwrap_or_default();
         let state = shared.permits.key_state(key);
         match state.acquire(shared.max_queue, lane, shared.max_wait, &key_text) {
@@ -206,10 +210,11 @@ where
                     Some(max_wait) if !ticket.paced() => Some(max_wait),
                     _ => None,
                 };
-                let deadline = shared
-                    .queue_timeout
-                    .or(bound)
-                    .and_then(|timeout| ticket.since().checked_add(timeout));
+                let timeout = match (shared.queue_timeout, bound) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                let deadline = timeout.and_then(|timeout| ticket.since().checked_add(timeout));
                 let key = key_text();
                 // The ready inner service goes with the waiting request.
                 let clone = self.inner.clone();

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use parking_lot::Mutex;
+use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -14,25 +15,51 @@ use crate::concurrency::Permit;
 /// A request's turn: while it lives (in the request's extensions), the
 /// next request of its key waits in the fair queue. Passed on by
 /// [`PassTurn`], or when the request is dropped.
+///
+/// One per request: a request passing two fair queues holds the inner
+/// one's turn only (the outer one's passes when the inner one's is given).
 #[derive(Clone)]
-pub struct Turn(Arc<Mutex<Option<Permit>>>);
+pub struct Turn(Arc<Held>);
+
+struct Held {
+    permit: Mutex<Option<Permit>>,
+    since: Instant,
+}
 
 impl Turn {
     pub(crate) fn new(permit: Permit) -> Self {
-        Self(Arc::new(Mutex::new(Some(permit))))
+        Self(Arc::new(Held {
+            permit: Mutex::new(Some(permit)),
+            since: Instant::now(),
+        }))
     }
 
     /// Pass the turn on to the next request waiting on the key (once; the
-    /// clones of this turn then hold nothing).
+    /// clones of this turn then hold nothing). How long it was held is
+    /// the key's pace (see [`FairQueueLayer::with_max_wait`](super::FairQueueLayer::with_max_wait)).
     pub fn pass(&self) {
-        drop(self.0.lock().take());
+        self.0.pass();
+    }
+}
+
+impl Held {
+    fn pass(&self) {
+        if let Some(permit) = self.permit.lock().take() {
+            permit.held_for(self.since.elapsed());
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.pass();
     }
 }
 
 impl fmt::Debug for Turn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Turn")
-            .field("held", &self.0.lock().is_some())
+            .field("held", &self.0.permit.lock().is_some())
             .finish()
     }
 }

@@ -144,6 +144,7 @@ impl Waiters {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::BTreeMap;
 
     fn waiter(ticket: u64, lane: u64) -> Waiter {
         Waiter {
@@ -242,11 +243,12 @@ mod tests {
             let mut next = 0u64;
             // The lane served last (none yet).
             let mut last = u64::MAX;
-            // Per lane, the tickets waiting, oldest first (the model).
-            let mut lanes: HashMap<u64, VecDeque<u64>> = HashMap::new();
+            // Per lane, the tickets waiting, oldest first (the model);
+            // ordered maps, so that a history replays from its seed.
+            let mut lanes: BTreeMap<u64, VecDeque<u64>> = BTreeMap::new();
             // Per waiting ticket at the head of its lane: how many times
             // each other lane was served since it got there.
-            let mut since_head: HashMap<u64, HashMap<u64, u32>> = HashMap::new();
+            let mut since_head: BTreeMap<u64, BTreeMap<u64, u32>> = BTreeMap::new();
             for step in steps {
                 match step {
                     Step::Join(lane) => {
@@ -254,7 +256,7 @@ mod tests {
                         let line = lanes.entry(lane).or_default();
                         line.push_back(next);
                         if line.len() == 1 {
-                            since_head.insert(next, HashMap::new());
+                            since_head.insert(next, BTreeMap::new());
                         }
                         next += 1;
                     }
@@ -268,7 +270,7 @@ mod tests {
                         prop_assert_eq!(line.pop_front(), Some(w.ticket), "lane order");
                         since_head.remove(&w.ticket);
                         if let Some(&head) = line.front() {
-                            since_head.insert(head, HashMap::new());
+                            since_head.insert(head, BTreeMap::new());
                         }
                         for (head, served) in since_head.iter_mut() {
                             let count = served.entry(w.lane).or_default();
@@ -289,7 +291,7 @@ mod tests {
                         since_head.remove(&ticket);
                         if at == 0 {
                             if let Some(&head) = line.front() {
-                                since_head.insert(head, HashMap::new());
+                                since_head.insert(head, BTreeMap::new());
                             }
                         }
                     }

@@ -228,7 +228,7 @@ pub(super) async fn send(
     current: &Current,
     target: &Target,
     rest_at: usize,
-    parts: http::request::Parts,
+    mut parts: http::request::Parts,
     body: Bytes,
 ) -> Response<Body> {
     // `/PROVIDER` alone is the provider's base path.
@@ -277,6 +277,9 @@ pub(super) async fn send(
     let mut out = http::Request::new(body);
     if let Some(caller) = parts.extensions.get::<Caller>() {
         out.extensions_mut().insert(caller.clone());
+    }
+    if let Some(mark) = parts.extensions.remove::<WaitMark>() {
+        out.extensions_mut().insert(mark);
     }
     *out.method_mut() = parts.method;
     *out.uri_mut() = uri;
