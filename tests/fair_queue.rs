@@ -1,6 +1,9 @@
 //! FairQueueLayer around a waiting rate limiter: callers' requests take
 //! turns at the limiter's pace, each caller's in its own order.
 
+// Instants compared exactly: the limiter's clock as `test-util` makes it.
+#![cfg(feature = "test-util")]
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;

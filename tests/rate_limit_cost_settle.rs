@@ -610,3 +610,36 @@ async fn a_token_bucket_settlement_with_waiters_booked_behind_it_gives_nothing_b
     let expected = [("first", s(0)), ("waiter", s(10)), ("newcomer", s(20))];
     assert_eq!(calls, expected.map(|(w, at)| (w.to_owned(), at)));
 }
+
+/// Two layers on the path charging the same estimate (a caller's quota
+/// around a route's): one settlement settles both, each by what it
+/// charged; and a layer that gives its charge back whole (its outcome does
+/// not count) leaves the other's to settle.
+#[tokio::test(start_paused = true)]
+async fn one_settlement_settles_every_layer_on_the_path() {
+    let outer = RateLimitLayer::new(
+        Quota::per_minute(1_000).unwrap(),
+        HeaderKey::new("x-key").unwrap(),
+    )
+    .with_cost(Estimated(cost_of));
+    let inner = RateLimitLayer::new(
+        Quota::per_minute(1_000).unwrap(),
+        HeaderKey::new("x-key").unwrap(),
+    )
+    .with_cost(Estimated(cost_of));
+    let upstream = tower::service_fn(|_req: http::Request<()>| async {
+        Ok::<_, Infallible>(http::Response::new(()))
+    });
+    let mut svc = tower::util::BoxService::new(outer.layer(inner.layer(upstream)));
+    let mut sent = 0;
+    while let Ok(settlement) = send(&mut svc, "k", 300).await {
+        assert_eq!(settlement.charged(), Some(300));
+        assert!(settlement.settle(100));
+        sent += 1;
+        assert!(sent <= 20, "never refused");
+    }
+    // Each layer holds 100 for each of the first seven and 300 for the
+    // eighth's estimate: 8, as with one layer; the inner one's estimates
+    // standing would have stopped it at 3.
+    assert_eq!(sent, 8);
+}

@@ -145,7 +145,10 @@ impl<A, H> After<A, H> {
             if !refund.counts.counts(&outcome) {
                 // Given back whole: nothing is left to settle. Settled
                 // already, the settled cost stands: its excess is back.
-                let settled = self.armed.take().is_some_and(|s| !s.disarm());
+                let settled = self
+                    .armed
+                    .take()
+                    .is_some_and(|s| !s.disarm(&refund.limiter));
                 if !settled {
                     refund.limiter.give_back(&refund.ticket, false);
                 }

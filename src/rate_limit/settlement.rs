@@ -40,8 +40,9 @@ use super::limiter::{Limiter, Ticket};
 ///   already, and giving back the whole too would give the excess twice.
 /// - A [`JointRateLimitLayer`](super::JointRateLimitLayer) arms none: its
 ///   limits' estimates stand.
-/// - One settlement settles one layer: with two rate-limit layers on the
-///   path, the outer one arms it, and the inner one's estimate stands.
+/// - One settlement settles every rate-limit layer on the path that
+///   charged an estimate (a caller's quota and a route's, say), each by
+///   the difference from what it charged.
 /// - With a [shared store](super::RateLimitLayer::with_store), the excess
 ///   of an estimate is given back to Redis as a refund is, in a task of its
 ///   own, to every algorithm (a sliding window's booking is written again
@@ -91,18 +92,25 @@ pub struct Settlement {
     state: Arc<Mutex<State>>,
 }
 
-#[derive(Default)]
 enum State {
-    /// Not admitted (yet), or admitted with nothing booked.
-    #[default]
-    Unarmed,
-    Armed {
-        limiter: Arc<Limiter>,
-        ticket: Box<Ticket>,
-        charged: u32,
-    },
-    /// Settled, or given back whole.
+    /// Armed by each layer that admitted the request and sent it on,
+    /// outermost first; none yet, or none booked anything.
+    Open(Vec<Armed>),
+    /// Settled, or given back whole by every layer.
     Done,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self::Open(Vec::new())
+    }
+}
+
+/// What one layer charged.
+struct Armed {
+    limiter: Arc<Limiter>,
+    ticket: Box<Ticket>,
+    charged: u32,
 }
 
 impl Settlement {
@@ -111,64 +119,72 @@ impl Settlement {
         Self::default()
     }
 
-    /// What the request was charged at admission, while it can be settled:
-    /// `None` before it is sent, after it is settled, and when it cannot be
-    /// (see the type's docs).
+    /// What the request was charged at admission (by the outermost layer
+    /// that armed it), while it can be settled: `None` before it is sent,
+    /// after it is settled, and when it cannot be (see the type's docs).
     pub fn charged(&self) -> Option<u32> {
         match &*self.state.lock() {
-            State::Armed { charged, .. } => Some(*charged),
-            _ => None,
+            State::Open(armed) => armed.first().map(|a| a.charged),
+            State::Done => None,
         }
     }
 
     /// The request's real cost was `actual`: give back or charge the
-    /// difference from what it was charged. True when it was settled now;
-    /// false when there was nothing to settle (see the type's docs).
+    /// difference from what it was charged, in every layer that armed it.
+    /// True when it was settled now; false when there was nothing to
+    /// settle (see the type's docs).
     pub fn settle(&self, actual: u32) -> bool {
         let mut state = self.state.lock();
         // Not sent yet, it may still be: left unarmed.
-        if !matches!(*state, State::Armed { .. }) {
+        if matches!(&*state, State::Open(armed) if armed.is_empty()) {
             return false;
         }
-        let State::Armed {
-            limiter,
-            ticket,
-            charged,
-        } = std::mem::replace(&mut *state, State::Done)
-        else {
+        let State::Open(armed) = std::mem::replace(&mut *state, State::Done) else {
             return false;
         };
         drop(state);
-        if actual != charged {
-            limiter.settle(&ticket, actual);
+        for armed in armed {
+            if actual != armed.charged {
+                armed.limiter.settle(&armed.ticket, actual);
+            }
         }
         true
     }
 
-    /// Armed: the request charged `charged` on `ticket` was sent. False
-    /// when it was armed before.
+    /// Armed by `limiter`'s layer: the request charged `charged` on
+    /// `ticket` was sent. False when that layer armed it before (a
+    /// settlement reused for a second request stays with the first), or
+    /// it was settled.
     pub(crate) fn arm(&self, limiter: Arc<Limiter>, ticket: Box<Ticket>, charged: u32) -> bool {
         let mut state = self.state.lock();
-        // Armed once: a settlement reused for a second request stays with
-        // the first.
-        if !matches!(*state, State::Unarmed) {
+        let State::Open(armed) = &mut *state else {
+            return false;
+        };
+        if armed.iter().any(|a| Arc::ptr_eq(&a.limiter, &limiter)) {
             return false;
         }
-        *state = State::Armed {
+        armed.push(Armed {
             limiter,
             ticket,
             charged,
-        };
+        });
         true
     }
 
-    /// The request's capacity is to be given back whole: nothing to settle.
-    /// False when it was settled already (before the outcome was known):
-    /// then the excess is back, and giving back the whole as well would
-    /// give it twice.
-    pub(crate) fn disarm(&self) -> bool {
-        let was = std::mem::replace(&mut *self.state.lock(), State::Done);
-        matches!(was, State::Armed { .. })
+    /// `limiter`'s layer gives the request's capacity back whole: nothing
+    /// of it to settle. False when it was settled already (before the
+    /// outcome was known): then the excess is back, and giving back the
+    /// whole as well would give it twice.
+    pub(crate) fn disarm(&self, limiter: &Arc<Limiter>) -> bool {
+        let mut state = self.state.lock();
+        let State::Open(armed) = &mut *state else {
+            return false;
+        };
+        let Some(i) = armed.iter().position(|a| Arc::ptr_eq(&a.limiter, limiter)) else {
+            return false;
+        };
+        armed.remove(i);
+        true
     }
 }
 
@@ -176,8 +192,8 @@ impl Settlement {
 impl fmt::Debug for Settlement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (state, charged) = match &*self.state.lock() {
-            State::Unarmed => ("unarmed", None),
-            State::Armed { charged, .. } => ("armed", Some(*charged)),
+            State::Open(armed) if armed.is_empty() => ("unarmed", None),
+            State::Open(armed) => ("armed", armed.first().map(|a| a.charged)),
             State::Done => ("done", None),
         };
         f.debug_struct("Settlement")

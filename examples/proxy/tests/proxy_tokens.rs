@@ -608,3 +608,60 @@ async fn a_stream_passes_chunk_by_chunk_with_nothing_held_back() {
     assert_eq!(tokens(&gateway).await, [300, 42, 258, 0, 0]);
     gateway.shutdown().await;
 }
+
+/// A client's own token quota is charged each estimate and settled to the
+/// usage with the route's: estimated at 300, using 100, eight of alice's
+/// fit her 1,000 tokens a minute (three if her estimates stood), and the
+/// route's 2,000 never refuse them (six if its estimates stood: one
+/// settlement settles both).
+#[tokio::test]
+async fn a_clients_token_quota_is_settled_to_the_usage() {
+    const ALICE: &str = "alice-key-0123456789abcdef";
+    let (addr, served) = upstream(Answer::Json(100)).await;
+    let toml = format!(
+        r#"
+[[providers]]
+name = "up"
+base_url = "http://{addr}"
+
+[rate_limit]
+quotas = [{{ limit = 2000, period = "1m", unit = "tokens", algorithm = "sliding_window" }}]
+
+[[clients]]
+name = "alice"
+keys = [{{ env = "ALICE_KEY" }}]
+quotas = {THOUSAND_TOKENS}
+"#
+    );
+    let env = |name: &str| (name == "ALICE_KEY").then(|| ALICE.to_owned());
+    let settings = Settings::from_toml(&toml, &env).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    let gateway = gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let client = reqwest::Client::new();
+    let url = format!("{}/up/v1/chat/completions", gateway.url());
+    let mut sent = 0;
+    loop {
+        let response = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {ALICE}"))
+            .body(body_estimated_at(300))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        // Read to the end: the answer settles its charge at its end.
+        let text = response.text().await.unwrap();
+        if status == 429 {
+            assert!(text.contains(r#""limit":"client""#), "{text}");
+            break;
+        }
+        assert_eq!(status, 200, "{text}");
+        sent += 1;
+        assert!(sent < 40, "never refused");
+    }
+    assert_eq!(sent, 8);
+    assert_eq!(served.load(Ordering::SeqCst), 8);
+    gateway.shutdown().await;
+}

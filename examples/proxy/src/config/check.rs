@@ -169,7 +169,7 @@ fn stack_config(file: &ProxyFile, store: Option<StoreConfig>) -> Result<StackCon
 /// The gateway's quota units in the crate's words: a quota counts
 /// `"requests"` (the default) or `"tokens"`, which the crate calls cost (the
 /// gateway's cost of a request is its token estimate, see `usage`).
-fn token_units(config: &RateLimitConfig) -> Result<RateLimitConfig, ConfigError> {
+pub(crate) fn token_units(config: &RateLimitConfig) -> Result<RateLimitConfig, ConfigError> {
     let mut config = config.clone();
     let translate = |quotas: &mut [QuotaConfig]| -> Result<(), ConfigError> {
         for (i, quota) in quotas.iter_mut().enumerate() {

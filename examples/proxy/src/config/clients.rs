@@ -115,11 +115,13 @@ pub fn check_clients(sections: &[ClientSection], env: Env<'_>) -> Result<Vec<Cli
             read.push(key);
         }
         // Checked as the quotas of a [rate_limit] section, so that they
-        // read the same and an error names `clients[i].quotas[j]`.
-        let quotas = RateLimitConfig {
+        // read the same (requests, or `unit = "tokens"`) and an error names
+        // `clients[i].quotas[j]`.
+        let quotas = super::check::token_units(&RateLimitConfig {
             quotas: section.quotas.clone(),
             ..RateLimitConfig::default()
-        }
+        })
+        .map_err(within)?
         .validate()
         .map_err(within)?
         .default;

@@ -151,7 +151,13 @@ pub(super) fn build(
     Ok(Current {
         dispatch,
         callers,
-        counts_tokens: crate::config::counts_tokens(settings.stack.rate_limit.as_ref()),
+        // The routes' quotas, or a client's own.
+        counts_tokens: crate::config::counts_tokens(settings.stack.rate_limit.as_ref())
+            || settings
+                .clients
+                .iter()
+                .flat_map(|c| &c.quotas)
+                .any(|q| q.unit() == tower_throttle::rate_limit::Unit::Cost),
         settings: Arc::new(settings),
         targets,
         service: BoxCloneSyncService::new(service),

@@ -74,7 +74,7 @@ use tower_throttle::error::ConfigError;
 use tower_throttle::fair::FairQueueLayer;
 use tower_throttle::identity::StableIds;
 use tower_throttle::key::JsonFieldKey;
-use tower_throttle::rate_limit::{CountAll, Estimated, OneUnit, RateLimitHandle, RateLimitLayer};
+use tower_throttle::rate_limit::{CountAll, Estimated, RateLimitHandle, RateLimitLayer};
 #[cfg(feature = "redis")]
 use tower_throttle::redact::Escaped;
 
@@ -112,7 +112,7 @@ struct Layers {
     /// Requests per client, kept across reloads.
     callers: CallerCounts,
     /// The clients' own quotas, judged before the routes'.
-    clients: RateLimitLayer<ClientKey, OneUnit, PassedRoute>,
+    clients: RateLimitLayer<ClientKey, Estimated<TokenCost>, PassedRoute>,
 }
 
 /// The rate limiter's cost of a request: its token estimate (see `usage`).
@@ -325,7 +325,10 @@ impl Gateway {
         // refuse gets back what it took (see `callers`).
         let client_limits =
             crate::config::client_limits(&settings.clients).map_err(|e| e.within("clients"))?;
+        // Counting requests, or tokens (`unit = "tokens"`) as the routes'
+        // quotas do: charged the estimate, settled with the route's.
         let clients = RateLimitLayer::from_limits(&client_limits, ClientKey)
+            .with_cost(Estimated(usage::estimated_cost as TokenCost))
             .count_only(PassedRoute)
             .with_name(CLIENT_LIMIT);
         let rate = rate.with_name("route");
