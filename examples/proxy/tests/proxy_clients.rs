@@ -384,7 +384,7 @@ quotas = [{ limit = 1, period = "1m" }]
     assert_eq!(
         stats["clients"][0],
         serde_json::json!({"name": "alice", "requests": 4, "admitted": 2,
-            "refused_client": 1, "refused_route": 1, "waiting": 0})
+            "refused_client": 1, "refused_route": 1, "waiting": 0, "tokens": 0})
     );
     assert_eq!(stats["clients"][1]["admitted"], 3);
     let metrics = reqwest::get(format!("{url}/metrics"))

@@ -663,5 +663,8 @@ quotas = {THOUSAND_TOKENS}
     }
     assert_eq!(sent, 8);
     assert_eq!(served.load(Ordering::SeqCst), 8);
+    // Per client: what its answers used.
+    let stats = support::sim::stats(&client, &gateway.url()).await;
+    assert_eq!(stats["clients"][0]["tokens"], 800, "{}", stats["clients"]);
     gateway.shutdown().await;
 }

@@ -40,6 +40,8 @@ pub struct Counters {
     refused_route: AtomicU64,
     /// Requests in the gateway not yet sent upstream (see [`WaitMark`]).
     waiting: AtomicU64,
+    /// Tokens its answers used (or their estimates, when they said none).
+    tokens: AtomicU64,
 }
 
 /// A request of a client counted as waiting, in the request's extensions,
@@ -68,6 +70,11 @@ impl WaitMark {
     pub fn sent(&self) {
         self.0.end();
     }
+
+    /// The counters of the request's client.
+    pub fn counters(&self) -> Arc<Counters> {
+        self.0.counters.clone()
+    }
 }
 
 impl Marked {
@@ -85,6 +92,11 @@ impl Drop for Marked {
 }
 
 impl Counters {
+    /// One of its answers used `tokens`.
+    pub fn used(&self, tokens: u32) {
+        self.tokens.fetch_add(u64::from(tokens), Ordering::Relaxed);
+    }
+
     /// What became of one of its requests, from its answer's extensions:
     /// sent upstream, refused by its own quota, or by the route's limits.
     pub fn answered(&self, extensions: &http::Extensions) {
@@ -127,6 +139,9 @@ pub struct CallerStats {
     /// In the gateway now, not yet sent upstream (waiting for a route's
     /// turn, rate or permit).
     pub waiting: u64,
+    /// Tokens its answers used, as their usage said (their estimates when
+    /// they said none), on the endpoints that answer with usage.
+    pub tokens: u64,
 }
 
 /// The clients of one configuration.
@@ -256,6 +271,7 @@ impl Callers {
                 refused_client: n.refused_client.load(Ordering::Relaxed),
                 refused_route: n.refused_route.load(Ordering::Relaxed),
                 waiting: n.waiting.load(Ordering::Relaxed),
+                tokens: n.tokens.load(Ordering::Relaxed),
             })
             .collect()
     }

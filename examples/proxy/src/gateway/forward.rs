@@ -278,6 +278,8 @@ pub(super) async fn send(
     if let Some(caller) = parts.extensions.get::<Caller>() {
         out.extensions_mut().insert(caller.clone());
     }
+    // The client's counters, for the tokens its answer used.
+    let client_counters = parts.extensions.get::<WaitMark>().map(WaitMark::counters);
     if let Some(mark) = parts.extensions.remove::<WaitMark>() {
         out.extensions_mut().insert(mark);
     }
@@ -403,7 +405,12 @@ pub(super) async fn send(
         }
         let counters = gateway.inner.counters.clone();
         let settled = route.clone();
-        let tally = Tally::new(move |used| counters.settled(&settled, charged, used));
+        let tally = Tally::new(move |used| {
+            if let Some(client) = &client_counters {
+                client.used(used.unwrap_or(charged));
+            }
+            counters.settled(&settled, charged, used);
+        });
         body = Body::new(UsageBody::new(
             body,
             &parts.headers,

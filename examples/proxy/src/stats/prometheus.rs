@@ -392,6 +392,18 @@ fn client_families(p: &mut Prom, clients: &[CallerStats]) {
         }
     }
     p.family(
+        "proxy_client_tokens_total",
+        "counter",
+        "Tokens the answers to each client used (their estimates when an answer said none).",
+    );
+    for c in clients {
+        p.sample(
+            "proxy_client_tokens_total",
+            &[("client", &c.name)],
+            c.tokens as f64,
+        );
+    }
+    p.family(
         "proxy_client_waiting",
         "gauge",
         "Requests of each client in the gateway not yet sent upstream.",
