@@ -271,3 +271,95 @@ async fn before_the_pace_is_known_max_wait_bounds_the_wait() {
         assert!(error.is::<QueueTimeout>(), "{error}");
     }
 }
+
+mod generated {
+    //! Over generated arrivals: each caller's requests reach the inner
+    //! service in their order, the limiter's quota holds in every window,
+    //! and while a request waits each other caller is served at most once
+    //! per turn of its own.
+
+    use super::*;
+    use proptest::prelude::*;
+
+    /// An arrival: `after_ms` after the one before, from caller `lane`.
+    fn arrivals() -> impl Strategy<Value = Vec<(u64, u8)>> {
+        prop::collection::vec((prop_oneof![Just(0u64), 0..1_500u64], 0..4u8), 1..40)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn callers_keep_their_order_and_the_quota_holds(arrivals in arrivals()) {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .expect("a runtime");
+            let calls = runtime.block_on(async {
+                let calls = Calls::default();
+                let svc = stack(&calls, Duration::from_secs(3_600), usize::MAX);
+                let mut tasks = Vec::new();
+                for (n, &(after_ms, lane)) in arrivals.iter().enumerate() {
+                    tokio::time::sleep(Duration::from_millis(after_ms)).await;
+                    tasks.push(spawn(&svc, request(&format!("c{lane}"), n)).await);
+                }
+                for task in tasks {
+                    task.await.expect("no panic").expect("served");
+                }
+                std::mem::take(&mut *calls.lock())
+            });
+            prop_assert_eq!(calls.len(), arrivals.len());
+            // One a second with a burst of one: calls at least a second apart.
+            for pair in calls.windows(2) {
+                prop_assert!(pair[1].1 - pair[0].1 >= SECOND, "{:?}", calls);
+            }
+            // Each caller's in their order.
+            let order: Vec<(String, usize)> = calls
+                .iter()
+                .map(|(name, _)| {
+                    let (client, n) = name.split_once('/').expect("client/n");
+                    (client.to_owned(), n.parse().expect("a number"))
+                })
+                .collect();
+            for lane in 0..4u8 {
+                let mine: Vec<usize> = order
+                    .iter()
+                    .filter(|(c, _)| *c == format!("c{lane}"))
+                    .map(|(_, n)| *n)
+                    .collect();
+                prop_assert!(mine.windows(2).all(|w| w[0] < w[1]), "c{}: {:?}", lane, mine);
+            }
+            // Between a request's arrival and its call, each other caller
+            // is served at most once per turn of its own caller ahead of
+            // it (its own requests served from its arrival on), plus one:
+            // a round each, however many that caller had waiting.
+            let mut arrived = Vec::new();
+            let mut at = Duration::ZERO;
+            for &(after_ms, _) in &arrivals {
+                at += Duration::from_millis(after_ms);
+                arrived.push(at);
+            }
+            for (i, (client, n)) in order.iter().enumerate() {
+                let own_ahead = order[..i]
+                    .iter()
+                    .zip(&calls)
+                    .filter(|((c, _), (_, served))| c == client && *served >= arrived[*n])
+                    .count();
+                for other in (0..4u8).map(|o| format!("c{o}")).filter(|o| o != client) {
+                    let passed = order[..i]
+                        .iter()
+                        .zip(&calls)
+                        // Called at its arrival's instant: before it came.
+                        .filter(|((c, _), (_, served))| *c == other && *served > arrived[*n])
+                        .count();
+                    prop_assert!(
+                        passed <= own_ahead + 1,
+                        "{}/{} passed {} times by {} ({} of its own ahead): {:?}",
+                        client, n, passed, other, own_ahead, order
+                    );
+                }
+            }
+        }
+    }
+}
