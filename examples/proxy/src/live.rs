@@ -82,5 +82,11 @@ pub fn apply(handles: &Handles, settings: &Settings) -> Result<(), ConfigError> 
         .clients
         .apply(&clients)
         .map_err(|e| e.within("clients"))?;
+    let mut models = crate::config::client_model_limits(&settings.clients)?;
+    models.enabled = on;
+    handles
+        .client_models
+        .apply(&models)
+        .map_err(|e| e.within("clients"))?;
     Ok(())
 }

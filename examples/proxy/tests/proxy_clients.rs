@@ -578,3 +578,67 @@ quotas = [{ limit = 10, period = "1s" }]
     // of ten, then one a tenth of a second.
     assert!(received < 90, "{received}");
 }
+
+/// A client's quotas per model pattern (`[[clients.models]]`) hold it on
+/// each model the pattern matches, judged with its other limits: over
+/// them, refused as the client's; other models, and other clients, pass.
+#[tokio::test]
+async fn a_clients_quota_on_a_model_pattern_holds_it_on_those_models_only() {
+    let upstream = FakeUpstream::start().await;
+    let next = temp_path("alice-next-models");
+    std::fs::write(&next, ALICE_NEXT).unwrap();
+    let toml = config(&upstream, &next, "").replace(
+        "[[clients]]\nname = \"bob\"",
+        "[[clients.models]]\npattern = \"big-*\"\nquotas = [{ limit = 1, period = \"1m\" }]\n\n[[clients]]\nname = \"bob\"",
+    );
+    assert!(toml.contains("[[clients.models]]"), "{toml}");
+    let gw = start(&toml).await;
+    let url = gw.url();
+    let http = reqwest::Client::new();
+    let ask = |key: &'static str, model: &'static str| {
+        http.post(format!("{url}/open/v1/chat"))
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {key}"))
+            .body(format!(r#"{{"model":"{model}","messages":[]}}"#))
+            .send()
+    };
+    assert_eq!(ask(ALICE, "big-1").await.unwrap().status(), 200);
+    // Her one a minute on big-1 is spent; each model big-* matches has
+    // its own.
+    let refused = ask(ALICE, "big-1").await.unwrap();
+    assert_eq!(refused.status(), 429);
+    let body = support::sim::body_json(refused).await;
+    assert_eq!(body["error"]["limit"], "client", "{body}");
+    // Other models, and bob on big-*, are not held by it.
+    assert_eq!(ask(ALICE, "big-2").await.unwrap().status(), 200);
+    assert_eq!(ask(ALICE, "small").await.unwrap().status(), 200);
+    assert_eq!(ask(ALICE, "small").await.unwrap().status(), 200);
+    assert_eq!(ask(BOB, "big-1").await.unwrap().status(), 200);
+    let stats = support::sim::stats(&http, &url).await;
+    assert_eq!(
+        stats["clients"][0]["refused_client"], 1,
+        "{}",
+        stats["clients"]
+    );
+    gw.shutdown().await;
+    let _ = std::fs::remove_file(&next);
+}
+
+#[test]
+fn a_model_pattern_without_quotas_is_refused() {
+    let toml = r#"
+[[providers]]
+name = "open"
+base_url = "http://127.0.0.1:9"
+
+[[clients]]
+name = "alice"
+keys = [{ env = "ALICE_KEY" }]
+
+[[clients.models]]
+pattern = "big-*"
+quotas = []
+"#;
+    let err = Settings::from_toml(toml, &env).unwrap_err().to_string();
+    assert!(err.contains("clients[0].models[0].quotas"), "{err}");
+}

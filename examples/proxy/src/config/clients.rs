@@ -29,6 +29,20 @@ pub struct ClientSection {
     /// (`[{ limit = 100, period = "1m" }]`); none: only the routes' limits.
     #[serde(default)]
     pub quotas: Vec<QuotaConfig>,
+    /// Its quotas on the models a pattern matches (`[[clients.models]]`).
+    #[serde(default)]
+    pub models: Vec<ClientModelSection>,
+}
+
+/// `[[clients.models]]`: a client's quotas on each model `pattern`
+/// matches (`*` any run of characters).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClientModelSection {
+    /// The models, as `gpt-4*`.
+    pub pattern: String,
+    /// Its quotas there, written as a `[rate_limit]` section's.
+    pub quotas: Vec<QuotaConfig>,
 }
 
 /// Where one key is read from.
@@ -47,6 +61,30 @@ pub struct Client {
     pub name: Arc<str>,
     pub keys: Vec<Vec<u8>>,
     pub quotas: Vec<Quota>,
+    /// Quotas on the models a pattern matches, in the order written.
+    pub models: Vec<(String, Vec<Quota>)>,
+}
+
+/// The per-model client limiter's limits: one rule per client and model
+/// pattern, on the key (client name, model), so each model it matches has
+/// its quotas; the first pattern that matches a model is the one that
+/// counts it.
+pub fn client_model_limits(clients: &[Client]) -> Result<Limits, ConfigError> {
+    let mut limits = Limits::default();
+    for client in clients {
+        for (pattern, quotas) in &client.models {
+            let name = format!("{}:{pattern}", client.name);
+            let mut rule = Rule::new(
+                &*name,
+                KeyPattern::parts([&*client.name, pattern.as_str()])?,
+            );
+            for quota in quotas {
+                rule = rule.with_quota(*quota);
+            }
+            limits.rules.push(rule);
+        }
+    }
+    Ok(limits)
 }
 
 /// The client limiter's limits: one rule per client with quotas, named
@@ -114,24 +152,37 @@ pub fn check_clients(sections: &[ClientSection], env: Env<'_>) -> Result<Vec<Cli
             }
             read.push(key);
         }
-        // Checked as the quotas of a [rate_limit] section, so that they
-        // read the same (requests, or `unit = "tokens"`) and an error names
-        // `clients[i].quotas[j]`.
-        let quotas = super::check::token_units(&RateLimitConfig {
-            quotas: section.quotas.clone(),
-            ..RateLimitConfig::default()
-        })
-        .map_err(within)?
-        .validate()
-        .map_err(within)?
-        .default;
+        let quotas = client_quotas(&section.quotas).map_err(within)?;
+        let mut models = Vec::new();
+        for (m, model) in section.models.iter().enumerate() {
+            let within = |e: ConfigError| within(e.within(&format!("models[{m}]")));
+            if model.quotas.is_empty() {
+                return Err(within(ConfigError::new("quotas", "at least one quota")));
+            }
+            KeyPattern::parts([name, model.pattern.as_str()])
+                .map_err(|e| within(ConfigError::new("pattern", e.message)))?;
+            let quotas = client_quotas(&model.quotas).map_err(within)?;
+            models.push((model.pattern.clone(), quotas));
+        }
         clients.push(Client {
             name: Arc::from(name),
             keys: read,
             quotas,
+            models,
         });
     }
     Ok(clients)
+}
+
+/// Quotas checked as a [rate_limit] section's, so that they read the same
+/// (requests, or `unit = "tokens"`) and an error names `quotas[j]`.
+fn client_quotas(quotas: &[QuotaConfig]) -> Result<Vec<Quota>, ConfigError> {
+    Ok(super::check::token_units(&RateLimitConfig {
+        quotas: quotas.to_vec(),
+        ..RateLimitConfig::default()
+    })?
+    .validate()?
+    .default)
 }
 
 fn read_key(source: &KeySource, env: Env<'_>) -> Result<Vec<u8>, ConfigError> {

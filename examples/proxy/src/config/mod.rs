@@ -18,7 +18,10 @@ mod toml_error;
 mod values;
 
 pub use check::{counts_tokens, is_loopback_host};
-pub use clients::{Client, ClientSection, KeySource, MAX_KEY_LEN, MIN_KEY_LEN, client_limits};
+pub use clients::{
+    Client, ClientModelSection, ClientSection, KeySource, MAX_KEY_LEN, MIN_KEY_LEN, client_limits,
+    client_model_limits,
+};
 pub use routes::{MAX_DEPLOYMENTS, ModelRoute, Order, RouteSection};
 pub use settings::{
     Credential, GatewaySettings, Provider, SIM_MAX_CONNECTIONS, Settings, SimModel, SimSettings,

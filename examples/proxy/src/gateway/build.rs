@@ -123,6 +123,7 @@ pub(super) fn build(
     let service = ServiceBuilder::new()
         .layer(ThrottleResponseLayer::new())
         .layer(layers.clients.clone())
+        .layer(layers.client_models.clone())
         .map_result(finish)
         .layer(backoff)
         .layer(concurrency)

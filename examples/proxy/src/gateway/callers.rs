@@ -321,6 +321,23 @@ impl<B> KeyExtractor<http::Request<B>> for ClientKey {
     }
 }
 
+/// Keys a request by its caller's name and its route's model, for the
+/// clients' quotas per model pattern (`[[clients.models]]`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClientModelKey;
+
+impl<B> KeyExtractor<http::Request<B>> for ClientModelKey {
+    fn extract(&self, req: &http::Request<B>, key: &mut KeyBuilder<'_>) -> Result<(), KeyError> {
+        ClientKey.extract(req, key)?;
+        let route = req
+            .extensions()
+            .get::<super::Route>()
+            .ok_or_else(|| tower_throttle::error::MissingKey::new("route"))?;
+        key.push_str(&route.model);
+        Ok(())
+    }
+}
+
 /// A client's quota counts a request the routes' limits did not refuse:
 /// refused there, it gives back what it took (all or nothing, as if both
 /// were judged at once).

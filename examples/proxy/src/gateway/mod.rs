@@ -86,7 +86,7 @@ use crate::stats::TrackedRoutes;
 use crate::tls::{HttpsClient, TlsClients};
 use crate::{health, live, serve, stats, usage};
 use build::build;
-use callers::{CLIENT_LIMIT, CallerCounts, Callers, ClientKey, PassedRoute};
+use callers::{CLIENT_LIMIT, CallerCounts, Callers, ClientKey, ClientModelKey, PassedRoute};
 use deploy::{DeployState, Dispatch};
 use upstream::http_client;
 
@@ -113,6 +113,8 @@ struct Layers {
     callers: CallerCounts,
     /// The clients' own quotas, judged before the routes'.
     clients: RateLimitLayer<ClientKey, Estimated<TokenCost>, PassedRoute>,
+    /// The clients' quotas per model pattern, judged with them.
+    client_models: RateLimitLayer<ClientModelKey, Estimated<TokenCost>, PassedRoute>,
 }
 
 /// The rate limiter's cost of a request: its token estimate (see `usage`).
@@ -131,6 +133,8 @@ pub struct Handles {
     pub learned: Arc<Learner>,
     /// The clients' own quotas.
     pub clients: RateLimitHandle,
+    /// The clients' quotas per model pattern.
+    pub client_models: RateLimitHandle,
 }
 
 /// One provider, resolved to where requests go.
@@ -331,9 +335,16 @@ impl Gateway {
             .with_cost(Estimated(usage::estimated_cost as TokenCost))
             .count_only(PassedRoute)
             .with_name(CLIENT_LIMIT);
+        let model_limits = crate::config::client_model_limits(&settings.clients)
+            .map_err(|e| e.within("clients"))?;
+        let client_models = RateLimitLayer::from_limits(&model_limits, ClientModelKey)
+            .with_cost(Estimated(usage::estimated_cost as TokenCost))
+            .count_only(PassedRoute)
+            .with_name(CLIENT_LIMIT);
         let rate = rate.with_name("route");
         let handles = Handles {
             clients: clients.handle(),
+            client_models: client_models.handle(),
             rate: rate.handle(),
             concurrency: concurrency.handle(),
             backoff: backoff.handle(),
@@ -373,6 +384,7 @@ impl Gateway {
             deploy: DeployState::default(),
             callers: CallerCounts::default(),
             clients,
+            client_models,
         };
         let tls = TlsClients::default();
         let current = build(&layers, &upstream, &tls, simulator, settings, 1)?;
