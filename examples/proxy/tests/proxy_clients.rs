@@ -429,6 +429,50 @@ async fn an_operator_key_without_clients_closes_the_operator_endpoints_too() {
     gw.shutdown().await;
 }
 
+/// A chat request to the `open` provider with `key`.
+fn chat(
+    client: &reqwest::Client,
+    url: &str,
+    key: &str,
+) -> impl std::future::Future<Output = reqwest::Result<reqwest::Response>> + use<> {
+    client
+        .post(format!("{url}/open/v1/chat"))
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {key}"))
+        .body(r#"{"model":"m","messages":[]}"#)
+        .send()
+}
+
+/// Alice floods the gateway at `url` with `flood` requests at once; once
+/// they have queued (`settle`), Bob sends ten, one after another, spaced
+/// out of step with the route's `interval`: Bob's round trips, and the
+/// flood's tasks (to abort).
+async fn flood_then_probe(
+    url: &str,
+    flood: usize,
+    settle: Duration,
+    interval: Duration,
+) -> (
+    Vec<Duration>,
+    Vec<tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>>,
+) {
+    let alice = reqwest::Client::new();
+    let tasks = (0..flood)
+        .map(|_| tokio::spawn(chat(&alice, url, ALICE)))
+        .collect();
+    tokio::time::sleep(settle).await;
+    let bob = reqwest::Client::new();
+    let mut round_trips = Vec::new();
+    for n in 0..10u32 {
+        let sent = Instant::now();
+        let answer = chat(&bob, url, BOB).await.unwrap();
+        assert_eq!(answer.status(), 200);
+        round_trips.push(sent.elapsed());
+        tokio::time::sleep(interval * 2 + Duration::from_millis(7 * u64::from(n))).await;
+    }
+    (round_trips, tasks)
+}
+
 /// A route saturated by one client's flood (200 at once, one in flight
 /// allowed, each answered in `INTERVAL`) still serves another client's
 /// requests within one turn: each waits for what is left of the request
@@ -448,31 +492,12 @@ async fn a_flooding_client_delays_another_by_at_most_one_turn() {
         config(&upstream, &next, "") + "\n[concurrency]\nmax_in_flight = 1\nmax_queue = 1000\n";
     let gw = start(&toml).await;
     let url = gw.url();
-    let send = |client: reqwest::Client, key: &str| {
-        client
-            .post(format!("{url}/open/v1/chat"))
-            .header("content-type", "application/json")
-            .header("authorization", format!("Bearer {key}"))
-            .body(r#"{"model":"m","messages":[]}"#)
-            .send()
-    };
-    let alice = reqwest::Client::new();
-    let flood: Vec<_> = (0..200)
-        .map(|_| tokio::spawn(send(alice.clone(), ALICE)))
+    let (round_trips, flood) = flood_then_probe(&url, 200, INTERVAL * 2, INTERVAL).await;
+    // Less its own answer's time: what it waited for the route.
+    let mut waits: Vec<Duration> = round_trips
+        .iter()
+        .map(|t| t.saturating_sub(INTERVAL))
         .collect();
-    // Let the flood queue up first.
-    tokio::time::sleep(INTERVAL * 2).await;
-    let bob = reqwest::Client::new();
-    let mut waits = Vec::new();
-    for n in 0..10u32 {
-        let sent = Instant::now();
-        let answer = send(bob.clone(), BOB).await.unwrap();
-        assert_eq!(answer.status(), 200);
-        // Less its own answer's time: what it waited for the route.
-        waits.push(sent.elapsed().saturating_sub(INTERVAL));
-        // Not in step with the flood's answers.
-        tokio::time::sleep(INTERVAL * 2 + Duration::from_millis(13 * u64::from(n))).await;
-    }
     // Bob's ten went up too.
     let alice_admitted = upstream.received().len() - 10;
     // The flood waits, counted per client; bob has nothing waiting.
@@ -538,29 +563,8 @@ quotas = [{ limit = 10, period = "1s" }]
 "#;
     let gw = start(&toml).await;
     let url = gw.url();
-    let send = |client: reqwest::Client, key: &str| {
-        client
-            .post(format!("{url}/open/v1/chat"))
-            .header("content-type", "application/json")
-            .header("authorization", format!("Bearer {key}"))
-            .body(r#"{"model":"m","messages":[]}"#)
-            .send()
-    };
-    let alice = reqwest::Client::new();
-    let flood: Vec<_> = (0..100)
-        .map(|_| tokio::spawn(send(alice.clone(), ALICE)))
-        .collect();
     // The burst goes; the rest wait.
-    tokio::time::sleep(INTERVAL * 3).await;
-    let bob = reqwest::Client::new();
-    let mut waits = Vec::new();
-    for n in 0..10u32 {
-        let sent = Instant::now();
-        let answer = send(bob.clone(), BOB).await.unwrap();
-        assert_eq!(answer.status(), 200);
-        waits.push(sent.elapsed());
-        tokio::time::sleep(INTERVAL * 2 + Duration::from_millis(7 * u64::from(n))).await;
-    }
+    let (mut waits, flood) = flood_then_probe(&url, 100, INTERVAL * 3, INTERVAL).await;
     let received = upstream.received().len();
     for task in &flood {
         task.abort();
