@@ -613,8 +613,7 @@ async fn a_token_bucket_settlement_with_waiters_booked_behind_it_gives_nothing_b
 
 /// Two layers on the path charging the same estimate (a caller's quota
 /// around a route's): one settlement settles both, each by what it
-/// charged; and a layer that gives its charge back whole (its outcome does
-/// not count) leaves the other's to settle.
+/// charged.
 #[tokio::test(start_paused = true)]
 async fn one_settlement_settles_every_layer_on_the_path() {
     let outer = RateLimitLayer::new(

@@ -184,6 +184,10 @@ impl Settlement {
             return false;
         };
         armed.remove(i);
+        if armed.is_empty() {
+            // Given back whole by every layer: never armed again.
+            *state = State::Done;
+        }
         true
     }
 }

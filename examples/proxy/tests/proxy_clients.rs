@@ -646,3 +646,26 @@ quotas = []
     let err = Settings::from_toml(toml, &env).unwrap_err().to_string();
     assert!(err.contains("clients[0].models[0].quotas"), "{err}");
 }
+
+#[test]
+fn a_model_pattern_given_twice_is_refused() {
+    let toml = r#"
+[[providers]]
+name = "open"
+base_url = "http://127.0.0.1:9"
+
+[[clients]]
+name = "alice"
+keys = [{ env = "ALICE_KEY" }]
+
+[[clients.models]]
+pattern = "big-*"
+quotas = [{ limit = 1, period = "1m" }]
+
+[[clients.models]]
+pattern = "big-*"
+quotas = [{ limit = 2, period = "1m" }]
+"#;
+    let err = Settings::from_toml(toml, &env).unwrap_err().to_string();
+    assert!(err.contains("clients[0].models[1].pattern"), "{err}");
+}

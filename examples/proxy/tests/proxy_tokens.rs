@@ -609,39 +609,37 @@ async fn a_stream_passes_chunk_by_chunk_with_nothing_held_back() {
     gateway.shutdown().await;
 }
 
-/// A client's own token quota is charged each estimate and settled to the
-/// usage with the route's: estimated at 300, using 100, eight of alice's
-/// fit her 1,000 tokens a minute (three if her estimates stood), and the
-/// route's 2,000 never refuse them (six if its estimates stood: one
-/// settlement settles both).
-#[tokio::test]
-async fn a_clients_token_quota_is_settled_to_the_usage() {
-    const ALICE: &str = "alice-key-0123456789abcdef";
-    let (addr, served) = upstream(Answer::Json(100)).await;
+const ALICE: &str = "alice-key-0123456789abcdef";
+
+/// A gateway before `upstream` (provider `up`) with client alice, and
+/// `extra` TOML (her quotas, limits, routes).
+async fn start_with_alice(upstream: SocketAddr, alice: &str, extra: &str) -> Running {
     let toml = format!(
         r#"
 [[providers]]
 name = "up"
-base_url = "http://{addr}"
-
-[rate_limit]
-quotas = [{{ limit = 2000, period = "1m", unit = "tokens", algorithm = "sliding_window" }}]
+base_url = "http://{upstream}"
+{extra}
 
 [[clients]]
 name = "alice"
 keys = [{{ env = "ALICE_KEY" }}]
-quotas = {THOUSAND_TOKENS}
+{alice}
 "#
     );
     let env = |name: &str| (name == "ALICE_KEY").then(|| ALICE.to_owned());
     let settings = Settings::from_toml(&toml, &env).unwrap_or_else(|e| panic!("{e}\n{toml}"));
-    let gateway = gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
+    gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Alice's requests estimated at 300 to `path` until one is refused (its
+/// refusal names her own limit): how many went.
+async fn alices_until_refused(gateway: &Running, path: &str) -> usize {
     let client = reqwest::Client::new();
-    let url = format!("{}/up/v1/chat/completions", gateway.url());
-    let mut sent = 0;
-    loop {
+    let url = format!("{}{path}", gateway.url());
+    for sent in 0..40 {
         let response = client
             .post(&url)
             .header("content-type", "application/json")
@@ -655,16 +653,63 @@ quotas = {THOUSAND_TOKENS}
         let text = response.text().await.unwrap();
         if status == 429 {
             assert!(text.contains(r#""limit":"client""#), "{text}");
-            break;
+            return sent;
         }
         assert_eq!(status, 200, "{text}");
-        sent += 1;
-        assert!(sent < 40, "never refused");
     }
-    assert_eq!(sent, 8);
+    panic!("never refused");
+}
+
+/// Alice's `tokens` in `/stats`.
+async fn alices_tokens(gateway: &Running) -> u64 {
+    let stats = support::sim::stats(&reqwest::Client::new(), &gateway.url()).await;
+    stats["clients"][0]["tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{}", stats["clients"]))
+}
+
+/// A client's own token quota is charged each estimate and settled to the
+/// usage with the route's: estimated at 300, using 100, eight of alice's
+/// fit her 1,000 tokens a minute (three if her estimates stood), and the
+/// route's 2,000 never refuse them (six if its estimates stood: one
+/// settlement settles both).
+#[tokio::test]
+async fn a_clients_token_quota_is_settled_to_the_usage() {
+    let (addr, served) = upstream(Answer::Json(100)).await;
+    let gateway = start_with_alice(
+        addr,
+        &format!("quotas = {THOUSAND_TOKENS}"),
+        r#"[rate_limit]
+quotas = [{ limit = 2000, period = "1m", unit = "tokens", algorithm = "sliding_window" }]"#,
+    )
+    .await;
+    assert_eq!(
+        alices_until_refused(&gateway, "/up/v1/chat/completions").await,
+        8
+    );
     assert_eq!(served.load(Ordering::SeqCst), 8);
     // Per client: what its answers used.
-    let stats = support::sim::stats(&client, &gateway.url()).await;
-    assert_eq!(stats["clients"][0]["tokens"], 800, "{}", stats["clients"]);
+    assert_eq!(alices_tokens(&gateway).await, 800);
+    gateway.shutdown().await;
+}
+
+/// The same quota on a model pattern, the only quota counting tokens (the
+/// gateway must still charge estimates), and through a `[[routes]]` model
+/// (its tokens still counted per client).
+#[tokio::test]
+async fn a_clients_token_quota_on_a_model_pattern_counts_tokens_through_routes() {
+    let (addr, served) = upstream(Answer::Json(100)).await;
+    let gateway = start_with_alice(
+        addr,
+        &format!("[[clients.models]]\npattern = \"m*\"\nquotas = {THOUSAND_TOKENS}"),
+        "[[routes]]\nmodel = \"m\"\ndeployments = [\"up\"]",
+    )
+    .await;
+    assert_eq!(
+        alices_until_refused(&gateway, "/v1/chat/completions").await,
+        8
+    );
+    assert_eq!(served.load(Ordering::SeqCst), 8);
+    assert_eq!(alices_tokens(&gateway).await, 800);
     gateway.shutdown().await;
 }

@@ -35,7 +35,7 @@ pub struct ClientSection {
 }
 
 /// `[[clients.models]]`: a client's quotas on each model `pattern`
-/// matches (`*` any run of characters).
+/// matches (`*` any run of characters, `?` any one).
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ClientModelSection {
@@ -67,8 +67,9 @@ pub struct Client {
 
 /// The per-model client limiter's limits: one rule per client and model
 /// pattern, on the key (client name, model), so each model it matches has
-/// its quotas; the first pattern that matches a model is the one that
-/// counts it.
+/// its quotas; of several patterns that match a model, the most specific
+/// counts it (as for `[[rate_limit.rules]]`: an exact name first, then
+/// the pattern with more literal characters).
 pub fn client_model_limits(clients: &[Client]) -> Result<Limits, ConfigError> {
     let mut limits = Limits::default();
     for client in clients {
@@ -161,6 +162,12 @@ pub fn check_clients(sections: &[ClientSection], env: Env<'_>) -> Result<Vec<Cli
             }
             KeyPattern::parts([name, model.pattern.as_str()])
                 .map_err(|e| within(ConfigError::new("pattern", e.message)))?;
+            if models.iter().any(|(p, _)| *p == model.pattern) {
+                return Err(within(ConfigError::new(
+                    "pattern",
+                    format!("{} is this client's twice", Quoted(&model.pattern)),
+                )));
+            }
             let quotas = client_quotas(&model.quotas).map_err(within)?;
             models.push((model.pattern.clone(), quotas));
         }

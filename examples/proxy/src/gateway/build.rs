@@ -157,7 +157,7 @@ pub(super) fn build(
             || settings
                 .clients
                 .iter()
-                .flat_map(|c| &c.quotas)
+                .flat_map(|c| c.quotas.iter().chain(c.models.iter().flat_map(|(_, q)| q)))
                 .any(|q| q.unit() == tower_throttle::rate_limit::Unit::Cost),
         settings: Arc::new(settings),
         targets,

@@ -40,7 +40,7 @@ pub struct Counters {
     refused_route: AtomicU64,
     /// Requests in the gateway not yet sent upstream (see [`WaitMark`]).
     waiting: AtomicU64,
-    /// Tokens its answers used (or their estimates, when they said none).
+    /// Tokens its answers said they used.
     tokens: AtomicU64,
 }
 
@@ -139,8 +139,8 @@ pub struct CallerStats {
     /// In the gateway now, not yet sent upstream (waiting for a route's
     /// turn, rate or permit).
     pub waiting: u64,
-    /// Tokens its answers used, as their usage said (their estimates when
-    /// they said none), on the endpoints that answer with usage.
+    /// Tokens its answers said they used, on the endpoints that answer
+    /// with usage, when a quota counts tokens.
     pub tokens: u64,
 }
 

@@ -25,7 +25,7 @@ use bytes::Bytes;
 use http::request::Parts;
 
 use super::build::UNREACHABLE;
-use super::callers::Caller;
+use super::callers::{Caller, WaitMark};
 use super::{Current, Gateway, forward};
 use crate::access_log::Reached;
 use crate::config::{ModelRoute, Order};
@@ -334,6 +334,10 @@ fn copy(parts: &Parts) -> Parts {
     copy.headers = parts.headers.clone();
     if let Some(caller) = parts.extensions.get::<Caller>() {
         copy.extensions.insert(caller.clone());
+    }
+    // Its clones end its wait once, when the first attempt goes upstream.
+    if let Some(mark) = parts.extensions.get::<WaitMark>() {
+        copy.extensions.insert(mark.clone());
     }
     copy
 }

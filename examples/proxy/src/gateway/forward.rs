@@ -406,8 +406,10 @@ pub(super) async fn send(
         let counters = gateway.inner.counters.clone();
         let settled = route.clone();
         let tally = Tally::new(move |used| {
-            if let Some(client) = &client_counters {
-                client.used(used.unwrap_or(charged));
+            // What the answer said it used: a gateway error, or an answer
+            // without usage, used nothing it can count.
+            if let (Some(client), Some(used)) = (&client_counters, used) {
+                client.used(used);
             }
             counters.settled(&settled, charged, used);
         });

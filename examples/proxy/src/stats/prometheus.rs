@@ -394,7 +394,7 @@ fn client_families(p: &mut Prom, clients: &[CallerStats]) {
     p.family(
         "proxy_client_tokens_total",
         "counter",
-        "Tokens the answers to each client used (their estimates when an answer said none).",
+        "Tokens the answers to each client said they used (when a quota counts tokens).",
     );
     for c in clients {
         p.sample(
