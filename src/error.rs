@@ -114,6 +114,9 @@ pub struct CostTooHigh {
     pub cost: u32,
     /// The most one admission can cost (the burst, or the window's limit).
     pub capacity: u32,
+    /// The name of the limit that refused, when its layer has one
+    /// ([`with_name`](crate::rate_limit::RateLimitLayer::with_name)).
+    pub limit: Option<String>,
 }
 
 impl CostTooHigh {
@@ -122,7 +125,14 @@ impl CostTooHigh {
             key,
             cost,
             capacity,
+            limit: None,
         }
+    }
+
+    /// The same refusal, naming the limit that refused.
+    pub fn with_limit(mut self, limit: impl Into<String>) -> Self {
+        self.limit = Some(limit.into());
+        self
     }
 }
 

@@ -481,7 +481,11 @@ where
                 capacity,
                 "rate limit: cost above capacity"
             );
-            ResponseFuture::failed(Box::new(CostTooHigh::new(key, cost, capacity)))
+            let mut too_high = CostTooHigh::new(key, cost, capacity);
+            if let Some(name) = refusals.and_then(|r| r.name.as_deref()) {
+                too_high = too_high.with_limit(name);
+            }
+            ResponseFuture::failed(Box::new(too_high))
         }
         #[cfg(feature = "redis")]
         Decision::Unavailable => {

@@ -43,10 +43,8 @@ impl<B: From<String>> MakeResponse<B> for JsonBody {
             }
         });
         // Which of several limits refused, when its layer is named.
-        if let Rejection::RateLimited(limited) = rejection {
-            if let Some(limit) = &limited.limit {
-                body["error"]["limit"] = serde_json::Value::from(limit.as_str());
-            }
+        if let Some(limit) = rejection.limit() {
+            body["error"]["limit"] = serde_json::Value::from(limit);
         }
         let mut response = http::Response::new(B::from(body.to_string()));
         *response.status_mut() = rejection.status();
@@ -257,9 +255,9 @@ where
             if let Some(policy) = &limited.policy {
                 refused = refused.with_policy(policy.to_string());
             }
-            if let Some(limit) = &limited.limit {
-                refused = refused.with_limit(limit.clone());
-            }
+        }
+        if let Some(limit) = rejection.limit() {
+            refused = refused.with_limit(limit);
         }
         response.extensions_mut().insert(refused);
         let headers = response.headers_mut();

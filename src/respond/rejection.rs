@@ -99,6 +99,17 @@ impl<'a> Rejection<'a> {
         }
     }
 
+    /// The name of the limit that refused, when its layer has one
+    /// ([`with_name`](crate::rate_limit::RateLimitLayer::with_name)): a rate
+    /// limit's refusal, or a cost no admission of it could ever fit.
+    pub fn limit(&self) -> Option<&str> {
+        match self {
+            Self::RateLimited(e) => e.limit.as_deref(),
+            Self::CostTooHigh(e) => e.limit.as_deref(),
+            _ => None,
+        }
+    }
+
     /// A short machine-readable code: `rate_limited`, `queue_full`, …
     pub fn code(&self) -> &'static str {
         match self {

@@ -713,3 +713,32 @@ async fn a_clients_token_quota_on_a_model_pattern_counts_tokens_through_routes()
     assert_eq!(alices_tokens(&gateway).await, 800);
     gateway.shutdown().await;
 }
+
+/// A request whose estimate no admission of a client's token quota could
+/// ever fit is refused with 413, naming the client's limit, and counted
+/// as refused by it.
+#[tokio::test]
+async fn an_estimate_above_a_clients_token_quota_is_refused_as_the_clients() {
+    let (addr, served) = upstream(Answer::Json(100)).await;
+    let gateway = start_with_alice(addr, &format!("quotas = {THOUSAND_TOKENS}"), "").await;
+    let response = reqwest::Client::new()
+        .post(format!("{}/up/v1/chat/completions", gateway.url()))
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {ALICE}"))
+        .body(body_estimated_at(1_200))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 413);
+    let body = support::sim::body_json(response).await;
+    assert_eq!(body["error"]["code"], "cost_too_high", "{body}");
+    assert_eq!(body["error"]["limit"], "client", "{body}");
+    let stats = support::sim::stats(&reqwest::Client::new(), &gateway.url()).await;
+    assert_eq!(
+        stats["clients"][0]["refused_client"], 1,
+        "{}",
+        stats["clients"]
+    );
+    assert_eq!(served.load(Ordering::SeqCst), 0);
+    gateway.shutdown().await;
+}
