@@ -275,6 +275,8 @@ async fn a_request_costing_more_than_a_limit_holds_is_refused_before_any_is_judg
     let err = send(&mut svc, msg("a", "all")).await.unwrap_err();
     let too_costly = err.downcast_ref::<CostTooHigh>().expect("CostTooHigh");
     assert_eq!((too_costly.cost, too_costly.capacity), (3, 2));
+    // Named after the limit that could never hold it.
+    assert_eq!(too_costly.limit.as_deref(), Some("fan_out"));
     send(&mut svc, msg("a", "all"))
         .await
         .expect_err("still too costly: the pair a→all was not started");

@@ -32,6 +32,9 @@ pub(crate) trait Part<R>: Send + Sync {
     /// Its refusal of a request on the key shown as `key`.
     fn refusal(&self, key: String, wait: Duration, quota: Quota, policy: &str) -> RateLimited;
 
+    /// The name its refusals give (see `with_name`).
+    fn name(&self) -> Option<&str>;
+
     /// How the limit is set up, for `Debug`.
     fn describe(&self) -> String;
 }
@@ -65,6 +68,10 @@ where
 
     fn refusal(&self, key: String, wait: Duration, quota: Quota, policy: &str) -> RateLimited {
         Shared::refusal(self, key, wait, quota, policy)
+    }
+
+    fn name(&self) -> Option<&str> {
+        self.refusals.as_ref().and_then(|r| r.name.as_deref())
     }
 
     fn describe(&self) -> String {

@@ -156,7 +156,11 @@ where
                 let (i, _, cost) = taking[index];
                 let key = self.parts[i].texts(&req).label();
                 tracing::debug!(cost, capacity, "rate limit (joint): cost above capacity");
-                JointResponseFuture::failed(Box::new(CostTooHigh::new(key, cost, capacity)))
+                let mut too_high = CostTooHigh::new(key, cost, capacity);
+                if let Some(name) = self.parts[i].name() {
+                    too_high = too_high.with_limit(name);
+                }
+                JointResponseFuture::failed(Box::new(too_high))
             }
         }
     }
