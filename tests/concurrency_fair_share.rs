@@ -2,16 +2,21 @@
 //! (here, the caller named by `x-client`), each lane in its own order, and
 //! a full line makes room by pushing out the longest lane's newest.
 
+#[path = "support/lanes.rs"]
+mod lanes;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tower::{BoxError, Layer, Service, ServiceExt};
+use tower::{Layer, Service, ServiceExt};
 use tower_throttle::concurrency::ConcurrencyLayer;
 use tower_throttle::error::QueueFull;
 use tower_throttle::key::{GlobalKey, HeaderKey};
+
+use lanes::{request, spawn};
 
 type Calls = Arc<Mutex<Vec<String>>>;
 
@@ -46,32 +51,10 @@ fn upstream(
     })
 }
 
-fn request(client: &str, n: usize) -> http::Request<()> {
-    http::Request::builder()
-        .header("x-client", client)
-        .header("x-n", n.to_string())
-        .body(())
-        .expect("valid request")
-}
-
-/// Send `req` on a clone of `svc` in a task of its own, and let it reach
-/// its place in line before the next. The response (which holds the
-/// permit) is dropped in the task.
-async fn spawn<S>(svc: &S, req: http::Request<()>) -> tokio::task::JoinHandle<Result<(), BoxError>>
-where
-    S: Service<http::Request<()>, Error = BoxError> + Clone + Send + 'static,
-    S::Future: Send,
-    S::Response: Send,
-{
-    let svc = svc.clone();
-    let task = tokio::spawn(async move { svc.oneshot(req).await.map(drop) });
-    tokio::task::yield_now().await;
-    task
-}
-
 /// One caller with 500 waiting and a second caller's one request: the
-/// second goes after at most one of the first's (one round), and the
-/// first's go in their own order. In arrival order it would be last.
+/// second goes next (the first had its turn with the request in flight),
+/// and the first's go in their own order. In arrival order it would be
+/// last.
 #[tokio::test(start_paused = true)]
 async fn a_callers_request_goes_within_one_turn_of_another_callers_500() {
     let calls = Calls::default();

@@ -4,6 +4,9 @@
 // Instants compared exactly: the limiter's clock as `test-util` makes it.
 #![cfg(feature = "test-util")]
 
+#[path = "support/lanes.rs"]
+mod lanes;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
@@ -15,20 +18,14 @@ use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_throttle::error::{QueueFull, QueueTimeout, RateLimited};
 use tower_throttle::fair::{FairQueueLayer, PassTurnLayer, Turn};
 use tower_throttle::key::{GlobalKey, HeaderKey};
+
+use lanes::{request, spawn};
 use tower_throttle::rate_limit::{Quota, RateLimitLayer};
 
 const SECOND: Duration = Duration::from_secs(1);
 
 /// Each call: `client/n`, and when (since the test began).
 type Calls = Arc<Mutex<Vec<(String, Duration)>>>;
-
-fn request(client: &str, n: usize) -> http::Request<()> {
-    http::Request::builder()
-        .header("x-client", client)
-        .header("x-n", n.to_string())
-        .body(())
-        .expect("valid request")
-}
 
 /// One a second, waited for up to `max_wait`, in a fair queue by
 /// `x-client` of at most `max_queue`; the inner service records its calls
@@ -89,18 +86,6 @@ fn stack_with(
             ));
             std::future::ready(Ok::<_, Infallible>(http::Response::new(())))
         }))
-}
-
-async fn spawn<S>(svc: &S, req: http::Request<()>) -> tokio::task::JoinHandle<Result<(), BoxError>>
-where
-    S: Service<http::Request<()>, Error = BoxError> + Clone + Send + 'static,
-    S::Future: Send,
-    S::Response: Send,
-{
-    let svc = svc.clone();
-    let task = tokio::spawn(async move { svc.oneshot(req).await.map(drop) });
-    tokio::task::yield_now().await;
-    task
 }
 
 /// A caller with 50 waiting, another's one: the second goes right after

@@ -471,7 +471,9 @@ impl KeyState {
         let mut queue = self.queue.lock();
         let waited_for = !queue.waiters.is_empty();
         queue.pace = match queue.pace {
-            Some(pace) if waited_for || took < pace => Some((pace * 3 + took) / 4),
+            Some(pace) if waited_for || took < pace => {
+                Some(pace.saturating_mul(3).saturating_add(took) / 4)
+            }
             None if waited_for => Some(took),
             unchanged => unchanged,
         };
