@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::concurrency::{Acquire, Granted, Inside, KeyState, Permit, Permits, QueueTicket};
+use crate::concurrency::{Acquire, Granted, Inside, KeyState, Lane, Permit, Permits, QueueTicket};
 use crate::key::KeyHash;
 use crate::rate_limit::lines::Lines;
 use crate::stats::{Event, KeyTracking, Stats, StatsSnapshot};
@@ -53,7 +53,10 @@ impl Key {
 
     /// Take a permit, or join the queue if it has fewer than `max_queue`.
     pub fn acquire(&self, max_queue: usize) -> Acquired {
-        match self.state.acquire(max_queue, 0, None, &|| "k".to_owned()) {
+        match self
+            .state
+            .acquire(max_queue, Lane::ONE, None, &|| "k".to_owned())
+        {
             Acquire::Granted(permit) => Acquired::Granted(permit),
             Acquire::Queued(ticket) => Acquired::Queued(Waiting(ticket)),
             Acquire::Full | Acquire::TooLong(_) => Acquired::Full,

@@ -101,6 +101,14 @@ impl<X, L> ConcurrencyLayer<X, L> {
     /// ahead of it), however many requests another lane has queued.
     /// Requests whose lane cannot be read share one lane.
     ///
+    /// A lane extractor may weigh a lane ([`KeyBuilder::set_weight`]): a
+    /// lane of weight `w` (its newest waiter's) takes up to `w` permits in
+    /// a row when its turn comes, so while lanes wait it gets `w` shares to
+    /// a weight-1 lane's one; a lane that starts waiting then waits at most
+    /// one turn of each lane ahead of it.
+    ///
+    /// [`KeyBuilder::set_weight`]: crate::key::KeyBuilder::set_weight
+    ///
     /// With [`with_max_queue`](Self::with_max_queue), a request that finds
     /// its key's line full pushes out the newest waiter of the longest lane
     /// when that lane would still be longer than its own (the one pushed

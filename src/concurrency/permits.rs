@@ -118,6 +118,27 @@ impl Queue {
     }
 }
 
+/// A request's lane in its key's line (see [`Waiters`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lane {
+    /// 0: the one lane of a line without fair share (not remembered as
+    /// the last served).
+    pub(crate) id: u64,
+    /// Permits in a row per turn, at least 1.
+    pub(crate) weight: u32,
+}
+
+impl Lane {
+    /// The one lane of a line without fair share.
+    pub(crate) const ONE: Lane = Lane { id: 0, weight: 1 };
+
+    /// Lane `id`, of weight 1.
+    #[cfg(test)]
+    pub(crate) fn of(id: u64) -> Lane {
+        Lane { id, weight: 1 }
+    }
+}
+
 /// How a wait in the line ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Turn {
@@ -248,13 +269,14 @@ impl KeyState {
     /// Take a permit, or join the queue in `lane` (see [`Waiters`]) when
     /// it has fewer than `max_queue` waiters, or room can be made, and,
     /// with a `max_wait`, when the longest its wait can take at the line's
-    /// pace (its place in its lane times the lanes waiting) is within it.
+    /// pace (the permits that can go before it as the lanes take their
+    /// turns: see [`Waiters::turns_for`]) is within it.
     /// `text` names the key for per-key counters.
     #[inline(always)]
     pub(crate) fn acquire(
         self: &Arc<Self>,
         max_queue: usize,
-        lane: u64,
+        lane: Lane,
         max_wait: Option<Duration>,
         text: &dyn Fn() -> String,
     ) -> Acquire {
@@ -271,8 +293,8 @@ impl KeyState {
                 Ordering::Relaxed,
             ) {
                 Ok(_) => {
-                    if lane != 0 {
-                        self.last_lane.store(lane, Ordering::Relaxed);
+                    if lane.id != 0 {
+                        self.last_lane.store(lane.id, Ordering::Relaxed);
                     }
                     self.entered(text);
                     return Acquire::Granted(Permit {
@@ -290,7 +312,7 @@ impl KeyState {
     fn acquire_slow(
         self: &Arc<Self>,
         max_queue: usize,
-        lane: u64,
+        lane: Lane,
         max_wait: Option<Duration>,
         text: &dyn Fn() -> String,
     ) -> Acquire {
@@ -318,8 +340,8 @@ impl KeyState {
             {
                 Ok(_) if granted => {
                     drop(queue);
-                    if lane != 0 {
-                        self.last_lane.store(lane, Ordering::Relaxed);
+                    if lane.id != 0 {
+                        self.last_lane.store(lane.id, Ordering::Relaxed);
                     }
                     self.entered(text);
                     return Acquire::Granted(Permit {
@@ -331,11 +353,11 @@ impl KeyState {
             }
         }
         if let Some(max_wait) = max_wait {
-            let (place, lanes) = queue.waiters.place_of(lane);
+            let turns = queue.waiters.turns_for(lane.id, lane.weight);
             let longest = queue
                 .pace
                 .unwrap_or_default()
-                .saturating_mul(u32::try_from(place.saturating_mul(lanes)).unwrap_or(u32::MAX));
+                .saturating_mul(u32::try_from(turns).unwrap_or(u32::MAX));
             if longest > max_wait {
                 if queue.waiters.is_empty() {
                     // The flag was set for this request alone.
@@ -352,7 +374,7 @@ impl KeyState {
             let out = if max_queue == 0 {
                 None
             } else {
-                queue.waiters.push_out_for(lane)
+                queue.waiters.push_out_for(lane.id)
             };
             match out {
                 Some(out) => {
@@ -373,7 +395,8 @@ impl KeyState {
         queue.waiters.push(
             Waiter {
                 ticket,
-                lane,
+                lane: lane.id,
+                weight: lane.weight,
                 waker: None,
             },
             last,

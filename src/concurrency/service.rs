@@ -11,7 +11,7 @@ use tower_service::Service;
 use super::future::ResponseFuture;
 use super::handle::ConcurrencyHandle;
 use super::hold::HoldPermit;
-use super::permits::{Acquire, LastKey, Permits, QueueTicket};
+use super::permits::{Acquire, Lane, LastKey, Permits, QueueTicket};
 use crate::error::{BoxError, KeyError, QueueFull, QueueTimeout};
 use crate::home::Home;
 use crate::key::{GlobalKey, KeyBuilder, KeyExtractor, KeyHash, key_label};
@@ -99,14 +99,14 @@ impl<X, L> Shared<X, L> {
     /// `req`'s lane in its key's line: one lane for all without fair
     /// share, and for the requests whose lane cannot be read.
     #[inline]
-    fn lane<R>(&self, req: &R) -> u64
+    fn lane<R>(&self, req: &R) -> Lane
     where
         L: KeyExtractor<R>,
     {
         if is_no_lanes::<L>() {
-            return 0;
+            return Lane::ONE;
         }
-        fair_lane(self.permits.seed().hash(&*self.lanes, req))
+        fair_lane(self.permits.seed().hash_weighted(&*self.lanes, req))
     }
 
     /// `req`'s key as it may be shown, for errors, logs and per-key
@@ -261,12 +261,22 @@ fn is_global<X: 'static>() -> bool {
     TypeId::of::<X>() == TypeId::of::<GlobalKey>()
 }
 
-/// A request's lane from its lane key: never 0, which is the one lane of
-/// [`NoLanes`] (the lines do not remember it as the last served); a
-/// request whose lane cannot be read is in a lane of its own kind.
+/// A request's lane from its lane key and weight: never lane 0, which is
+/// the one lane of [`NoLanes`] (the lines do not remember it as the last
+/// served); a request whose lane cannot be read is in a lane of its own
+/// kind, of weight 1.
 #[inline]
-pub(crate) fn fair_lane(lane: Result<KeyHash, KeyError>) -> u64 {
-    lane.map_or(u64::MAX, |lane| lane.0.max(1))
+pub(crate) fn fair_lane(lane: Result<(KeyHash, u32), KeyError>) -> Lane {
+    lane.map_or(
+        Lane {
+            id: u64::MAX,
+            weight: 1,
+        },
+        |(lane, weight)| Lane {
+            id: lane.0.max(1),
+            weight,
+        },
+    )
 }
 
 /// Whether `L` is [`NoLanes`], decided at compile time as [`is_global`].

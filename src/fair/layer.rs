@@ -83,8 +83,10 @@ impl<X, L> FairQueueLayer<X, L> {
 
     /// Refuse at once, with [`RateLimited`] (its `retry_after` the wait
     /// foreseen), a request whose wait for its turn could take longer than
-    /// `max_wait`: its place in its lane times the lanes waiting, at the
-    /// pace turns have been passing on its key. A request let in is not
+    /// `max_wait`: the turns that can go before it (its place in its lane
+    /// and, for each of its lane's turns up to it, one turn of every other
+    /// lane waiting, by their weights; with weights of 1, its place times
+    /// the lanes waiting), at the pace turns have been passing on its key. A request let in is not
     /// cut short later (but by [`with_queue_timeout`](Self::with_queue_timeout)):
     /// each lane that starts waiting after it may add one turn to its
     /// wait. The pace is how long turns are held, averaged over the last
@@ -195,7 +197,7 @@ where
         let Ok(key) = seed.hash(&*shared.extractor, &req) else {
             return ResponseFuture::called(self.inner.call(req));
         };
-        let lane = fair_lane(seed.hash(&*shared.lanes, &req));
+        let lane = fair_lane(seed.hash_weighted(&*shared.lanes, &req));
         let key_text = || key_label(&*shared.extractor, &req).unwrap_or_default();
         let state = shared.permits.key_state(key);
         match state.acquire(shared.max_queue, lane, shared.max_wait, &key_text) {

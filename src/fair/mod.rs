@@ -16,7 +16,9 @@
 //! each lane ahead of it, however many another lane has queued. Since the
 //! next request books only when the one before it goes, the waiting
 //! layer's pace is unchanged: it admits the same requests at the same
-//! rate, in a fair order.
+//! rate, in a fair order. Lanes can be weighted (a lane extractor calls
+//! [`KeyBuilder::set_weight`](crate::key::KeyBuilder::set_weight)): a lane
+//! of weight 3 takes three turns in a row to a weight-1 lane's one.
 //!
 //! The fair queue can be bounded ([`FairQueueLayer::with_max_queue`]: a
 //! newcomer to a full queue pushes out the longest lane's newest, or is

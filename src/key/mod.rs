@@ -75,6 +75,8 @@ pub struct KeyBuilder<'a> {
     parts: u32,
     /// Inside [`push_secret`](Self::push_secret): every part is secret.
     secret: bool,
+    /// Set by a lane extractor: see [`set_weight`](Self::set_weight).
+    weight: u32,
 }
 
 impl fmt::Debug for KeyBuilder<'_> {
@@ -103,7 +105,18 @@ impl<'a> KeyBuilder<'a> {
             text,
             parts: 0,
             secret: false,
+            weight: 1,
         }
+    }
+
+    /// For an extractor of fair-share *lanes* (callers, say: see
+    /// [`ConcurrencyLayer::with_fair_share`](crate::concurrency::ConcurrencyLayer::with_fair_share)
+    /// and [`FairQueueLayer`](crate::fair::FairQueueLayer)): the weight of
+    /// this request's lane, how many turns in a row it takes when its turn
+    /// comes (1 unless set; 0 counts as 1). It is no part of the key, and
+    /// every other use of a key ignores it.
+    pub fn set_weight(&mut self, weight: u32) {
+        self.weight = weight.max(1);
     }
 
     /// Add one part, as raw bytes.
@@ -239,6 +252,18 @@ impl KeySeed {
         let mut builder = KeyBuilder::new(self, None);
         extractor.extract(req, &mut builder)?;
         Ok(builder.finish())
+    }
+
+    /// The hash of `req`'s key under `extractor`, and the lane weight it
+    /// set (see [`KeyBuilder::set_weight`]).
+    pub(crate) fn hash_weighted<R, X: KeyExtractor<R> + ?Sized>(
+        &self,
+        extractor: &X,
+        req: &R,
+    ) -> Result<(KeyHash, u32), KeyError> {
+        let mut builder = KeyBuilder::new(self, None);
+        extractor.extract(req, &mut builder)?;
+        Ok((builder.finish(), builder.weight))
     }
 
     /// The hash of the key with no parts: [`GlobalKey`]'s.

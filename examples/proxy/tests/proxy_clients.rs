@@ -549,10 +549,27 @@ async fn a_flooding_client_delays_another_by_at_most_one_turn() {
 /// holds (never more than its burst and one a tenth of a second).
 #[tokio::test]
 async fn a_flooding_client_delays_another_by_at_most_one_turn_of_a_routes_rate() {
+    rate_flood("rate-flood", "").await;
+}
+
+/// The same with the route's rate kept in Redis (a `[store]`).
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_flooding_client_delays_another_by_at_most_one_turn_of_a_rate_in_redis() {
+    let Some(redis) = testkit::redis::RedisServer::start("proxy_clients_rate_flood") else {
+        return;
+    };
+    let store = format!("\n[store]\nredis_url = \"{}\"\n", redis.url());
+    rate_flood("rate-flood-redis", &store).await;
+}
+
+/// [`flood_then_probe`] on a route of ten a second in wait mode, with
+/// `extra` configuration.
+async fn rate_flood(name: &str, extra: &str) {
     const INTERVAL: Duration = Duration::from_millis(100);
     const HOPS: Duration = Duration::from_millis(80);
     let upstream = FakeUpstream::start().await;
-    let next = temp_path("alice-next-rate-flood");
+    let next = temp_path(&format!("alice-next-{name}"));
     std::fs::write(&next, ALICE_NEXT).unwrap();
     let toml = config(&upstream, &next, "")
         + r#"
@@ -560,7 +577,7 @@ async fn a_flooding_client_delays_another_by_at_most_one_turn_of_a_routes_rate()
 mode = "wait"
 max_wait = "60s"
 quotas = [{ limit = 10, period = "1s" }]
-"#;
+"# + extra;
     let gw = start(&toml).await;
     let url = gw.url();
     // The burst goes; the rest wait.
@@ -668,4 +685,74 @@ quotas = [{ limit = 2, period = "1m" }]
 "#;
     let err = Settings::from_toml(toml, &env).unwrap_err().to_string();
     assert!(err.contains("clients[0].models[1].pattern"), "{err}");
+}
+
+/// A client of `weight = 3` takes three turns of a saturated route to
+/// another client's one, while both have requests waiting.
+#[tokio::test]
+async fn a_client_of_weight_three_gets_three_turns_of_a_busy_route() {
+    const ANSWER: Duration = Duration::from_millis(100);
+    let upstream = FakeUpstream::start().await;
+    upstream.answer_after(ANSWER);
+    let next = temp_path("alice-next-weight");
+    std::fs::write(&next, ALICE_NEXT).unwrap();
+    let toml = config(&upstream, &next, "")
+        .replace("name = \"alice\"\n", "name = \"alice\"\nweight = 3\n")
+        + "\n[concurrency]\nmax_in_flight = 1\nmax_queue = 1000\n";
+    let gw = start(&toml).await;
+    let url = gw.url();
+    let http = reqwest::Client::new();
+    let send = |key: &str, who: &str| {
+        http.post(format!("{url}/open/v1/chat"))
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {key}"))
+            .body(format!(r#"{{"model":"m","messages":[],"user":"{who}"}}"#))
+            .send()
+    };
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        tasks.push(tokio::spawn(send(ALICE, "alice")));
+        tasks.push(tokio::spawn(send(BOB, "bob")));
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap().unwrap().status(), 200);
+    }
+    gw.shutdown().await;
+    let _ = std::fs::remove_file(&next);
+    let order: String = upstream
+        .received()
+        .iter()
+        .map(|r| {
+            if String::from_utf8_lossy(&r.body).contains("alice") {
+                'A'
+            } else {
+                'b'
+            }
+        })
+        .collect();
+    // Once both have queued (past the first few), and while both wait:
+    // three of alice's to one of bob's (ten and ten without weights).
+    let alice = order[4..24].chars().filter(|&c| c == 'A').count();
+    assert!((14..=16).contains(&alice), "{order}");
+    assert_eq!(upstream.most_in_flight(), 1);
+}
+
+#[test]
+fn a_client_weight_out_of_range_is_refused() {
+    for weight in ["0", "101"] {
+        let toml = format!(
+            r#"
+[[providers]]
+name = "open"
+base_url = "http://127.0.0.1:9"
+
+[[clients]]
+name = "alice"
+keys = [{{ env = "ALICE_KEY" }}]
+weight = {weight}
+"#
+        );
+        let err = Settings::from_toml(&toml, &env).unwrap_err().to_string();
+        assert!(err.contains("clients[0].weight"), "{err}");
+    }
 }

@@ -27,8 +27,8 @@ fn the_single_key_moves_its_admissions_out_of_its_word_and_loses_none() {
     for _ in 0..3 {
         // Lock-free while the count is short of CARRY, then under the
         // lock; the second request waits and is handed the permit.
-        let first = granted(single.acquire(usize::MAX, 0, None, &text));
-        let second = queued(single.acquire(usize::MAX, 0, None, &text));
+        let first = granted(single.acquire(usize::MAX, Lane::of(0), None, &text));
+        let second = queued(single.acquire(usize::MAX, Lane::of(0), None, &text));
         drop(first);
         let second = second.into_granted().enter();
         admitted += 2;
@@ -56,19 +56,19 @@ fn the_pace_is_set_by_waited_for_permits_and_lowered_by_any() {
     let secs = Duration::from_secs;
     let pace = || key.queue.lock().pace;
     // Nobody waits: no pace yet, whatever it took.
-    granted(key.acquire(usize::MAX, 0, None, &text)).held_for(secs(40));
+    granted(key.acquire(usize::MAX, Lane::of(0), None, &text)).held_for(secs(40));
     assert_eq!(pace(), None);
     // Waited for: 40 s a turn.
-    let holder = granted(key.acquire(usize::MAX, 0, None, &text));
-    let waiting = queued(key.acquire(usize::MAX, 0, None, &text));
+    let holder = granted(key.acquire(usize::MAX, Lane::of(0), None, &text));
+    let waiting = queued(key.acquire(usize::MAX, Lane::of(0), None, &text));
     holder.held_for(secs(40));
     drop(holder);
     assert_eq!(pace(), Some(secs(40)));
     // With that pace, a second waiter behind the first would be too long
     // for a minute.
     let holder = waiting.into_granted().enter();
-    let first = queued(key.acquire(usize::MAX, 7, Some(secs(60)), &text));
-    let too_long = key.acquire(usize::MAX, 7, Some(secs(60)), &text);
+    let first = queued(key.acquire(usize::MAX, Lane::of(7), Some(secs(60)), &text));
+    let too_long = key.acquire(usize::MAX, Lane::of(7), Some(secs(60)), &text);
     assert!(matches!(too_long, Acquire::TooLong(w) if w == secs(80)));
     drop(first);
     // Quick turns nobody waited for bring it down; a slow one does not
@@ -77,7 +77,7 @@ fn the_pace_is_set_by_waited_for_permits_and_lowered_by_any() {
     drop(holder);
     assert_eq!(pace(), Some(secs(40)));
     for _ in 0..8 {
-        granted(key.acquire(usize::MAX, 0, None, &text)).held_for(Duration::ZERO);
+        granted(key.acquire(usize::MAX, Lane::of(0), None, &text)).held_for(Duration::ZERO);
     }
     assert!(pace().is_some_and(|p| p < secs(5)), "{:?}", pace());
 }
@@ -89,10 +89,13 @@ fn a_request_that_may_not_wait_pushes_nobody_out() {
     let permits = Permits::new(1, KeyTracking::default());
     let key = permits.single();
     let text = || String::from("(global)");
-    let _holder = granted(key.acquire(usize::MAX, 1, None, &text));
-    let _first = queued(key.acquire(usize::MAX, 1, None, &text));
-    let _second = queued(key.acquire(usize::MAX, 1, None, &text));
-    assert!(matches!(key.acquire(0, 2, None, &text), Acquire::Full));
+    let _holder = granted(key.acquire(usize::MAX, Lane::of(1), None, &text));
+    let _first = queued(key.acquire(usize::MAX, Lane::of(1), None, &text));
+    let _second = queued(key.acquire(usize::MAX, Lane::of(1), None, &text));
+    assert!(matches!(
+        key.acquire(0, Lane::of(2), None, &text),
+        Acquire::Full
+    ));
     assert_eq!(key.queue.lock().waiters.len(), 2);
     assert!(key.queue.lock().pushed_out.is_empty());
 }

@@ -11,6 +11,13 @@
 //! other lanes have waiting; and each lane's own waiters go in their
 //! arrival order.
 //!
+//! A lane of weight `w` (its newest waiter's, see [`LaneWeight`]) takes up
+//! to `w` permits in a row when its turn comes, so under load it gets `w`
+//! shares of the key to a weight-1 lane's one; a newcomer's lane then
+//! waits at most one turn of each lane ahead of it.
+//!
+//! [`LaneWeight`]: crate::fair::LaneWeight
+//!
 //! When the key's line is full, a newcomer may push out the newest waiter
 //! of the longest lane (see [`Waiters::push_out_for`]): a flood fills its
 //! own lane, never the others' room.
@@ -25,6 +32,8 @@ use crate::store::PassThrough;
 pub(super) struct Waiter {
     pub(super) ticket: u64,
     pub(super) lane: u64,
+    /// Its lane's weight: permits in a row per turn (at least 1).
+    pub(super) weight: u32,
     /// The task to wake when the permit comes; `None` until first polled.
     pub(super) waker: Option<Waker>,
 }
@@ -36,9 +45,19 @@ pub(super) struct Waiters {
     all: VecDeque<Waiter>,
     /// The lanes with waiters, the one whose turn is next first.
     round: VecDeque<u64>,
-    /// How many wait in each lane of `round`. Lanes are keyed hashes
-    /// already: hashed again, they would only cost.
-    per_lane: HashMap<u64, usize, BuildHasherDefault<PassThrough>>,
+    /// Each lane of `round`. Lanes are keyed hashes already: hashed
+    /// again, they would only cost.
+    per_lane: HashMap<u64, Lane, BuildHasherDefault<PassThrough>>,
+    /// The weights of the lanes in `round`, summed.
+    total_weight: u64,
+}
+
+/// A lane with waiters.
+struct Lane {
+    waiting: usize,
+    weight: u32,
+    /// Permits it took in its current turn (it is at the front).
+    served: u32,
 }
 
 impl Waiters {
@@ -63,25 +82,49 @@ impl Waiters {
     /// Add a waiter, its ticket above every other's; `last` is the lane
     /// that got the last permit.
     pub(super) fn push(&mut self, waiter: Waiter, last: u64) {
-        let count = self.per_lane.entry(waiter.lane).or_insert(0);
-        if *count == 0 {
-            match self.round.back() {
+        let weight = waiter.weight.max(1);
+        if !self.per_lane.contains_key(&waiter.lane) {
+            let passed = match self.round.back() {
                 Some(&back) if back == last && back != waiter.lane => {
                     self.round.insert(self.round.len() - 1, waiter.lane);
+                    Some(back)
                 }
-                _ => self.round.push_back(waiter.lane),
+                _ => {
+                    self.round.push_back(waiter.lane);
+                    None
+                }
+            };
+            // The lane gone ahead of has had its turn (even one cut short).
+            if let Some(state) = passed.and_then(|back| self.per_lane.get_mut(&back)) {
+                state.served = 0;
             }
         }
-        *count += 1;
+        let lane = self.per_lane.entry(waiter.lane).or_insert(Lane {
+            waiting: 0,
+            weight: 0,
+            served: 0,
+        });
+        lane.waiting += 1;
+        // The newest waiter's weight is the lane's.
+        self.total_weight = self.total_weight - u64::from(lane.weight) + u64::from(weight);
+        lane.weight = weight;
         self.all.push_back(waiter);
     }
 
-    /// Where a newcomer in `lane` would stand: its place in its lane (1:
-    /// first), and how many lanes would be waiting.
-    pub(super) fn place_of(&self, lane: u64) -> (usize, usize) {
-        let mine = self.per_lane.get(&lane).copied().unwrap_or(0);
-        let lanes = self.round.len() + usize::from(mine == 0);
-        (mine + 1, lanes)
+    /// The most permits that can go before a newcomer of weight `weight`
+    /// in `lane`, its own included, as the lanes now waiting take their
+    /// turns: its place in its lane, and for each of its lane's turns up
+    /// to it, one turn of every other lane. With weights of 1: its place
+    /// times the lanes waiting.
+    pub(super) fn turns_for(&self, lane: u64, weight: u32) -> u64 {
+        let (mine, my_weight) = self
+            .per_lane
+            .get(&lane)
+            .map_or((0, 0), |l| (l.waiting, l.weight));
+        let place = mine as u64 + 1;
+        let others = self.total_weight - u64::from(my_weight);
+        let rounds = place.div_ceil(u64::from(weight.max(1)));
+        place.saturating_add(rounds.saturating_mul(others))
     }
 
     /// Take out the waiter whose turn it is.
@@ -94,6 +137,15 @@ impl Waiters {
             self.all.iter().position(|w| w.lane == lane)?
         };
         let waiter = self.all.remove(i)?;
+        if let Some(state) = self.per_lane.get_mut(&lane) {
+            state.served += 1;
+            // Its turn goes on while it has waiters and weight left.
+            if state.served < state.weight && state.waiting > 1 {
+                self.count_out(lane);
+                return Some(waiter);
+            }
+            state.served = 0;
+        }
         self.round.pop_front();
         if self.count_out(lane) > 0 {
             self.round.push_back(lane);
@@ -116,8 +168,12 @@ impl Waiters {
     /// own lane is (one of) the longest, and the newcomer is the one
     /// refused.
     pub(super) fn push_out_for(&mut self, lane: u64) -> Option<Waiter> {
-        let mine = self.per_lane.get(&lane).copied().unwrap_or(0);
-        let (&longest, &count) = self.per_lane.iter().max_by_key(|(_, count)| **count)?;
+        let mine = self.per_lane.get(&lane).map_or(0, |l| l.waiting);
+        let (&longest, count) = self
+            .per_lane
+            .iter()
+            .map(|(lane, state)| (lane, state.waiting))
+            .max_by_key(|(_, count)| *count)?;
         if count <= mine + 1 {
             return None;
         }
@@ -128,12 +184,13 @@ impl Waiters {
 
     /// One waiter fewer in `lane`: how many are left in it.
     fn count_out(&mut self, lane: u64) -> usize {
-        let Some(count) = self.per_lane.get_mut(&lane) else {
+        let Some(state) = self.per_lane.get_mut(&lane) else {
             return 0;
         };
-        *count -= 1;
-        let left = *count;
+        state.waiting -= 1;
+        let left = state.waiting;
         if left == 0 {
+            self.total_weight -= u64::from(state.weight);
             self.per_lane.remove(&lane);
         }
         left
@@ -147,9 +204,14 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn waiter(ticket: u64, lane: u64) -> Waiter {
+        weighted(ticket, lane, 1)
+    }
+
+    fn weighted(ticket: u64, lane: u64, weight: u32) -> Waiter {
         Waiter {
             ticket,
             lane,
+            weight,
             waker: None,
         }
     }
@@ -232,11 +294,51 @@ mod tests {
         ]
     }
 
+    fn weight_of(lane: u64) -> u32 {
+        u32::try_from(lane % 3).unwrap_or(0) + 1
+    }
+
+    #[test]
+    fn a_lane_of_weight_three_takes_three_in_a_row() {
+        let mut waiters = Waiters::default();
+        for ticket in 0..6 {
+            waiters.push(weighted(ticket, 1, 3), u64::MAX);
+        }
+        for ticket in 6..9 {
+            waiters.push(waiter(ticket, 2), u64::MAX);
+        }
+        let lanes: Vec<u64> = order(&mut waiters).iter().map(|w| w.1).collect();
+        assert_eq!(lanes, [1, 1, 1, 2, 1, 1, 1, 2, 2]);
+    }
+
+    #[test]
+    fn the_turns_ahead_count_each_lanes_weight() {
+        let mut waiters = Waiters::default();
+        for ticket in 0..4 {
+            waiters.push(weighted(ticket, 1, 3), u64::MAX);
+        }
+        waiters.push(waiter(4, 2), u64::MAX);
+        // A newcomer of weight 1 in lane 3: first in its lane, behind one
+        // turn of lane 1 (3) and of lane 2 (1).
+        assert_eq!(waiters.turns_for(3, 1), 5);
+        // Lane 2's second, weight 1: two turns of lane 1 go before it.
+        assert_eq!(waiters.turns_for(2, 1), 2 + 2 * 3);
+        // Lane 1's fifth, weight 3: two of its turns, each with one of lane 2.
+        assert_eq!(waiters.turns_for(1, 3), 5 + 2);
+        // Weights of 1 throughout: place times lanes.
+        let mut even = Waiters::default();
+        for ticket in 0..3 {
+            even.push(waiter(ticket, ticket % 2), u64::MAX);
+        }
+        assert_eq!(even.turns_for(0, 1), 3 * 2);
+        assert_eq!(even.turns_for(9, 1), 3);
+    }
+
     proptest! {
-        /// Over generated histories: each lane is served in its arrival
-        /// order; nobody is served twice or lost; and between a waiter
-        /// becoming its lane's oldest and being served, no other lane is
-        /// served more than once.
+        /// Over generated histories, lanes of weights 1 to 3: each lane is
+        /// served in its arrival order; nobody is served twice or lost;
+        /// and between a waiter becoming its lane's oldest and being
+        /// served, no other lane is served more than its weight.
         #[test]
         fn lanes_take_turns_and_keep_their_order(steps in prop::collection::vec(step(), 1..300)) {
             let mut waiters = Waiters::default();
@@ -252,7 +354,7 @@ mod tests {
             for step in steps {
                 match step {
                     Step::Join(lane) => {
-                        waiters.push(waiter(next, lane), last);
+                        waiters.push(weighted(next, lane, weight_of(lane)), last);
                         let line = lanes.entry(lane).or_default();
                         line.push_back(next);
                         if line.len() == 1 {
@@ -275,7 +377,10 @@ mod tests {
                         for (head, served) in since_head.iter_mut() {
                             let count = served.entry(w.lane).or_default();
                             *count += 1;
-                            prop_assert!(*count <= 1, "{} waited while lane {} went twice", head, w.lane);
+                            prop_assert!(
+                                *count <= weight_of(w.lane),
+                                "{} waited while lane {} went {} times", head, w.lane, count
+                            );
                         }
                     }
                     Step::Leave(n) => {

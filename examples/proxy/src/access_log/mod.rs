@@ -171,7 +171,7 @@ pub async fn record(State(log): State<AccessLog>, req: Request, next: Next) -> R
     };
     let mut entry = Entry {
         time,
-        client: ext.get::<Caller>().map(|Caller(name, _)| name.to_string()),
+        client: ext.get::<Caller>().map(|caller| caller.name.to_string()),
         route: route.map(ToString::to_string),
         method,
         path,

@@ -16,6 +16,9 @@ use super::values::read_env;
 pub const MIN_KEY_LEN: usize = 16;
 /// The longest key accepted.
 pub const MAX_KEY_LEN: usize = 512;
+/// The largest client weight: a heavier client would hold a busy route
+/// for that many turns while others wait.
+pub const MAX_WEIGHT: u32 = 100;
 
 /// `[[clients]]` as written.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -32,6 +35,9 @@ pub struct ClientSection {
     /// Its quotas on the models a pattern matches (`[[clients.models]]`).
     #[serde(default)]
     pub models: Vec<ClientModelSection>,
+    /// Its share of a saturated route: turns in a row, against another
+    /// client's one per weight (1 to 100; default 1).
+    pub weight: Option<u32>,
 }
 
 /// `[[clients.models]]`: a client's quotas on each model `pattern`
@@ -63,6 +69,8 @@ pub struct Client {
     pub quotas: Vec<Quota>,
     /// Quotas on the models a pattern matches, in the order written.
     pub models: Vec<(String, Vec<Quota>)>,
+    /// Turns in a row on a route it waits on with others (1 to 100).
+    pub weight: u32,
 }
 
 /// The per-model client limiter's limits: one rule per client and model
@@ -108,6 +116,7 @@ impl std::fmt::Debug for Client {
         f.debug_struct("Client")
             .field("name", &self.name)
             .field("keys", &format_args!("<{} redacted>", self.keys.len()))
+            .field("weight", &self.weight)
             .finish()
     }
 }
@@ -171,11 +180,21 @@ pub fn check_clients(sections: &[ClientSection], env: Env<'_>) -> Result<Vec<Cli
             let quotas = client_quotas(&model.quotas).map_err(within)?;
             models.push((model.pattern.clone(), quotas));
         }
+        let weight = section.weight.unwrap_or(1);
+        if !(1..=MAX_WEIGHT).contains(&weight) {
+            return Err(within(ConfigError::new(
+                "weight",
+                format!(
+                    "1 to {MAX_WEIGHT}: turns in a row on a busy route, to another client's one"
+                ),
+            )));
+        }
         clients.push(Client {
             name: Arc::from(name),
             keys: read,
             quotas,
             models,
+            weight,
         });
     }
     Ok(clients)

@@ -29,7 +29,13 @@ pub const ANONYMOUS: &str = "anonymous";
 /// Who sent a request, in its response's extensions (for the access log),
 /// with its counters.
 #[derive(Clone, Debug)]
-pub struct Caller(pub Arc<str>, pub Arc<Counters>);
+pub struct Caller {
+    /// The client's name (never its key).
+    pub name: Arc<str>,
+    pub counters: Arc<Counters>,
+    /// Its share of a saturated route, in turns (`[[clients]] weight`).
+    pub weight: u32,
+}
 
 /// One client's counters.
 #[derive(Debug, Default)]
@@ -152,6 +158,7 @@ pub struct Callers {
     by_hash: HashMap<u64, Vec<(usize, Vec<u8>)>>,
     hasher: RandomState,
     names: Vec<Arc<str>>,
+    weights: Vec<u32>,
     counts: Vec<Arc<Counters>>,
     anonymous: Arc<Counters>,
     require: bool,
@@ -194,6 +201,7 @@ impl Callers {
             by_hash,
             hasher,
             names,
+            weights: clients.iter().map(|c| c.weight).collect(),
             require,
         }
     }
@@ -209,7 +217,11 @@ impl Callers {
             if let Some(i) = self.find(key) {
                 let counters = self.counts[i].clone();
                 counters.requests.fetch_add(1, Ordering::Relaxed);
-                return Identified::Client(Caller(self.names[i].clone(), counters));
+                return Identified::Client(Caller {
+                    name: self.names[i].clone(),
+                    counters,
+                    weight: self.weights[i],
+                });
             }
         }
         if !self.require {
@@ -312,11 +324,10 @@ pub struct ClientKey;
 
 impl<B> KeyExtractor<http::Request<B>> for ClientKey {
     fn extract(&self, req: &http::Request<B>, key: &mut KeyBuilder<'_>) -> Result<(), KeyError> {
-        let name = req
-            .extensions()
-            .get::<Caller>()
-            .map_or(ANONYMOUS, |Caller(name, _)| &**name);
-        key.push_str(name);
+        let caller = req.extensions().get::<Caller>();
+        key.push_str(caller.map_or(ANONYMOUS, |caller| &*caller.name));
+        // Its share of a route it waits on with others (the fair lines).
+        key.set_weight(caller.map_or(1, |caller| caller.weight));
         Ok(())
     }
 }

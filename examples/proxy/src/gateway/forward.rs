@@ -132,7 +132,7 @@ async fn forward(State(gateway): State<Gateway>, req: Request<Body>) -> Response
             current.callers.strip_keys(&mut parts.headers);
             // For the clients' quotas (`ClientKey`).
             parts.extensions.insert(caller.clone());
-            let counters = caller.1.clone();
+            let counters = caller.counters.clone();
             (Some(caller), counters)
         }
         Identified::Anonymous(counters) => (None, counters),

@@ -318,9 +318,10 @@ impl Gateway {
             None => (rate, backoff),
         };
         let rate = rate.with_response_headers(NoteQuota);
+        // With a store too: the route's turn is then held for the rate
+        // limiter's round trip to Redis, which bounds a route's requests
+        // to about one per round trip, far above any provider's rate.
         let fair = Some(FairQueueLayer::new(RouteKey, ClientKey));
-        #[cfg(feature = "redis")]
-        let fair = fair.filter(|_| store.is_none());
         let concurrency = ConcurrencyLayer::new(live::max_in_flight(&settings), RouteKey)
             .map_err(|e| e.within("concurrency"))?
             .with_key_stats_where(routes, is_tracked(&tracked))
