@@ -41,9 +41,14 @@
 //! [`BoxError`](crate::error::BoxError) to
 //! [`RateLimited`](crate::error::RateLimited) and the others.
 
+#[cfg(feature = "tonic")]
+mod grpc;
 mod headers;
 mod layer;
 mod rejection;
+
+#[cfg(feature = "tonic")]
+pub use grpc::{GrpcStatus, GrpcStatusFuture, GrpcStatusLayer, PUSHBACK, status_of};
 
 pub use headers::RateLimitHeaders;
 pub(crate) use headers::policy_field;
