@@ -2,7 +2,9 @@
 //! and `GrpcStatusLayer`, called by a real tonic client: a refused call
 //! is the gRPC status a client expects, with its retry delay in
 //! `RetryInfo` and `grpc-retry-pushback-ms`, on a unary and on a
-//! streaming method, and no key text in its message.
+//! streaming method, and no key text in its message. And a tonic client
+//! behind `Backoff429Layer`: a server's pushback cools the route for its
+//! time; a pushback saying "do not retry" cools nothing.
 
 #![cfg(feature = "tonic")]
 
@@ -15,7 +17,9 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_types::StatusExt;
 use tower::ServiceBuilder;
+use tower_throttle::backoff::{Backoff429Layer, Reason};
 use tower_throttle::concurrency::ConcurrencyLayer;
+use tower_throttle::error::CoolingDown;
 use tower_throttle::key::{GlobalKey, HeaderKey};
 use tower_throttle::rate_limit::{Quota, RateLimitLayer};
 use tower_throttle::respond::{GrpcStatusLayer, PUSHBACK};
@@ -162,4 +166,147 @@ async fn a_full_concurrency_line_is_unavailable_without_a_delay() {
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
     assert!(refused.get_details_retry_info().is_none());
     assert!(refused.metadata().get(PUSHBACK).is_none());
+}
+
+/// Calls that reached the server, counted by a layer in front of it.
+type Reached = std::sync::Arc<std::sync::atomic::AtomicUsize>;
+
+fn counting(
+    reached: &Reached,
+) -> impl Fn(http::Request<tonic::body::Body>) -> http::Request<tonic::body::Body> + Clone + use<> {
+    let reached = reached.clone();
+    move |req| {
+        reached.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        req
+    }
+}
+
+fn reached(reached: &Reached) -> usize {
+    reached.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+#[tokio::test]
+async fn a_servers_pushback_cools_the_clients_route_for_its_time() {
+    let count = Reached::default();
+    let server_layer = ServiceBuilder::new()
+        .map_request(counting(&count))
+        .layer(GrpcStatusLayer::new())
+        .layer(RateLimitLayer::new(
+            Quota::per_minute(1).expect("valid"),
+            GlobalKey,
+        ))
+        .into_inner();
+    let addr = serve!(server_layer);
+    let channel = Channel::from_shared(addr)
+        .expect("a URL")
+        .connect()
+        .await
+        .expect("the server is up");
+    let backoff = Backoff429Layer::new(GlobalKey);
+    let handle = backoff.handle();
+    let mut health = HealthClient::new(ServiceBuilder::new().layer(backoff).service(channel));
+    health.check(check()).await.expect("the first call");
+    let pushed_back = health.check(check()).await.expect_err("one a minute");
+    assert_eq!(pushed_back.code(), Code::ResourceExhausted);
+    // The route cools for what the server's RetryInfo said, read exactly.
+    let cooldown = handle.cooldown::<&str>(&[]).expect("the route cools");
+    assert_eq!(cooldown.reason, Reason::GrpcRetryInfo);
+    assert!(
+        cooldown.remaining > Duration::from_secs(55)
+            && cooldown.remaining <= Duration::from_secs(60),
+        "{cooldown:?}"
+    );
+    // The next call is refused here, without reaching the server.
+    let cooled = health.check(check()).await.expect_err("cooling down");
+    let source = std::error::Error::source(&cooled).expect("the layer's error");
+    assert!(source.downcast_ref::<CoolingDown>().is_some(), "{cooled:?}");
+    assert_eq!(reached(&count), 2);
+}
+
+#[tokio::test]
+async fn a_pushback_saying_do_not_retry_cools_nothing() {
+    let count = Reached::default();
+    // Every call refused, with gRPC's "do not retry".
+    let refuse = tower::layer::layer_fn(|_routes| {
+        tower::service_fn(|_req: http::Request<tonic::body::Body>| async {
+            let mut status = Status::resource_exhausted("never");
+            status
+                .metadata_mut()
+                .insert(PUSHBACK, "-1".parse().expect("ascii"));
+            Ok::<_, std::convert::Infallible>(status.into_http::<tonic::body::Body>())
+        })
+    });
+    let server_layer = ServiceBuilder::new()
+        .map_request(counting(&count))
+        .layer(refuse)
+        .into_inner();
+    let addr = serve!(server_layer);
+    let channel = Channel::from_shared(addr)
+        .expect("a URL")
+        .connect()
+        .await
+        .expect("the server is up");
+    let backoff = Backoff429Layer::new(GlobalKey);
+    let handle = backoff.handle();
+    let mut health = HealthClient::new(ServiceBuilder::new().layer(backoff).service(channel));
+    for _ in 0..3 {
+        let refused = health.check(check()).await.expect_err("refused");
+        assert_eq!(refused.code(), Code::ResourceExhausted);
+    }
+    assert!(handle.cooldowns().is_empty());
+    assert_eq!(reached(&count), 3);
+}
+
+/// A gRPC answer: `code` with `pushback`, trailers-only.
+fn grpc_answer(code: Code, pushback: &str) -> http::Response<String> {
+    let mut status = Status::new(code, "pushed back");
+    status
+        .metadata_mut()
+        .insert(PUSHBACK, pushback.parse().expect("ascii"));
+    status.into_http()
+}
+
+/// `RetryPolicy` against a server answering the first call with `first`
+/// and later ones `OK`: when each call was sent, from the start.
+async fn retried(first: http::Response<String>) -> Vec<Duration> {
+    use std::sync::{Arc, Mutex};
+    use tower::ServiceExt;
+    use tower::retry::RetryLayer;
+    use tower_throttle::backoff::RetryPolicy;
+
+    let start = tokio::time::Instant::now();
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let first = Arc::new(Mutex::new(Some(first)));
+    let log = sent.clone();
+    let service = ServiceBuilder::new()
+        .layer(RetryLayer::new(RetryPolicy::new()))
+        .service_fn(move |_req: http::Request<String>| {
+            log.lock().unwrap().push(start.elapsed());
+            let answer = first
+                .lock()
+                .unwrap()
+                .take()
+                .unwrap_or_else(|| Status::ok("").into_http());
+            async move { Ok::<_, std::convert::Infallible>(answer) }
+        });
+    service
+        .oneshot(http::Request::new(String::new()))
+        .await
+        .expect("an answer");
+    sent.lock().unwrap().clone()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_retry_policy_waits_out_a_grpc_pushback_and_obeys_do_not_retry() {
+    let zero = Duration::ZERO;
+    let pushed = retried(grpc_answer(Code::ResourceExhausted, "1500")).await;
+    assert_eq!(pushed, [zero, Duration::from_millis(1500)]);
+    let unavailable = retried(grpc_answer(Code::Unavailable, "250")).await;
+    assert_eq!(unavailable, [zero, Duration::from_millis(250)]);
+    assert_eq!(
+        retried(grpc_answer(Code::ResourceExhausted, "-1")).await,
+        [zero]
+    );
+    // Not a pushback: an answer with another code is not retried.
+    assert_eq!(retried(grpc_answer(Code::NotFound, "10")).await, [zero]);
 }

@@ -395,6 +395,8 @@ impl Cooldowns {
     /// a shared cooldown must hear (a 429, a 503 with a wait, a success
     /// ending a streak or advising a wait), if anything.
     fn observe(&self, watch: &Watch, status: StatusCode, headers: &HeaderMap) -> Option<Said> {
+        // A gRPC refusal, read as the HTTP status it stands for.
+        let status = super::grpc::as_http_status(status, headers);
         let refused = status == StatusCode::TOO_MANY_REQUESTS;
         let unavailable =
             status == StatusCode::SERVICE_UNAVAILABLE && self.on_503.load(Ordering::Relaxed);

@@ -30,6 +30,11 @@ pub enum Reason {
     ResetEpoch,
     /// The `t` parameter of the IETF `RateLimit` field.
     RateLimitField,
+    /// A gRPC answer's `google.rpc.RetryInfo` detail
+    /// (`grpc-status-details-bin`; with the `tonic` feature).
+    GrpcRetryInfo,
+    /// A gRPC answer's `grpc-retry-pushback-ms`.
+    GrpcPushback,
     /// No usable header: the exponential rule, after this many consecutive
     /// 429 responses. Never returned by [`cooldown_from_headers`].
     Exponential {
@@ -57,6 +62,8 @@ impl Reason {
             Self::ResetTime => "anthropic-ratelimit-*-reset",
             Self::ResetEpoch => "x-ratelimit-reset",
             Self::RateLimitField => "ratelimit",
+            Self::GrpcRetryInfo => "grpc-status-details-bin",
+            Self::GrpcPushback => "grpc-retry-pushback-ms",
             Self::Exponential { .. } | Self::Shared => return None,
         })
     }
@@ -74,6 +81,11 @@ impl Reason {
 ///   kind, those whose matching `remaining` is `0` are preferred, and the
 ///   longest of them is taken.
 /// - **503 Service Unavailable**: `retry-after-ms` and `Retry-After` only.
+/// - **A gRPC answer refused at once** (HTTP 200 with `grpc-status` in
+///   its headers): `RESOURCE_EXHAUSTED` as a 429 and `UNAVAILABLE` as a
+///   503, the wait from its `google.rpc.RetryInfo` detail (with the `tonic`
+///   feature) or else `grpc-retry-pushback-ms`; a negative or unreadable
+///   pushback is gRPC's "do not retry", and asks for no cooldown.
 /// - **2xx**: only a route the response says is exhausted (a reset header
 ///   whose matching `remaining` is `0`): the proactive cooldown.
 /// - Anything else: `None`.
@@ -114,6 +126,7 @@ pub fn cooldown_from_headers(
     now: SystemTime,
     max_cooldown: Duration,
 ) -> Option<(Duration, Reason)> {
+    let status = super::grpc::as_http_status(status, headers);
     let (wait, reason) = advised(status, headers, now)?;
     Some((wait.min(max_cooldown), reason))
 }
@@ -129,6 +142,11 @@ enum Need {
 
 fn advised(status: StatusCode, headers: &HeaderMap, now: SystemTime) -> Option<(Duration, Reason)> {
     match status {
+        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+            if super::grpc::is_grpc(headers) =>
+        {
+            super::grpc::wait(headers)
+        }
         StatusCode::TOO_MANY_REQUESTS => {
             retry_after(headers, now).or_else(|| provider_reset(headers, now, Need::Any))
         }

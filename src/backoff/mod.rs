@@ -11,8 +11,10 @@
 //! The cooldown lasts as long as the response says
 //! ([`cooldown_from_headers`]: `retry-after-ms`, `Retry-After`, the OpenAI,
 //! Anthropic and `X-RateLimit-Reset` reset headers, the IETF `RateLimit`
-//! field), or else follows an [`ExponentialBackoff`] over the route's
-//! consecutive 429s. Nothing a server sends cools a route longer than the
+//! field, and a gRPC server's `RetryInfo` or `grpc-retry-pushback-ms` on a
+//! `RESOURCE_EXHAUSTED` or `UNAVAILABLE` refusal, read as a 429 or a 503),
+//! or else follows an [`ExponentialBackoff`] over the route's consecutive
+//! 429s. Nothing a server sends cools a route longer than the
 //! layer's `max_cooldown`.
 //!
 //! To keep below a provider's limits rather than meet them,
@@ -63,6 +65,7 @@ mod config;
 mod cooldown;
 mod exponential;
 mod future;
+mod grpc;
 mod handle;
 mod headers;
 mod layer;

@@ -263,7 +263,8 @@ impl<C> RetryPolicy<C> {
     {
         match result {
             Ok(response) => {
-                let status = response.status();
+                // A gRPC refusal, read as the HTTP status it stands for.
+                let status = super::grpc::as_http_status(response.status(), response.headers());
                 if status != StatusCode::TOO_MANY_REQUESTS
                     && !(status == StatusCode::SERVICE_UNAVAILABLE && self.on_503)
                 {
