@@ -30,8 +30,13 @@ use serde::Serialize;
 use crate::key::KeyHash;
 use crate::sync::{AtomicI64, AtomicU64, Mutex, MutexGuard};
 
+#[cfg(feature = "metrics")]
+mod export;
 mod keys;
 mod subscription;
+
+#[cfg(feature = "metrics")]
+pub use export::MetricsReporter;
 
 use keys::KeyTable;
 pub(crate) use keys::{KeyFilter, KeyTracking};
@@ -90,6 +95,10 @@ pub struct StatsSnapshot {
     /// for state in process; left out of the serialized form then.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub store: Option<StoreStats>,
+    /// How many times the counters were reset: a reporter that sees it
+    /// move knows they count from zero again.
+    #[serde(skip)]
+    pub(crate) resets: u64,
 }
 
 /// What a layer keeping its state in a shared store counts besides its
@@ -279,6 +288,8 @@ pub(crate) struct Stats {
     max_keys: usize,
     filter: Option<KeyFilter>,
     untracked: AtomicU64,
+    /// Resets so far (see [`StatsSnapshot::resets`]).
+    resets: AtomicU64,
     /// The striped totals at the last reset, taken off every snapshot's
     /// counters (the stripes themselves are never written but by requests).
     baseline: Mutex<Tally>,
@@ -287,6 +298,10 @@ pub(crate) struct Stats {
     /// A shared store's counters, for a layer that keeps its state in one.
     store: Option<Arc<StoreCounters>>,
     hub: Arc<Hub>,
+    /// Each admitted wait, recorded as it ends once a
+    /// [`MetricsReporter`] reports this layer.
+    #[cfg(feature = "metrics")]
+    waits: std::sync::OnceLock<::metrics::Histogram>,
 }
 
 impl fmt::Debug for Stats {
@@ -312,11 +327,21 @@ impl Stats {
             max_keys,
             filter: tracking.filter,
             untracked: AtomicU64::new(0),
+            resets: AtomicU64::new(0),
             baseline: Mutex::new(Tally::default()),
             tracks_in_flight: false,
             store: None,
             hub: Arc::new(Hub::default()),
+            #[cfg(feature = "metrics")]
+            waits: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Record each admitted wait in `histogram` from now on (the first
+    /// histogram set stays).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn record_waits_in(&self, histogram: ::metrics::Histogram) {
+        let _ = self.waits.set(histogram);
     }
 
     /// The same counters, also reporting a shared store's in every
@@ -355,6 +380,11 @@ impl Stats {
                     c.waited.fetch_add(1, Ordering::Relaxed);
                     let nanos = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
                     c.wait_nanos.fetch_add(nanos, Ordering::Relaxed);
+                    // Off the admission path: only a request that waited.
+                    #[cfg(feature = "metrics")]
+                    if let Some(waits) = self.waits.get() {
+                        waits.record(wait.as_secs_f64());
+                    }
                 }
                 c.queued.fetch_sub(1, Ordering::Relaxed) as u64
             }
@@ -523,6 +553,7 @@ impl Stats {
             keys,
             untracked_keys: self.untracked.load(Ordering::Relaxed),
             store: self.store.as_ref().map(|s| s.snapshot()),
+            resets: self.resets.load(Ordering::Relaxed),
         }
     }
 
@@ -541,6 +572,7 @@ impl Stats {
                 .for_each(Tally::reset);
         }
         self.untracked.store(0, Ordering::Relaxed);
+        self.resets.fetch_add(1, Ordering::Relaxed);
         self.hub.touch();
     }
 

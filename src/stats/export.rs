@@ -1,0 +1,327 @@
+//! `MetricsReporter`: the layers' counters through the `metrics` facade
+//! (feature `metrics`), to whatever exporter the program installed
+//! (Prometheus, StatsD, OpenTelemetry).
+//!
+//! The request path does not change: the layers keep counting in their
+//! own striped counters, and the reporter reads their snapshots when it
+//! reports (on a timer, or when asked) and moves the facade's counters and
+//! gauges by what changed. Only a request that waited also records its
+//! wait, as it ends, in a histogram.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use ::metrics::{Histogram, Label, Unit};
+
+use super::{KeyStats, OTHER_KEYS, StatsSnapshot};
+use crate::backoff::BackoffHandle;
+use crate::concurrency::ConcurrencyHandle;
+use crate::rate_limit::RateLimitHandle;
+
+const ADMITTED: &str = "tower_throttle_admitted_total";
+const REFUSED: &str = "tower_throttle_refused_total";
+const WOULD_REFUSE: &str = "tower_throttle_would_refuse_total";
+const WAITED: &str = "tower_throttle_waited_total";
+const WAIT_SECONDS: &str = "tower_throttle_wait_seconds";
+const QUEUED: &str = "tower_throttle_queued";
+const IN_FLIGHT: &str = "tower_throttle_in_flight";
+const KEYS: &str = "tower_throttle_keys";
+const COOLDOWNS: &str = "tower_throttle_cooldowns";
+const COOLDOWNS_STARTED: &str = "tower_throttle_cooldowns_started_total";
+const STORE_ERRORS: &str = "tower_throttle_store_errors_total";
+const STORE_FALLBACKS: &str = "tower_throttle_store_fallbacks_total";
+
+/// Reports the counters of the layers it is given through the `metrics`
+/// facade, labelled `layer` (the name given here) and, for as many keys as
+/// [`with_keys_per_layer`](Self::with_keys_per_layer) allows, `key`:
+///
+/// | metric | kind | what |
+/// |---|---|---|
+/// | `tower_throttle_admitted_total` | counter | requests let through |
+/// | `tower_throttle_refused_total` | counter | requests refused |
+/// | `tower_throttle_would_refuse_total` | counter | let through by a dry run that would refuse them |
+/// | `tower_throttle_waited_total` | counter | admitted requests that waited first |
+/// | `tower_throttle_wait_seconds` | histogram | each of those waits (`layer` only) |
+/// | `tower_throttle_queued` | gauge | requests waiting now |
+/// | `tower_throttle_in_flight` | gauge | requests in flight now (concurrency, backoff) |
+/// | `tower_throttle_keys` | gauge | key states held now (`layer` only) |
+/// | `tower_throttle_cooldowns` | gauge | routes cooling down now (backoff; `layer` only) |
+/// | `tower_throttle_cooldowns_started_total` | counter | cooldowns started (backoff; `layer` only) |
+/// | `tower_throttle_store_errors_total` | counter | Redis calls that failed (`layer` only) |
+/// | `tower_throttle_store_fallbacks_total` | counter | decisions made without Redis (`layer` only) |
+///
+/// Labels stay bounded: by default only each layer's totals are
+/// reported. With `with_keys_per_layer(n)`, the first `n` keys a layer
+/// counts apart (see `with_key_stats` on each layer: a key filter picks
+/// which, so routes rather than callers) are labelled by key as the stats
+/// show it (secret parts as fingerprints, never their text), and the rest
+/// are added up under `key="(other)"`. Counters never go down: a
+/// `reset_stats` on a handle starts the layer's counts again from zero,
+/// and the reporter adds what they count from there (what was counted
+/// between the last report and the reset is not reported).
+///
+/// Install the program's recorder before the first report; reports cost
+/// nothing on the request path, installed or not.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_throttle::key::GlobalKey;
+/// use tower_throttle::rate_limit::{Quota, RateLimitLayer};
+/// use tower_throttle::stats::MetricsReporter;
+///
+/// # async fn run() -> Result<(), tower_throttle::error::ConfigError> {
+/// let limit = RateLimitLayer::new(Quota::per_second(10)?, GlobalKey);
+/// let reporter = MetricsReporter::new().with_rate_limit("api", &limit.handle());
+/// // Every second, for as long as the program runs.
+/// tokio::spawn(reporter.run(Duration::from_secs(1)));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Default)]
+pub struct MetricsReporter {
+    layers: Vec<Layer>,
+    keys_per_layer: usize,
+}
+
+/// What a layer's counters stood at when last reported: its resets, and
+/// each counter by label set.
+#[derive(Default)]
+struct Reported {
+    resets: u64,
+    totals: Last,
+}
+
+/// One layer being reported.
+struct Layer {
+    name: Arc<str>,
+    handle: Handle,
+    /// What each counter stood at when last reported.
+    last: Mutex<Reported>,
+    /// Set at the first report, with the recorder installed then.
+    waits: OnceLock<()>,
+}
+
+enum Handle {
+    RateLimit(RateLimitHandle),
+    Concurrency(ConcurrencyHandle),
+    Backoff(BackoffHandle),
+}
+
+impl fmt::Debug for MetricsReporter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.layers.iter().map(|l| &*l.name).collect();
+        f.debug_struct("MetricsReporter")
+            .field("layers", &names)
+            .field("keys_per_layer", &self.keys_per_layer)
+            .finish()
+    }
+}
+
+impl MetricsReporter {
+    /// A reporter of no layer yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn with(mut self, name: &str, handle: Handle) -> Self {
+        self.layers.push(Layer {
+            name: Arc::from(name),
+            handle,
+            last: Mutex::default(),
+            waits: OnceLock::new(),
+        });
+        self
+    }
+
+    /// Report the rate-limit layer of `handle` as `name`.
+    pub fn with_rate_limit(self, name: &str, handle: &RateLimitHandle) -> Self {
+        self.with(name, Handle::RateLimit(handle.clone()))
+    }
+
+    /// Report the concurrency layer of `handle` as `name`.
+    pub fn with_concurrency(self, name: &str, handle: &ConcurrencyHandle) -> Self {
+        self.with(name, Handle::Concurrency(handle.clone()))
+    }
+
+    /// Report the backoff layer of `handle` as `name`.
+    pub fn with_backoff(self, name: &str, handle: &BackoffHandle) -> Self {
+        self.with(name, Handle::Backoff(handle.clone()))
+    }
+
+    /// Label up to `n` keys of each layer apart (of those the layer counts
+    /// apart), the rest as `key="(other)"`; 0 (the default): each layer's
+    /// totals only.
+    pub fn with_keys_per_layer(mut self, n: usize) -> Self {
+        self.keys_per_layer = n;
+        self
+    }
+
+    /// Report every `every`, for ever: spawn it on the program's runtime.
+    pub async fn run(self, every: Duration) {
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            self.report();
+        }
+    }
+
+    /// Report now: move each counter by what its layer counted since the
+    /// last report, and set each gauge.
+    pub fn report(&self) {
+        describe();
+        for layer in &self.layers {
+            self.report_layer(layer);
+        }
+    }
+
+    fn report_layer(&self, layer: &Layer) {
+        layer.waits.get_or_init(|| {
+            let histogram = ::metrics::histogram!(WAIT_SECONDS, "layer" => layer.name.to_string());
+            layer.handle.record_waits_in(histogram);
+        });
+        let (snapshot, keys, cooldowns) = match &layer.handle {
+            Handle::RateLimit(h) => (h.stats(), h.key_count(), None),
+            Handle::Concurrency(h) => (h.stats(), h.key_count(), None),
+            Handle::Backoff(h) => {
+                let stats = h.stats();
+                let cooldowns = (stats.cooldowns.len(), stats.cooldowns_started);
+                (stats.requests, h.key_count(), Some(cooldowns))
+            }
+        };
+        let name = layer.name.to_string();
+        let mut reported = layer.last.lock().unwrap_or_else(|e| e.into_inner());
+        // Reset since: every count starts again from zero.
+        if reported.resets != snapshot.resets {
+            reported.resets = snapshot.resets;
+            reported.totals.clear();
+        }
+        let last = &mut reported.totals;
+        let just_layer = vec![Label::new("layer", name.clone())];
+        report_entry(last, &just_layer, &snapshot.aggregate);
+        for entry in self.keyed(&snapshot) {
+            let labels = vec![
+                Label::new("layer", name.clone()),
+                Label::new("key", entry.key.clone()),
+            ];
+            report_entry(last, &labels, &entry);
+        }
+        ::metrics::gauge!(KEYS, just_layer.clone()).set(keys as f64);
+        if let Some((now, started)) = cooldowns {
+            ::metrics::gauge!(COOLDOWNS, just_layer.clone()).set(now as f64);
+            count(last, COOLDOWNS_STARTED, &just_layer, started);
+        }
+        if let Some(store) = &snapshot.store {
+            count(last, STORE_ERRORS, &just_layer, store.errors);
+            count(last, STORE_FALLBACKS, &just_layer, store.fallbacks);
+        }
+    }
+
+    /// The keys to label apart: up to `keys_per_layer`, the rest added up
+    /// as [`OTHER_KEYS`].
+    fn keyed(&self, snapshot: &StatsSnapshot) -> Vec<KeyStats> {
+        if self.keys_per_layer == 0 {
+            return Vec::new();
+        }
+        let mut apart: Vec<KeyStats> = Vec::new();
+        let mut other: Option<KeyStats> = None;
+        for entry in &snapshot.keys {
+            if entry.key != OTHER_KEYS && apart.len() < self.keys_per_layer {
+                apart.push(entry.clone());
+                continue;
+            }
+            let sum = other.get_or_insert_with(|| KeyStats {
+                key: OTHER_KEYS.to_owned(),
+                in_flight: entry.in_flight.map(|_| 0),
+                ..KeyStats::default()
+            });
+            sum.admitted += entry.admitted;
+            sum.rejected += entry.rejected;
+            sum.would_reject += entry.would_reject;
+            sum.waited += entry.waited;
+            sum.queued_now += entry.queued_now;
+            if let (Some(sum), Some(more)) = (&mut sum.in_flight, entry.in_flight) {
+                *sum += more;
+            }
+        }
+        apart.extend(other);
+        apart
+    }
+}
+
+impl Handle {
+    fn record_waits_in(&self, histogram: Histogram) {
+        match self {
+            Self::RateLimit(h) => h.record_waits_in(histogram),
+            Self::Concurrency(h) => h.record_waits_in(histogram),
+            Self::Backoff(h) => h.record_waits_in(histogram),
+        }
+    }
+}
+
+type Last = HashMap<(&'static str, String), u64>;
+
+fn report_entry(last: &mut Last, labels: &[Label], entry: &KeyStats) {
+    count(last, ADMITTED, labels, entry.admitted);
+    count(last, REFUSED, labels, entry.rejected);
+    count(last, WOULD_REFUSE, labels, entry.would_reject);
+    count(last, WAITED, labels, entry.waited);
+    ::metrics::gauge!(QUEUED, labels.to_vec()).set(entry.queued_now as f64);
+    if let Some(in_flight) = entry.in_flight {
+        ::metrics::gauge!(IN_FLIGHT, labels.to_vec()).set(in_flight as f64);
+    }
+}
+
+/// Move counter `name` by what `total` counted since the last report (a
+/// total below it, which a reset between reports would leave, counts from
+/// zero).
+fn count(last: &mut Last, name: &'static str, labels: &[Label], total: u64) {
+    let id = labels
+        .iter()
+        .map(|l| l.value())
+        .collect::<Vec<_>>()
+        .join("\u{0}");
+    let before = last.insert((name, id), total).unwrap_or(0);
+    let delta = if total >= before {
+        total - before
+    } else {
+        total
+    };
+    // Registered even when nothing moved: a counter at 0 is shown.
+    ::metrics::counter!(name, labels.to_vec()).increment(delta);
+}
+
+/// Each metric's help text and unit, for exporters that show them.
+fn describe() {
+    use ::metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(ADMITTED, Unit::Count, "Requests let through.");
+    describe_counter!(REFUSED, Unit::Count, "Requests refused.");
+    describe_counter!(
+        WOULD_REFUSE,
+        Unit::Count,
+        "Requests a dry-run limit let through but would have refused."
+    );
+    describe_counter!(WAITED, Unit::Count, "Admitted requests that waited first.");
+    describe_histogram!(
+        WAIT_SECONDS,
+        Unit::Seconds,
+        "How long admitted requests waited."
+    );
+    describe_gauge!(QUEUED, Unit::Count, "Requests waiting now.");
+    describe_gauge!(IN_FLIGHT, Unit::Count, "Requests in flight now.");
+    describe_gauge!(KEYS, Unit::Count, "Key states held now.");
+    describe_gauge!(COOLDOWNS, Unit::Count, "Routes cooling down now.");
+    describe_counter!(COOLDOWNS_STARTED, Unit::Count, "Cooldowns started.");
+    describe_counter!(
+        STORE_ERRORS,
+        Unit::Count,
+        "Calls to the shared store that failed."
+    );
+    describe_counter!(
+        STORE_FALLBACKS,
+        Unit::Count,
+        "Decisions made without the shared store."
+    );
+}
