@@ -16,8 +16,9 @@ use tonic::{Code, Request, Status};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_types::StatusExt;
+use tower::Layer;
 use tower::ServiceBuilder;
-use tower_throttle::backoff::{Backoff429Layer, Reason};
+use tower_throttle::backoff::{Backoff429, Backoff429Layer, BackoffHandle, Reason};
 use tower_throttle::concurrency::ConcurrencyLayer;
 use tower_throttle::error::CoolingDown;
 use tower_throttle::key::{GlobalKey, HeaderKey};
@@ -168,6 +169,21 @@ async fn a_full_concurrency_line_is_unavailable_without_a_delay() {
     assert!(refused.metadata().get(PUSHBACK).is_none());
 }
 
+/// A health client of the server at `addr` behind `Backoff429Layer` (one
+/// route), and the layer's handle.
+async fn backoff_client(
+    addr: &str,
+) -> (HealthClient<Backoff429<Channel, GlobalKey>>, BackoffHandle) {
+    let channel = Channel::from_shared(addr.to_owned())
+        .expect("a URL")
+        .connect()
+        .await
+        .expect("the server is up");
+    let backoff = Backoff429Layer::new(GlobalKey);
+    let handle = backoff.handle();
+    (HealthClient::new(backoff.layer(channel)), handle)
+}
+
 /// Calls that reached the server, counted by a layer in front of it.
 type Reached = std::sync::Arc<std::sync::atomic::AtomicUsize>;
 
@@ -197,14 +213,7 @@ async fn a_servers_pushback_cools_the_clients_route_for_its_time() {
         ))
         .into_inner();
     let addr = serve!(server_layer);
-    let channel = Channel::from_shared(addr)
-        .expect("a URL")
-        .connect()
-        .await
-        .expect("the server is up");
-    let backoff = Backoff429Layer::new(GlobalKey);
-    let handle = backoff.handle();
-    let mut health = HealthClient::new(ServiceBuilder::new().layer(backoff).service(channel));
+    let (mut health, handle) = backoff_client(&addr).await;
     health.check(check()).await.expect("the first call");
     let pushed_back = health.check(check()).await.expect_err("one a minute");
     assert_eq!(pushed_back.code(), Code::ResourceExhausted);
@@ -241,14 +250,7 @@ async fn a_pushback_saying_do_not_retry_cools_nothing() {
         .layer(refuse)
         .into_inner();
     let addr = serve!(server_layer);
-    let channel = Channel::from_shared(addr)
-        .expect("a URL")
-        .connect()
-        .await
-        .expect("the server is up");
-    let backoff = Backoff429Layer::new(GlobalKey);
-    let handle = backoff.handle();
-    let mut health = HealthClient::new(ServiceBuilder::new().layer(backoff).service(channel));
+    let (mut health, handle) = backoff_client(&addr).await;
     for _ in 0..3 {
         let refused = health.check(check()).await.expect_err("refused");
         assert_eq!(refused.code(), Code::ResourceExhausted);

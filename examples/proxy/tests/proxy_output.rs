@@ -348,3 +348,81 @@ quotas = [{ limit = 1, period = "1m" }]
         );
     }
 }
+
+/// `promtool check metrics` (Debian's `prometheus` package) on `text`:
+/// `None` when promtool is not installed (a failure under `CI=true`).
+fn promtool_check(text: &str) -> Option<std::process::Output> {
+    use std::io::Write as _;
+    let child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(e) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("promtool is needed under CI=true (apt-get install prometheus): {e}")
+        }
+        Err(e) => {
+            eprintln!("skipped: promtool not found ({e}); apt-get install prometheus");
+            return None;
+        }
+    };
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(text.as_bytes())
+        .expect("promtool reads its input");
+    Some(child.wait_with_output().expect("promtool ran"))
+}
+
+/// After traffic (admitted, refused, a model name holding a quote and a
+/// backslash, a learned limit), `/metrics` passes `promtool check
+/// metrics`: the format, and Prometheus's naming conventions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_pass_promtool_check_after_traffic() {
+    let toml = r#"
+[simulator]
+latency = "0ms"
+models = [
+    { name = "sim-small", limit = 2, period = "10s" },
+    { name = 'we"ird\name', limit = 100, period = "1s" },
+]
+
+[[providers]]
+name = "sim"
+base_url = "simulator"
+
+[rate_limit]
+quotas = [{ limit = 3, period = "1m" }]
+"#;
+    let gw = start(toml).await;
+    let client = reqwest::Client::new();
+    let url = gw.url();
+    for model in [
+        "sim-small",
+        "sim-small",
+        "sim-small",
+        "sim-small",
+        "we\"ird\\name",
+    ] {
+        let _ = post(&client, &url, model).await;
+    }
+    let metrics = get_text(&client, &format!("{url}/metrics")).await;
+    gw.shutdown().await;
+    assert!(
+        metrics.contains(r#"model="we\"ird\\name""#),
+        "the odd model is a series: {metrics}"
+    );
+    let Some(checked) = promtool_check(&metrics) else {
+        return;
+    };
+    assert!(
+        checked.status.success(),
+        "promtool: {}{}\n{metrics}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+}

@@ -15,7 +15,7 @@
 //! push real routes out of the stats: only [`TrackedRoutes`] are counted by
 //! name, everything else is added up as one route, [`OTHER`], and no view
 //! lists more than `max_routes` routes. Every name is escaped where it is
-//! written (JSON by serde, Prometheus label values by [`label_value`]).
+//! written (JSON by serde, Prometheus label values by the text encoder).
 
 mod events;
 mod hub;
@@ -23,9 +23,9 @@ mod prometheus;
 mod snapshot;
 mod tracked;
 
+pub use self::prometheus::{metrics, prometheus};
 pub use events::events;
 pub use hub::{COALESCE, Published, publish, run_hub};
-pub use prometheus::{label_value, metrics, prometheus, route_label_value};
 pub use snapshot::{Aggregate, ConfigInfo, RouteStats, Snapshot, json, snapshot};
 pub use tracked::TrackedRoutes;
 

@@ -1,46 +1,39 @@
 //! `GET /metrics`: the snapshot in Prometheus text format, with the label
 //! values escaped.
 
-use std::fmt::Write as _;
-
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{Response, StatusCode, header};
 use axum::response::IntoResponse;
+use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
+use prometheus::{Encoder as _, TextEncoder};
 
 use super::{RouteStats, Snapshot, snapshot};
 
 use crate::gateway::{CallerStats, Gateway};
 use crate::learn::{LearnedInfo, QuotaInfo, UnitInfo};
 
-/// Prometheus text exposition, one family at a time.
+/// The families of one scrape, made from a snapshot and written by
+/// `prometheus`'s `TextEncoder` (the text format 0.0.4, which escapes
+/// `\`, `"` and line feeds in label values). Not `prometheus-client`: it
+/// writes OpenMetrics (`# EOF`, counter families named without `_total`),
+/// which `promtool check metrics` reads as families without help; nor
+/// `metrics-exporter-prometheus`: its counters count whole numbers, and
+/// the wait totals are seconds.
 struct Prom {
-    out: String,
+    families: Vec<MetricFamily>,
 }
 
-/// A label value as the text format wants it: `\`, `"` and line feeds
-/// escaped as `\\`, `\"` and `\n`. The format lets every other character
-/// through raw; a control character (CR, ESC, NUL, …) is written as the text
-/// of its Rust escape instead (the value then reads `\u{1b}`), so none
-/// reaches a scraper or a terminal. For raw text; a route's provider and
-/// model come escaped from the layers and go through [`route_label_value`].
-///
-/// Written here rather than with `prometheus-client`: that crate writes
-/// OpenMetrics (`# EOF`, counter families named without `_total`), which
-/// would change every series this endpoint has always served.
-pub fn label_value(value: &str) -> String {
+/// A label value as raw text for the encoder: every control character but
+/// the line feed (which the format escapes) as the text of its Rust escape
+/// (`\u{1b}`), so none reaches a scraper or a terminal.
+fn raw_label_value(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
     for c in value.chars() {
         match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            '\0' => out.push_str("\\\\0"),
-            c if c.is_control() => {
-                // `\u{1b}` with its backslash escaped: `\\u{1b}`.
-                out.push('\\');
-                out.extend(c.escape_default());
-            }
+            '\n' => out.push(c),
+            '\0' => out.push_str("\\0"),
+            c if c.is_control() => out.extend(c.escape_default()),
             c => out.push(c),
         }
     }
@@ -49,12 +42,12 @@ pub fn label_value(value: &str) -> String {
 
 /// A route's provider or model, as the layers name it (already
 /// [escaped](tower_throttle::redact::Escaped): backslashes doubled, hidden
-/// characters as the text of their escapes), as a label value a scraper
-/// reads back as the name itself: a doubled backslash is one backslash,
-/// `\n` a line feed, `"` a quote, and every other escape stays the text it
+/// characters as the text of their escapes), as the raw label value a
+/// scraper reads back as the name itself: a doubled backslash is one
+/// backslash, `\n` a line feed, and every other escape stays the text it
 /// is (`\u{1b}`). Escaping the escaped text again would double every
 /// backslash a model name holds.
-pub fn route_label_value(label: &str) -> String {
+fn route_raw_value(label: &str) -> String {
     let mut out = String::with_capacity(label.len());
     let mut chars = label.chars().peekable();
     while let Some(c) = chars.next() {
@@ -62,18 +55,17 @@ pub fn route_label_value(label: &str) -> String {
             '\\' => match chars.peek() {
                 Some('\\') => {
                     chars.next();
-                    out.push_str("\\\\");
+                    out.push('\\');
                 }
                 Some('n') => {
                     chars.next();
-                    out.push_str("\\n");
+                    out.push('\n');
                 }
-                // The start of an escape's text (`\r`, `\0`, `\u{1b}`):
-                // its backslash shown as one.
-                _ => out.push_str("\\\\"),
+                // The start of an escape's text (`\r`, `\0`, `\u{1b}`).
+                _ => out.push('\\'),
             },
-            // Never in an escaped label; written safely all the same.
-            c => out.push_str(&label_value(c.encode_utf8(&mut [0; 4]))),
+            // Never in an escaped label; made safe all the same.
+            c => out.push_str(&raw_label_value(c.encode_utf8(&mut [0; 4]))),
         }
     }
     out
@@ -81,16 +73,24 @@ pub fn route_label_value(label: &str) -> String {
 
 impl Prom {
     fn family(&mut self, name: &str, kind: &str, help: &str) {
-        let _ = writeln!(self.out, "# HELP {name} {help}");
-        let _ = writeln!(self.out, "# TYPE {name} {kind}");
+        let mut family = MetricFamily::default();
+        family.set_name(name.to_owned());
+        family.set_help(help.to_owned());
+        family.set_field_type(if kind == "counter" {
+            MetricType::COUNTER
+        } else {
+            MetricType::GAUGE
+        });
+        self.families.push(family);
     }
 
     fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
         self.route_sample(name, None, labels, value);
     }
 
-    /// A sample labelled with `route`'s provider and model (escaped names,
-    /// see [`route_label_value`]) first, then `labels` (raw text).
+    /// A sample of the family begun last (named `name`), labelled with
+    /// `route`'s provider and model (escaped names, see
+    /// [`route_raw_value`]) first, then `labels` (raw text).
     fn route_sample(
         &mut self,
         name: &str,
@@ -98,26 +98,39 @@ impl Prom {
         labels: &[(&str, &str)],
         value: f64,
     ) {
-        self.out.push_str(name);
         let route = route.map(|r| {
             [
-                ("provider", route_label_value(&r.provider)),
-                ("model", route_label_value(&r.model)),
+                ("provider", route_raw_value(&r.provider)),
+                ("model", route_raw_value(&r.model)),
             ]
         });
-        let raw = labels.iter().map(|(k, v)| (*k, label_value(v)));
-        let all: Vec<(&str, String)> = route.into_iter().flatten().chain(raw).collect();
-        if !all.is_empty() {
-            self.out.push('{');
-            for (i, (k, v)) in all.iter().enumerate() {
-                if i > 0 {
-                    self.out.push(',');
-                }
-                let _ = write!(self.out, "{k}=\"{v}\"");
-            }
-            self.out.push('}');
+        let raw = labels.iter().map(|(k, v)| (*k, raw_label_value(v)));
+        let pairs = route
+            .into_iter()
+            .flatten()
+            .chain(raw)
+            .map(|(k, v)| {
+                let mut pair = LabelPair::default();
+                pair.set_name(k.to_owned());
+                pair.set_value(v);
+                pair
+            })
+            .collect();
+        let mut metric = Metric::from_label(pairs);
+        let Some(family) = self.families.last_mut().filter(|f| f.name() == name) else {
+            debug_assert!(false, "{name}: a sample outside its family");
+            return;
+        };
+        if family.get_field_type() == MetricType::COUNTER {
+            let mut counter = Counter::default();
+            counter.set_value(value);
+            metric.set_counter(counter);
+        } else {
+            let mut gauge = Gauge::default();
+            gauge.set_value(value);
+            metric.set_gauge(gauge);
         }
-        let _ = writeln!(self.out, " {value}");
+        family.mut_metric().push(metric);
     }
 
     /// A family with one sample per route.
@@ -136,11 +149,27 @@ impl Prom {
             }
         }
     }
+
+    /// The text of every family with a sample (the format has no empty
+    /// family).
+    fn text(mut self) -> String {
+        self.families.retain(|f| !f.get_metric().is_empty());
+        let mut out = Vec::new();
+        match TextEncoder::new().encode(&self.families, &mut out) {
+            Ok(()) => String::from_utf8(out).unwrap_or_default(),
+            Err(e) => {
+                tracing::error!(error = %e, "metrics not written");
+                String::new()
+            }
+        }
+    }
 }
 
 /// The snapshot in Prometheus text format (version 0.0.4).
 pub fn prometheus(s: &Snapshot) -> String {
-    let mut p = Prom { out: String::new() };
+    let mut p = Prom {
+        families: Vec::new(),
+    };
     let r = &s.routes;
     let n = |v: u64| Some(v as f64);
     p.per_route(
@@ -347,7 +376,7 @@ pub fn prometheus(s: &Snapshot) -> String {
         );
         p.sample("proxy_access_log_dropped_total", &[], dropped as f64);
     }
-    p.out
+    p.text()
 }
 
 /// One of a client's counts.
