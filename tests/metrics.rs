@@ -239,8 +239,58 @@ async fn key_labels_stay_bounded_under_ten_thousand_keys() {
         &[("layer", "api"), ("key", "(other)")],
     );
     assert_eq!(other, 10_000 - 20);
+    // No series without `key`: a layer's series add up to its total.
+    assert!(
+        readings
+            .value("tower_throttle_admitted_total", API)
+            .is_none()
+    );
+}
+
+/// Keys labelled apart stay labelled; a key arriving later, even first in
+/// order, is counted under `(other)`, and nothing is counted twice.
+#[tokio::test(start_paused = true)]
+async fn labelled_keys_stay_and_the_series_add_up() {
+    let mut seen = Seen::new();
+    let layer = RateLimitLayer::new(
+        Quota::per_second(100).expect("valid"),
+        HeaderKey::new("x-route").expect("valid"),
+    )
+    .with_key_stats(100);
+    let reporter = MetricsReporter::new()
+        .with_rate_limit("api", &layer.handle())
+        .with_keys_per_layer(2);
+    let svc = layer.layer(ok());
+    let send = async |route: &str, times: usize| {
+        for _ in 0..times {
+            let req = http::Request::builder()
+                .header("x-route", route)
+                .body(())
+                .expect("valid");
+            svc.clone().oneshot(req).await.expect("admitted");
+        }
+    };
+    send("b", 3).await;
+    send("c", 2).await;
+    seen.report(&reporter);
+    send("a", 5).await;
+    send("b", 1).await;
+    seen.report(&reporter);
+    let readings = seen.report(&reporter);
+    let admitted = |key| {
+        readings.counter(
+            "tower_throttle_admitted_total",
+            &[("layer", "api"), ("key", key)],
+        )
+    };
     assert_eq!(
-        readings.counter("tower_throttle_admitted_total", API),
-        10_000
+        (admitted("b"), admitted("c"), admitted("(other)")),
+        (4, 2, 5)
+    );
+    let a = [("layer", "api"), ("key", "a")];
+    assert!(
+        readings
+            .value("tower_throttle_admitted_total", &a)
+            .is_none()
     );
 }

@@ -395,8 +395,10 @@ impl Cooldowns {
     /// a shared cooldown must hear (a 429, a 503 with a wait, a success
     /// ending a streak or advising a wait), if anything.
     fn observe(&self, watch: &Watch, status: StatusCode, headers: &HeaderMap) -> Option<Said> {
-        // A gRPC refusal, read as the HTTP status it stands for.
-        let status = super::grpc::as_http_status(status, headers);
+        // A gRPC refusal, read as the HTTP status it stands for (its wait
+        // is read from the answer as it came).
+        let answered = status;
+        let status = super::grpc::as_http_status(answered, headers);
         let refused = status == StatusCode::TOO_MANY_REQUESTS;
         let unavailable =
             status == StatusCode::SERVICE_UNAVAILABLE && self.on_503.load(Ordering::Relaxed);
@@ -412,7 +414,7 @@ impl Cooldowns {
         // The lengths in force as the response is read.
         let lengths = self.lengths();
         let advised = if refused || unavailable || proactive {
-            cooldown_from_headers(status, headers, SystemTime::now(), lengths.max_cooldown)
+            cooldown_from_headers(answered, headers, SystemTime::now(), lengths.max_cooldown)
         } else {
             None
         };

@@ -1,11 +1,14 @@
 //! A gRPC server's pushback, read as an HTTP server's 429 and 503.
 //!
 //! A gRPC call refused at once is a trailers-only answer: HTTP status 200,
-//! and the gRPC status in its headers. `RESOURCE_EXHAUSTED` reads as a 429
-//! and `UNAVAILABLE` as a 503; the wait comes from a `google.rpc.RetryInfo`
-//! detail (`grpc-status-details-bin`, with the `tonic` feature) or from
-//! `grpc-retry-pushback-ms`, whose negative or unreadable value is gRPC's
-//! "do not retry" (gRFC A6): such an answer asks for no wait and no retry.
+//! and the gRPC status in its headers. `RESOURCE_EXHAUSTED` with a wait
+//! reads as a 429 (without one it is no pushback: gRPC also says it of a
+//! message over the size limit, which must not cool a route for every
+//! caller), and `UNAVAILABLE` as a 503; the wait comes from a
+//! `google.rpc.RetryInfo` detail (`grpc-status-details-bin`, with the
+//! `tonic` feature) or from `grpc-retry-pushback-ms`, whose negative or
+//! unreadable value is gRPC's "do not retry" (gRFC A6): such an answer
+//! asks for no wait and no retry.
 //! A status sent in trailers, after the answer's messages, is not read: the
 //! call was served.
 
@@ -22,20 +25,17 @@ const PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 const DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-bin");
 
 /// The HTTP status a gRPC answer's status stands for: a trailers-only
-/// `RESOURCE_EXHAUSTED` is 429, `UNAVAILABLE` 503, `OK` 200, and any other
-/// code, or a pushback saying not to retry, 500 (no wait is asked). Any
-/// other answer keeps its status.
+/// `RESOURCE_EXHAUSTED` that says how long to wait is 429, `UNAVAILABLE`
+/// 503, `OK` 200, and any other code, or a pushback saying not to retry,
+/// 500 (no wait is asked). Any other answer keeps its status.
 pub(crate) fn as_http_status(status: StatusCode, headers: &HeaderMap) -> StatusCode {
-    if status != StatusCode::OK {
+    if !is_grpc(status, headers) {
         return status;
     }
-    let Some(code) = headers.get(&GRPC_STATUS) else {
-        return status;
-    };
-    let pushback = match code.as_bytes() {
-        b"0" => return StatusCode::OK,
-        b"8" => StatusCode::TOO_MANY_REQUESTS,
-        b"14" => StatusCode::SERVICE_UNAVAILABLE,
+    let pushback = match headers.get(&GRPC_STATUS).map(|code| code.as_bytes()) {
+        Some(b"0") => return StatusCode::OK,
+        Some(b"8") if wait(headers).is_some() => StatusCode::TOO_MANY_REQUESTS,
+        Some(b"14") => StatusCode::SERVICE_UNAVAILABLE,
         _ => return StatusCode::INTERNAL_SERVER_ERROR,
     };
     match headers.get(&PUSHBACK) {
@@ -44,9 +44,11 @@ pub(crate) fn as_http_status(status: StatusCode, headers: &HeaderMap) -> StatusC
     }
 }
 
-/// Whether `headers` are a gRPC answer's, with its status.
-pub(super) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers.contains_key(&GRPC_STATUS)
+/// Whether an answer of `status` with `headers` is a trailers-only gRPC
+/// answer: HTTP 200 with its gRPC status in the headers. (An HTTP refusal
+/// that also carries a `grpc-status` is read as the HTTP refusal it is.)
+pub(super) fn is_grpc(status: StatusCode, headers: &HeaderMap) -> bool {
+    status == StatusCode::OK && headers.contains_key(&GRPC_STATUS)
 }
 
 /// The wait a gRPC answer asks for: its `RetryInfo` delay (exact), or else
@@ -71,13 +73,14 @@ fn pushback_ms(headers: &HeaderMap) -> Option<u64> {
 
 /// The delay of the `RetryInfo` detail in `grpc-status-details-bin` (a
 /// base64 `google.rpc.Status`); `None` when there is none or it does not
-/// decode. Decoded here, not by `tonic::Status::from_header_map`, which
-/// panics on a value that is not base64.
+/// decode, zero when it is negative. Decoded here, down to the delay's
+/// seconds and nanoseconds: `tonic::Status::from_header_map` panics on a
+/// value that is not base64, and prost-types' conversion of a delay of
+/// `i64::MIN` seconds overflows.
 #[cfg(feature = "tonic")]
 fn retry_info(headers: &HeaderMap) -> Option<Duration> {
     use base64::Engine;
     use prost::Message;
-    use tonic_types::RpcStatusExt;
 
     let value = headers.get(&DETAILS)?.as_bytes();
     // gRPC sends it unpadded; accept it padded too.
@@ -88,7 +91,19 @@ fn retry_info(headers: &HeaderMap) -> Option<Duration> {
     );
     let bytes = engine.decode(value).ok()?;
     let status = tonic_types::pb::Status::decode(bytes.as_slice()).ok()?;
-    status.get_details_retry_info()?.retry_delay
+    let detail = status
+        .details
+        .iter()
+        .find(|any| any.type_url == "type.googleapis.com/google.rpc.RetryInfo")?;
+    let delay = tonic_types::pb::RetryInfo::decode(detail.value.as_slice())
+        .ok()?
+        .retry_delay?;
+    // Negative: no wait, as gRPC's own decoders read it.
+    let (Ok(seconds), Ok(nanos)) = (u64::try_from(delay.seconds), u32::try_from(delay.nanos))
+    else {
+        return Some(Duration::ZERO);
+    };
+    Some(Duration::new(seconds, nanos.min(999_999_999)))
 }
 
 #[cfg(test)]
@@ -107,7 +122,14 @@ mod tests {
     fn grpc_codes_read_as_the_http_statuses_they_stand_for() {
         let ok = StatusCode::OK;
         let read = |pairs: &[(&'static str, &str)]| as_http_status(ok, &headers(pairs));
-        assert_eq!(read(&[("grpc-status", "8")]), StatusCode::TOO_MANY_REQUESTS);
+        // Without a wait, RESOURCE_EXHAUSTED may be a message over the
+        // size limit: no pushback.
+        assert_eq!(
+            read(&[("grpc-status", "8")]),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        let with_wait = [("grpc-status", "8"), ("grpc-retry-pushback-ms", "10")];
+        assert_eq!(read(&with_wait), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(
             read(&[("grpc-status", "14")]),
             StatusCode::SERVICE_UNAVAILABLE
@@ -118,9 +140,26 @@ mod tests {
             StatusCode::INTERNAL_SERVER_ERROR
         );
         assert_eq!(read(&[]), StatusCode::OK);
-        // An HTTP refusal stays one.
+        // An HTTP refusal stays one, a grpc-status beside it or not.
         let http_429 = as_http_status(StatusCode::TOO_MANY_REQUESTS, &headers(&[]));
         assert_eq!(http_429, StatusCode::TOO_MANY_REQUESTS);
+        let both = headers(&[("grpc-status", "5"), ("retry-after", "30")]);
+        assert_eq!(
+            as_http_status(StatusCode::TOO_MANY_REQUESTS, &both),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+
+    #[test]
+    fn an_http_refusal_beside_a_grpc_status_keeps_its_retry_after() {
+        let answer = headers(&[("grpc-status", "8"), ("retry-after", "30")]);
+        let read = super::super::cooldown_from_headers(
+            StatusCode::TOO_MANY_REQUESTS,
+            &answer,
+            std::time::SystemTime::now(),
+            Duration::MAX,
+        );
+        assert_eq!(read, Some((Duration::from_secs(30), Reason::RetryAfter)));
     }
 
     #[test]
@@ -161,5 +200,40 @@ mod tests {
             let answer = headers(&[("grpc-status", "8"), ("grpc-status-details-bin", garbage)]);
             assert_eq!(wait(&answer), None, "{garbage:?}");
         }
+    }
+
+    /// A RetryInfo whose delay is `seconds` and `nanos`, as a header.
+    #[cfg(feature = "tonic")]
+    fn retry_info_header(seconds: i64, nanos: i32) -> HeaderMap {
+        use base64::Engine;
+        use prost::Message;
+
+        let info = tonic_types::pb::RetryInfo {
+            retry_delay: Some(prost_types::Duration { seconds, nanos }),
+        };
+        let status = tonic_types::pb::Status {
+            code: 8,
+            message: String::new(),
+            details: vec![prost_types::Any {
+                type_url: "type.googleapis.com/google.rpc.RetryInfo".to_owned(),
+                value: info.encode_to_vec(),
+            }],
+        };
+        let value = base64::engine::general_purpose::STANDARD_NO_PAD.encode(status.encode_to_vec());
+        headers(&[("grpc-status", "8"), ("grpc-status-details-bin", &value)])
+    }
+
+    #[cfg(feature = "tonic")]
+    #[test]
+    fn hostile_retry_delays_never_panic() {
+        let read = |seconds, nanos| wait(&retry_info_header(seconds, nanos)).map(|(d, _)| d);
+        assert_eq!(read(i64::MIN, 0), Some(Duration::ZERO));
+        assert_eq!(read(-1, 5), Some(Duration::ZERO));
+        assert_eq!(read(3, -1), Some(Duration::ZERO));
+        assert_eq!(
+            read(i64::MAX, i32::MAX),
+            Some(Duration::new(i64::MAX as u64, 999_999_999))
+        );
+        assert_eq!(read(2, 5), Some(Duration::new(2, 5)));
     }
 }

@@ -126,8 +126,16 @@ pub fn cooldown_from_headers(
     now: SystemTime,
     max_cooldown: Duration,
 ) -> Option<(Duration, Reason)> {
+    // A gRPC refusal says its wait its own way; any other answer, and a
+    // gRPC success read proactively, in the HTTP headers.
+    let grpc = super::grpc::is_grpc(status, headers);
     let status = super::grpc::as_http_status(status, headers);
-    let (wait, reason) = advised(status, headers, now)?;
+    let (wait, reason) = match status {
+        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE if grpc => {
+            super::grpc::wait(headers)?
+        }
+        _ => advised(status, headers, now)?,
+    };
     Some((wait.min(max_cooldown), reason))
 }
 
@@ -142,11 +150,6 @@ enum Need {
 
 fn advised(status: StatusCode, headers: &HeaderMap, now: SystemTime) -> Option<(Duration, Reason)> {
     match status {
-        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
-            if super::grpc::is_grpc(headers) =>
-        {
-            super::grpc::wait(headers)
-        }
         StatusCode::TOO_MANY_REQUESTS => {
             retry_after(headers, now).or_else(|| provider_reset(headers, now, Need::Any))
         }

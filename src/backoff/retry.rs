@@ -271,7 +271,7 @@ impl<C> RetryPolicy<C> {
                     return None;
                 }
                 let advised = cooldown_from_headers(
-                    status,
+                    response.status(),
                     response.headers(),
                     SystemTime::now(),
                     Duration::MAX,

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use ::metrics::{Histogram, Label, Unit};
 
-use super::{KeyStats, OTHER_KEYS, StatsSnapshot};
+use super::{KeyStats, OTHER_KEYS};
 use crate::backoff::BackoffHandle;
 use crate::concurrency::ConcurrencyHandle;
 use crate::rate_limit::RateLimitHandle;
@@ -56,8 +56,9 @@ const STORE_FALLBACKS: &str = "tower_throttle_store_fallbacks_total";
 /// reported. With `with_keys_per_layer(n)`, the first `n` keys a layer
 /// counts apart (see `with_key_stats` on each layer: a key filter picks
 /// which, so routes rather than callers) are labelled by key as the stats
-/// show it (secret parts as fingerprints, never their text), and the rest
-/// are added up under `key="(other)"`. Counters never go down: a
+/// show it (secret parts as fingerprints, never their text), for good, and
+/// everything else is counted under `key="(other)"`: a layer's series then
+/// add up to its totals (and no series without `key` is written). Counters never go down: a
 /// `reset_stats` on a handle starts the layer's counts again from zero,
 /// and the reporter adds what they count from there (what was counted
 /// between the last report and the reset is not reported).
@@ -91,6 +92,8 @@ pub struct MetricsReporter {
 struct Reported {
     resets: u64,
     totals: Last,
+    /// The keys labelled apart, in the order first seen.
+    labelled: Vec<String>,
 }
 
 /// One layer being reported.
@@ -192,62 +195,97 @@ impl MetricsReporter {
             }
         };
         let name = layer.name.to_string();
-        let mut reported = layer.last.lock().unwrap_or_else(|e| e.into_inner());
-        // Reset since: every count starts again from zero.
-        if reported.resets != snapshot.resets {
-            reported.resets = snapshot.resets;
-            reported.totals.clear();
-        }
-        let last = &mut reported.totals;
         let just_layer = vec![Label::new("layer", name.clone())];
-        report_entry(last, &just_layer, &snapshot.aggregate);
-        for entry in self.keyed(&snapshot) {
-            let labels = vec![
-                Label::new("layer", name.clone()),
-                Label::new("key", entry.key.clone()),
-            ];
-            report_entry(last, &labels, &entry);
-        }
         ::metrics::gauge!(KEYS, just_layer.clone()).set(keys as f64);
-        if let Some((now, started)) = cooldowns {
+        if let Some((now, _)) = cooldowns {
             ::metrics::gauge!(COOLDOWNS, just_layer.clone()).set(now as f64);
-            count(last, COOLDOWNS_STARTED, &just_layer, started);
+        }
+        // Counts read while a reset was under way are not trusted; the
+        // next report reads them.
+        if snapshot.resets % 2 == 1 {
+            return;
+        }
+        let mut reported = layer.last.lock().unwrap_or_else(|e| e.into_inner());
+        let Reported {
+            resets,
+            totals,
+            labelled,
+        } = &mut *reported;
+        // Reset since: every count starts again from zero.
+        if *resets != snapshot.resets {
+            *resets = snapshot.resets;
+            totals.clear();
+        }
+        if let Some((_, started)) = cooldowns {
+            let started = moved(totals, COOLDOWNS_STARTED, "", started);
+            ::metrics::counter!(COOLDOWNS_STARTED, just_layer.clone()).increment(started);
         }
         if let Some(store) = &snapshot.store {
-            count(last, STORE_ERRORS, &just_layer, store.errors);
-            count(last, STORE_FALLBACKS, &just_layer, store.fallbacks);
+            let errors = moved(totals, STORE_ERRORS, "", store.errors);
+            ::metrics::counter!(STORE_ERRORS, just_layer.clone()).increment(errors);
+            let fallbacks = moved(totals, STORE_FALLBACKS, "", store.fallbacks);
+            ::metrics::counter!(STORE_FALLBACKS, just_layer.clone()).increment(fallbacks);
         }
-    }
-
-    /// The keys to label apart: up to `keys_per_layer`, the rest added up
-    /// as [`OTHER_KEYS`].
-    fn keyed(&self, snapshot: &StatsSnapshot) -> Vec<KeyStats> {
+        let all = &snapshot.aggregate;
         if self.keys_per_layer == 0 {
-            return Vec::new();
+            for (metric, read) in COUNTS {
+                let by = moved(totals, metric, "", read(all));
+                ::metrics::counter!(metric, just_layer.clone()).increment(by);
+            }
+            gauges(
+                &just_layer,
+                all.queued_now as f64,
+                all.in_flight.map(|n| n as f64),
+            );
+            return;
         }
-        let mut apart: Vec<KeyStats> = Vec::new();
-        let mut other: Option<KeyStats> = None;
+        // The keys labelled apart: the first seen, kept for good (a key
+        // moving in and out of the set would be counted twice).
         for entry in &snapshot.keys {
-            if entry.key != OTHER_KEYS && apart.len() < self.keys_per_layer {
-                apart.push(entry.clone());
-                continue;
-            }
-            let sum = other.get_or_insert_with(|| KeyStats {
-                key: OTHER_KEYS.to_owned(),
-                in_flight: entry.in_flight.map(|_| 0),
-                ..KeyStats::default()
-            });
-            sum.admitted += entry.admitted;
-            sum.rejected += entry.rejected;
-            sum.would_reject += entry.would_reject;
-            sum.waited += entry.waited;
-            sum.queued_now += entry.queued_now;
-            if let (Some(sum), Some(more)) = (&mut sum.in_flight, entry.in_flight) {
-                *sum += more;
+            if labelled.len() < self.keys_per_layer
+                && entry.key != OTHER_KEYS
+                && !labelled.contains(&entry.key)
+            {
+                labelled.push(entry.key.clone());
             }
         }
-        apart.extend(other);
-        apart
+        let mut apart = [0u64; COUNTS.len()];
+        let mut queued_other = all.queued_now as f64;
+        let mut in_flight_other = all.in_flight.map(|n| n as f64);
+        for key in labelled.iter() {
+            // Gone from the layer's table: nothing new, nothing waiting.
+            let entry = snapshot.keys.iter().find(|e| e.key == *key);
+            let labels = vec![
+                Label::new("layer", name.clone()),
+                Label::new("key", key.clone()),
+            ];
+            for (i, (metric, read)) in COUNTS.into_iter().enumerate() {
+                let by = entry.map_or(0, |e| moved(totals, metric, key, read(e)));
+                apart[i] += by;
+                ::metrics::counter!(metric, labels.clone()).increment(by);
+            }
+            let queued = entry.map_or(0.0, |e| e.queued_now as f64);
+            let in_flight = all
+                .in_flight
+                .map(|_| entry.and_then(|e| e.in_flight).unwrap_or(0) as f64);
+            queued_other -= queued;
+            if let (Some(other), Some(mine)) = (&mut in_flight_other, in_flight) {
+                *other -= mine;
+            }
+            gauges(&labels, queued, in_flight);
+        }
+        // Every other key: the layer's total less the keys labelled apart,
+        // so that the series of a layer add up to its total.
+        let other = vec![Label::new("layer", name), Label::new("key", OTHER_KEYS)];
+        for (i, (metric, read)) in COUNTS.into_iter().enumerate() {
+            let by = moved(totals, metric, "*", read(all)).saturating_sub(apart[i]);
+            ::metrics::counter!(metric, other.clone()).increment(by);
+        }
+        gauges(
+            &other,
+            queued_other.max(0.0),
+            in_flight_other.map(|n| n.max(0.0)),
+        );
     }
 }
 
@@ -261,36 +299,34 @@ impl Handle {
     }
 }
 
+/// What each counter stood at when last reported, by metric and key.
 type Last = HashMap<(&'static str, String), u64>;
 
-fn report_entry(last: &mut Last, labels: &[Label], entry: &KeyStats) {
-    count(last, ADMITTED, labels, entry.admitted);
-    count(last, REFUSED, labels, entry.rejected);
-    count(last, WOULD_REFUSE, labels, entry.would_reject);
-    count(last, WAITED, labels, entry.waited);
-    ::metrics::gauge!(QUEUED, labels.to_vec()).set(entry.queued_now as f64);
-    if let Some(in_flight) = entry.in_flight {
-        ::metrics::gauge!(IN_FLIGHT, labels.to_vec()).set(in_flight as f64);
-    }
+/// Reads one counter of a key's stats.
+type Read = fn(&KeyStats) -> u64;
+
+/// The counters reported per key, and how each is read.
+const COUNTS: [(&str, Read); 4] = [
+    (ADMITTED, |e| e.admitted),
+    (REFUSED, |e| e.rejected),
+    (WOULD_REFUSE, |e| e.would_reject),
+    (WAITED, |e| e.waited),
+];
+
+/// What counter `name` of `key` counted since the last report, now that
+/// it stands at `total`. A total below the last (the key's count started
+/// again, its state dropped and made anew) moves nothing: what it counts
+/// from there moves it.
+fn moved(last: &mut Last, name: &'static str, key: &str, total: u64) -> u64 {
+    let before = last.insert((name, key.to_owned()), total).unwrap_or(0);
+    total.saturating_sub(before)
 }
 
-/// Move counter `name` by what `total` counted since the last report (a
-/// total below it, which a reset between reports would leave, counts from
-/// zero).
-fn count(last: &mut Last, name: &'static str, labels: &[Label], total: u64) {
-    let id = labels
-        .iter()
-        .map(|l| l.value())
-        .collect::<Vec<_>>()
-        .join("\u{0}");
-    let before = last.insert((name, id), total).unwrap_or(0);
-    let delta = if total >= before {
-        total - before
-    } else {
-        total
-    };
-    // Registered even when nothing moved: a counter at 0 is shown.
-    ::metrics::counter!(name, labels.to_vec()).increment(delta);
+fn gauges(labels: &[Label], queued: f64, in_flight: Option<f64>) {
+    ::metrics::gauge!(QUEUED, labels.to_vec()).set(queued);
+    if let Some(in_flight) = in_flight {
+        ::metrics::gauge!(IN_FLIGHT, labels.to_vec()).set(in_flight);
+    }
 }
 
 /// Each metric's help text and unit, for exporters that show them.

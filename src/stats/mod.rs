@@ -95,8 +95,9 @@ pub struct StatsSnapshot {
     /// for state in process; left out of the serialized form then.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub store: Option<StoreStats>,
-    /// How many times the counters were reset: a reporter that sees it
-    /// move knows they count from zero again.
+    /// Twice the resets of the counters so far, odd while one was under
+    /// way as the snapshot was taken: a reporter that sees it move knows
+    /// they count from zero again, and trusts no count while it is odd.
     #[serde(skip)]
     pub(crate) resets: u64,
 }
@@ -288,7 +289,7 @@ pub(crate) struct Stats {
     max_keys: usize,
     filter: Option<KeyFilter>,
     untracked: AtomicU64,
-    /// Resets so far (see [`StatsSnapshot::resets`]).
+    /// Bumped before and after each reset (see [`StatsSnapshot::resets`]).
     resets: AtomicU64,
     /// The striped totals at the last reset, taken off every snapshot's
     /// counters (the stripes themselves are never written but by requests).
@@ -521,6 +522,7 @@ impl Stats {
 
     /// The counters now.
     pub(crate) fn snapshot(&self) -> StatsSnapshot {
+        let resets = self.resets.load(Ordering::Acquire);
         let mut all = self.totals();
         // In flight from the totals themselves; the counters since the last
         // reset. Each stripe only grows, so a later sum is never below the
@@ -553,13 +555,20 @@ impl Stats {
             keys,
             untracked_keys: self.untracked.load(Ordering::Relaxed),
             store: self.store.as_ref().map(|s| s.snapshot()),
-            resets: self.resets.load(Ordering::Relaxed),
+            // A reset began or ended while the counts were read: odd.
+            resets: if self.resets.load(Ordering::Acquire) == resets {
+                resets
+            } else {
+                resets | 1
+            },
         }
     }
 
     /// Zero the counters, per key and in all; the gauges (queued, in
     /// flight) keep counting what is there.
     pub(crate) fn reset(&self) {
+        // Odd while the counters are being zeroed.
+        self.resets.fetch_add(1, Ordering::AcqRel);
         *self.baseline.lock() = self.totals();
         if let Some(store) = &self.store {
             store.reset();
@@ -572,7 +581,7 @@ impl Stats {
                 .for_each(Tally::reset);
         }
         self.untracked.store(0, Ordering::Relaxed);
-        self.resets.fetch_add(1, Ordering::Relaxed);
+        self.resets.fetch_add(1, Ordering::AcqRel);
         self.hub.touch();
     }
 

@@ -84,19 +84,15 @@ impl Waiters {
     pub(super) fn push(&mut self, waiter: Waiter, last: u64) {
         let weight = waiter.weight.max(1);
         if !self.per_lane.contains_key(&waiter.lane) {
-            let passed = match self.round.back() {
-                Some(&back) if back == last && back != waiter.lane => {
+            // Not ahead of a lane in the middle of its turn (it is at the
+            // front, taking its weight's permits): behind it, so a heavy
+            // lane keeps its share against callers that send one at a time.
+            let mid_turn = |lane: &u64| self.per_lane.get(lane).is_some_and(|l| l.served > 0);
+            match self.round.back() {
+                Some(&back) if back == last && back != waiter.lane && !mid_turn(&back) => {
                     self.round.insert(self.round.len() - 1, waiter.lane);
-                    Some(back)
                 }
-                _ => {
-                    self.round.push_back(waiter.lane);
-                    None
-                }
-            };
-            // The lane gone ahead of has had its turn (even one cut short).
-            if let Some(state) = passed.and_then(|back| self.per_lane.get_mut(&back)) {
-                state.served = 0;
+                _ => self.round.push_back(waiter.lane),
             }
         }
         let lane = self.per_lane.entry(waiter.lane).or_insert(Lane {
@@ -309,6 +305,35 @@ mod tests {
         }
         let lanes: Vec<u64> = order(&mut waiters).iter().map(|w| w.1).collect();
         assert_eq!(lanes, [1, 1, 1, 2, 1, 1, 1, 2, 2]);
+    }
+
+    /// Lane 1 (weight 3) keeps a line; lane 2 sends its next request only
+    /// once its last was answered, while lane 1 is in the middle of its
+    /// turn: lane 1 still takes three to its one.
+    #[test]
+    fn a_heavy_lane_keeps_its_share_against_one_at_a_time_callers() {
+        let mut waiters = Waiters::default();
+        let mut next = 0;
+        for _ in 0..30 {
+            // Lane 1 has the permit in flight.
+            waiters.push(weighted(next, 1, 3), 1);
+            next += 1;
+        }
+        waiters.push(waiter(next, 2), 1);
+        next += 1;
+        let mut lanes = Vec::new();
+        let mut answered = false;
+        for _ in 0..16 {
+            let served = waiters.pop_next().expect("a waiter");
+            if answered {
+                // Lane 2's answer came while lane 1's request went.
+                waiters.push(waiter(next, 2), served.lane);
+                next += 1;
+            }
+            answered = served.lane == 2;
+            lanes.push(served.lane);
+        }
+        assert_eq!(lanes, [2, 1, 1, 1, 2, 1, 1, 1, 2, 1, 1, 1, 2, 1, 1, 1]);
     }
 
     #[test]

@@ -320,7 +320,7 @@ impl Gateway {
         let rate = rate.with_response_headers(NoteQuota);
         // With a store too: the route's turn is then held for the rate
         // limiter's round trip to Redis, which bounds a route's requests
-        // to about one per round trip, far above any provider's rate.
+        // to one per round trip while clients wait (1,000/s at 1 ms).
         let fair = Some(FairQueueLayer::new(RouteKey, ClientKey));
         let concurrency = ConcurrencyLayer::new(live::max_in_flight(&settings), RouteKey)
             .map_err(|e| e.within("concurrency"))?
