@@ -139,6 +139,31 @@ async fn rate_limit_counters_move_and_never_go_down() {
     assert_eq!(readings.counter("tower_throttle_admitted_total", API), 2);
 }
 
+/// A request the layer does not count after all (its upstream refused
+/// it) gives its booking back, and the counter says so.
+#[tokio::test(start_paused = true)]
+async fn bookings_given_back_are_counted() {
+    let mut seen = Seen::new();
+    let layer = RateLimitLayer::new(Quota::per_second(5).expect("valid"), GlobalKey)
+        .count_only(tower_throttle::rate_limit::CountUnlessRefused);
+    let reporter = MetricsReporter::new().with_rate_limit("api", &layer.handle());
+    let refused = tower::service_fn(|_req: http::Request<()>| async {
+        Ok::<_, Infallible>(
+            http::Response::builder()
+                .status(429)
+                .body(())
+                .expect("valid"),
+        )
+    });
+    let svc = layer.layer(refused);
+    for _ in 0..3 {
+        svc.clone().oneshot(request()).await.expect("answered");
+    }
+    let readings = seen.report(&reporter);
+    assert_eq!(readings.counter("tower_throttle_admitted_total", API), 3);
+    assert_eq!(readings.counter("tower_throttle_given_back_total", API), 3);
+}
+
 #[tokio::test(start_paused = true)]
 async fn each_wait_lands_in_the_histogram() {
     let mut seen = Seen::new();

@@ -24,6 +24,7 @@ const ADMITTED: &str = "tower_throttle_admitted_total";
 const REFUSED: &str = "tower_throttle_refused_total";
 const WOULD_REFUSE: &str = "tower_throttle_would_refuse_total";
 const WAITED: &str = "tower_throttle_waited_total";
+const GIVEN_BACK: &str = "tower_throttle_given_back_total";
 const WAIT_SECONDS: &str = "tower_throttle_wait_seconds";
 const QUEUED: &str = "tower_throttle_queued";
 const IN_FLIGHT: &str = "tower_throttle_in_flight";
@@ -43,6 +44,7 @@ const STORE_FALLBACKS: &str = "tower_throttle_store_fallbacks_total";
 /// | `tower_throttle_refused_total` | counter | requests refused |
 /// | `tower_throttle_would_refuse_total` | counter | let through by a dry run that would refuse them |
 /// | `tower_throttle_waited_total` | counter | admitted requests that waited first |
+/// | `tower_throttle_given_back_total` | counter | bookings given back: not counted after all, left their wait, or settled for less (rate limits) |
 /// | `tower_throttle_wait_seconds` | histogram | each of those waits (`layer` only) |
 /// | `tower_throttle_queued` | gauge | requests waiting now |
 /// | `tower_throttle_in_flight` | gauge | requests in flight now (concurrency, backoff) |
@@ -306,11 +308,12 @@ type Last = HashMap<(&'static str, String), u64>;
 type Read = fn(&KeyStats) -> u64;
 
 /// The counters reported per key, and how each is read.
-const COUNTS: [(&str, Read); 4] = [
+const COUNTS: [(&str, Read); 5] = [
     (ADMITTED, |e| e.admitted),
     (REFUSED, |e| e.rejected),
     (WOULD_REFUSE, |e| e.would_reject),
     (WAITED, |e| e.waited),
+    (GIVEN_BACK, |e| e.given_back),
 ];
 
 /// What counter `name` of `key` counted since the last report, now that
@@ -340,6 +343,11 @@ fn describe() {
         "Requests a dry-run limit let through but would have refused."
     );
     describe_counter!(WAITED, Unit::Count, "Admitted requests that waited first.");
+    describe_counter!(
+        GIVEN_BACK,
+        Unit::Count,
+        "Bookings given back: not counted after all, left their wait, or settled for less."
+    );
     describe_histogram!(
         WAIT_SECONDS,
         Unit::Seconds,

@@ -126,6 +126,7 @@ impl KeyTable {
         other.admitted += tally.admitted;
         other.rejected += tally.rejected;
         other.would_reject += tally.would_reject;
+        other.given_back += tally.given_back;
         other.waited += tally.waited;
         other.wait_nanos = other.wait_nanos.saturating_add(tally.wait_nanos);
         // Nothing in flight: what it admitted has all left (what it carried

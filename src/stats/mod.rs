@@ -63,6 +63,12 @@ pub struct KeyStats {
     pub rejected: u64,
     /// Requests a dry-run limit let through but would have refused.
     pub would_reject: u64,
+    /// Bookings given back, in whole or in part: a request that did not
+    /// count (refused further in, or an error a layer's counting policy
+    /// does not count), one that left its wait before its turn, or one
+    /// that cost less than it was charged (settled). Counted by rate
+    /// limits; zero elsewhere.
+    pub given_back: u64,
     /// Admitted requests that waited for their turn first.
     pub waited: u64,
     /// The time those requests waited, in total, in milliseconds.
@@ -152,6 +158,7 @@ struct Counters {
     admitted: AtomicU64,
     rejected: AtomicU64,
     would_reject: AtomicU64,
+    given_back: AtomicU64,
     waited: AtomicU64,
     wait_nanos: AtomicU64,
     queued: AtomicI64,
@@ -207,6 +214,7 @@ struct Tally {
     admitted: u64,
     rejected: u64,
     would_reject: u64,
+    given_back: u64,
     waited: u64,
     wait_nanos: u64,
     queued: i64,
@@ -241,6 +249,7 @@ impl Tally {
             Event::Admitted | Event::Entered => self.admitted += 1,
             Event::Rejected => self.rejected += 1,
             Event::WouldReject => self.would_reject += 1,
+            Event::GivenBack => self.given_back += 1,
             Event::Queued => self.queued += 1,
             Event::Dequeued(wait) => {
                 self.queued -= 1;
@@ -262,6 +271,8 @@ pub(crate) enum Event {
     Admitted,
     Rejected,
     WouldReject,
+    /// A booking was given back (see [`KeyStats::given_back`]).
+    GivenBack,
     Queued,
     /// A waiter left the queue; `Some(wait)` when it went on to be admitted.
     Dequeued(Option<Duration>),
@@ -375,6 +386,7 @@ impl Stats {
             Event::Admitted => c.admitted.fetch_add(1, Ordering::Relaxed),
             Event::Rejected => c.rejected.fetch_add(1, Ordering::Relaxed),
             Event::WouldReject => c.would_reject.fetch_add(1, Ordering::Relaxed),
+            Event::GivenBack => c.given_back.fetch_add(1, Ordering::Relaxed),
             Event::Queued => c.queued.fetch_add(1, Ordering::Relaxed) as u64,
             Event::Dequeued(wait) => {
                 if let Some(wait) = wait {
@@ -422,10 +434,11 @@ impl Stats {
             }
             return;
         }
-        if matches!(event, Event::Dequeued(_) | Event::Left) {
+        if matches!(event, Event::Dequeued(_) | Event::Left | Event::GivenBack) {
             // A key leaves the table only with nothing in it: one not in it
-            // when its request leaves was not in it when the request came
-            // either, and was added up with the others.
+            // when its request leaves (or gives back) was not in it when
+            // the request came either, or has been forgotten since; it is
+            // added up with the others.
             table.count_other_of(key.0, event, self.tracks_in_flight);
             return;
         }
@@ -505,6 +518,7 @@ impl Stats {
             all.admitted += c.admitted.load(Ordering::Relaxed);
             all.rejected += c.rejected.load(Ordering::Relaxed);
             all.would_reject += c.would_reject.load(Ordering::Relaxed);
+            all.given_back += c.given_back.load(Ordering::Relaxed);
             all.waited += c.waited.load(Ordering::Relaxed);
             all.wait_nanos = all
                 .wait_nanos
@@ -533,6 +547,7 @@ impl Stats {
             all.admitted = all.admitted.saturating_sub(base.admitted);
             all.rejected = all.rejected.saturating_sub(base.rejected);
             all.would_reject = all.would_reject.saturating_sub(base.would_reject);
+            all.given_back = all.given_back.saturating_sub(base.given_back);
             all.waited = all.waited.saturating_sub(base.waited);
             all.wait_nanos = all.wait_nanos.saturating_sub(base.wait_nanos);
         }
@@ -592,6 +607,7 @@ impl Stats {
             admitted: t.admitted,
             rejected: t.rejected,
             would_reject: t.would_reject,
+            given_back: t.given_back,
             waited: t.waited,
             total_wait_ms,
             avg_wait_ms: if t.waited == 0 {

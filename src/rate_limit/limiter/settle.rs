@@ -17,6 +17,7 @@ use crate::key::KeyHash;
 use crate::rate_limit::algorithm::Grant;
 use crate::rate_limit::quota::{Algorithm, Quota, Unit};
 use crate::rate_limit::table::Table;
+use crate::stats::Event;
 
 impl Limiter {
     /// Give a ticket's capacity back: the request did not count
@@ -25,12 +26,15 @@ impl Limiter {
         #[cfg(feature = "redis")]
         if let Some(grant) = &ticket.remote {
             if let Some(remote) = &self.remote {
+                self.gave_back(ticket.key);
                 remote.give_back(grant.clone(), ticket.key, cancel);
             }
             return;
         }
         let key = ticket.key;
+        let gave_back = std::cell::Cell::new(false);
         self.each_grant(ticket, |table, grant, _, now, current| {
+            gave_back.set(true);
             if cancel {
                 table.cancel(key, now, grant, current);
             } else {
@@ -38,6 +42,15 @@ impl Limiter {
                 table.refund(key, now, grant, &settle);
             }
         });
+        if gave_back.get() {
+            self.gave_back(key);
+        }
+    }
+
+    /// Count a booking of `key` given back: for a key already in the
+    /// stats' table, else with the others (no name is needed).
+    fn gave_back(&self, key: KeyHash) {
+        self.stats.record(key, Event::GivenBack, &String::new);
     }
 
     /// Settle a ticket at its real cost `actual` (see
@@ -49,6 +62,7 @@ impl Limiter {
         if let Some(grant) = &ticket.remote {
             if let Some(remote) = &self.remote {
                 if let Some(excess) = grant.excess_over(actual) {
+                    self.gave_back(ticket.key);
                     remote.give_back(Arc::new(excess), ticket.key, false);
                 } else if grant.falls_short_of(actual) {
                     remote.charge(grant.clone(), ticket.key, actual - grant.cost());
@@ -57,12 +71,17 @@ impl Limiter {
             return;
         }
         let key = ticket.key;
+        let gave_back = std::cell::Cell::new(false);
         self.each_grant(ticket, |table, grant, quota, now, current| {
             if quota.unit() == Unit::Cost && grant.cost != actual {
+                gave_back.set(gave_back.get() || actual < grant.cost);
                 let settle = || current().then(|| self.lines.has_waiters(key));
                 table.settle(key, now, grant, actual, &settle);
             }
         });
+        if gave_back.get() {
+            self.gave_back(key);
+        }
     }
 
     /// Run `each` on every table of `ticket`'s rule, with its grant and
