@@ -21,7 +21,6 @@ use super::headers::{Reason, text};
 
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 const PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
-#[cfg(feature = "tonic")]
 const DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-bin");
 
 /// The HTTP status a gRPC answer's status stands for: a trailers-only
@@ -34,7 +33,7 @@ pub(crate) fn as_http_status(status: StatusCode, headers: &HeaderMap) -> StatusC
     }
     let pushback = match headers.get(&GRPC_STATUS).map(|code| code.as_bytes()) {
         Some(b"0") => return StatusCode::OK,
-        Some(b"8") if wait(headers).is_some() => StatusCode::TOO_MANY_REQUESTS,
+        Some(b"8") if says_wait(headers) => StatusCode::TOO_MANY_REQUESTS,
         Some(b"14") => StatusCode::SERVICE_UNAVAILABLE,
         _ => return StatusCode::INTERNAL_SERVER_ERROR,
     };
@@ -49,6 +48,14 @@ pub(crate) fn as_http_status(status: StatusCode, headers: &HeaderMap) -> StatusC
 /// that also carries a `grpc-status` is read as the HTTP refusal it is.)
 pub(super) fn is_grpc(status: StatusCode, headers: &HeaderMap) -> bool {
     status == StatusCode::OK && headers.contains_key(&GRPC_STATUS)
+}
+
+/// Whether a `RESOURCE_EXHAUSTED` answer says when to retry: a wait that
+/// can be read, or, in a build without the `tonic` feature (which cannot
+/// read `RetryInfo`), any details at all (the wait then follows the
+/// layer's own rule).
+fn says_wait(headers: &HeaderMap) -> bool {
+    wait(headers).is_some() || (cfg!(not(feature = "tonic")) && headers.contains_key(&DETAILS))
 }
 
 /// The wait a gRPC answer asks for: its `RetryInfo` delay (exact), or else
@@ -72,8 +79,8 @@ fn pushback_ms(headers: &HeaderMap) -> Option<u64> {
 }
 
 /// The delay of the `RetryInfo` detail in `grpc-status-details-bin` (a
-/// base64 `google.rpc.Status`); `None` when there is none or it does not
-/// decode, zero when it is negative. Decoded here, down to the delay's
+/// base64 `google.rpc.Status`); `None` when there is none, it does not
+/// decode, or it is negative (no wait can be read from it: not "now"). Decoded here, down to the delay's
 /// seconds and nanoseconds: `tonic::Status::from_header_map` panics on a
 /// value that is not base64, and prost-types' conversion of a delay of
 /// `i64::MIN` seconds overflows.
@@ -98,10 +105,9 @@ fn retry_info(headers: &HeaderMap) -> Option<Duration> {
     let delay = tonic_types::pb::RetryInfo::decode(detail.value.as_slice())
         .ok()?
         .retry_delay?;
-    // Negative: no wait, as gRPC's own decoders read it.
     let (Ok(seconds), Ok(nanos)) = (u64::try_from(delay.seconds), u32::try_from(delay.nanos))
     else {
-        return Some(Duration::ZERO);
+        return None;
     };
     Some(Duration::new(seconds, nanos.min(999_999_999)))
 }
@@ -148,6 +154,19 @@ mod tests {
             as_http_status(StatusCode::TOO_MANY_REQUESTS, &both),
             StatusCode::TOO_MANY_REQUESTS
         );
+    }
+
+    /// A build that cannot read `RetryInfo` still takes a refusal that
+    /// carries details for a pushback (its wait then the layer's own).
+    #[cfg(not(feature = "tonic"))]
+    #[test]
+    fn without_tonic_details_make_a_pushback() {
+        let answer = headers(&[("grpc-status", "8"), ("grpc-status-details-bin", "AAAA")]);
+        assert_eq!(
+            as_http_status(StatusCode::OK, &answer),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        assert_eq!(wait(&answer), None);
     }
 
     #[test]
@@ -227,9 +246,9 @@ mod tests {
     #[test]
     fn hostile_retry_delays_never_panic() {
         let read = |seconds, nanos| wait(&retry_info_header(seconds, nanos)).map(|(d, _)| d);
-        assert_eq!(read(i64::MIN, 0), Some(Duration::ZERO));
-        assert_eq!(read(-1, 5), Some(Duration::ZERO));
-        assert_eq!(read(3, -1), Some(Duration::ZERO));
+        assert_eq!(read(i64::MIN, 0), None);
+        assert_eq!(read(-1, 5), None);
+        assert_eq!(read(3, -1), None);
         assert_eq!(
             read(i64::MAX, i32::MAX),
             Some(Duration::new(i64::MAX as u64, 999_999_999))

@@ -82,10 +82,12 @@ impl Reason {
 ///   longest of them is taken.
 /// - **503 Service Unavailable**: `retry-after-ms` and `Retry-After` only.
 /// - **A gRPC answer refused at once** (HTTP 200 with `grpc-status` in
-///   its headers): `RESOURCE_EXHAUSTED` as a 429 and `UNAVAILABLE` as a
-///   503, the wait from its `google.rpc.RetryInfo` detail (with the `tonic`
-///   feature) or else `grpc-retry-pushback-ms`; a negative or unreadable
-///   pushback is gRPC's "do not retry", and asks for no cooldown.
+///   its headers): `RESOURCE_EXHAUSTED` that says when to retry as a 429
+///   (a bare one is no pushback: gRPC says the same of a message over the
+///   size limit) and `UNAVAILABLE` as a 503, the wait from its
+///   `google.rpc.RetryInfo` detail (with the `tonic` feature) or else
+///   `grpc-retry-pushback-ms`; a negative or unreadable pushback is gRPC's
+///   "do not retry", and asks for no cooldown.
 /// - **2xx**: only a route the response says is exhausted (a reset header
 ///   whose matching `remaining` is `0`): the proactive cooldown.
 /// - Anything else: `None`.

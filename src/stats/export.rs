@@ -96,6 +96,17 @@ struct Reported {
     totals: Last,
     /// The keys labelled apart, in the order first seen.
     labelled: Vec<String>,
+    /// What each counter of [`COUNTS`] has reported since the last reset.
+    sums: Sums,
+}
+
+/// Running sums of what was reported, per counter of [`COUNTS`]: for the
+/// layer's total, its labelled keys together, and `(other)`.
+#[derive(Default)]
+struct Sums {
+    all: [u64; COUNTS.len()],
+    labelled: [u64; COUNTS.len()],
+    other: [u64; COUNTS.len()],
 }
 
 /// One layer being reported.
@@ -187,6 +198,9 @@ impl MetricsReporter {
             let histogram = ::metrics::histogram!(WAIT_SECONDS, "layer" => layer.name.to_string());
             layer.handle.record_waits_in(histogram);
         });
+        // Held from the snapshot on: two reports at once must not store
+        // their totals out of order.
+        let mut reported = layer.last.lock().unwrap_or_else(|e| e.into_inner());
         let (snapshot, keys, cooldowns) = match &layer.handle {
             Handle::RateLimit(h) => (h.stats(), h.key_count(), None),
             Handle::Concurrency(h) => (h.stats(), h.key_count(), None),
@@ -207,31 +221,34 @@ impl MetricsReporter {
         if snapshot.resets % 2 == 1 {
             return;
         }
-        let mut reported = layer.last.lock().unwrap_or_else(|e| e.into_inner());
+        // Reset since: every count starts again from zero.
+        if reported.resets != snapshot.resets {
+            *reported = Reported {
+                resets: snapshot.resets,
+                labelled: std::mem::take(&mut reported.labelled),
+                ..Reported::default()
+            };
+        }
         let Reported {
-            resets,
             totals,
             labelled,
+            sums,
+            ..
         } = &mut *reported;
-        // Reset since: every count starts again from zero.
-        if *resets != snapshot.resets {
-            *resets = snapshot.resets;
-            totals.clear();
-        }
         if let Some((_, started)) = cooldowns {
-            let started = moved(totals, COOLDOWNS_STARTED, "", started);
+            let started = moved(totals, COOLDOWNS_STARTED, None, started);
             ::metrics::counter!(COOLDOWNS_STARTED, just_layer.clone()).increment(started);
         }
         if let Some(store) = &snapshot.store {
-            let errors = moved(totals, STORE_ERRORS, "", store.errors);
+            let errors = moved(totals, STORE_ERRORS, None, store.errors);
             ::metrics::counter!(STORE_ERRORS, just_layer.clone()).increment(errors);
-            let fallbacks = moved(totals, STORE_FALLBACKS, "", store.fallbacks);
+            let fallbacks = moved(totals, STORE_FALLBACKS, None, store.fallbacks);
             ::metrics::counter!(STORE_FALLBACKS, just_layer.clone()).increment(fallbacks);
         }
         let all = &snapshot.aggregate;
         if self.keys_per_layer == 0 {
             for (metric, read) in COUNTS {
-                let by = moved(totals, metric, "", read(all));
+                let by = moved(totals, metric, None, read(all));
                 ::metrics::counter!(metric, just_layer.clone()).increment(by);
             }
             gauges(
@@ -251,19 +268,25 @@ impl MetricsReporter {
                 labelled.push(entry.key.clone());
             }
         }
-        let mut apart = [0u64; COUNTS.len()];
         let mut queued_other = all.queued_now as f64;
         let mut in_flight_other = all.in_flight.map(|n| n as f64);
         for key in labelled.iter() {
-            // Gone from the layer's table: nothing new, nothing waiting.
             let entry = snapshot.keys.iter().find(|e| e.key == *key);
             let labels = vec![
                 Label::new("layer", name.clone()),
                 Label::new("key", key.clone()),
             ];
             for (i, (metric, read)) in COUNTS.into_iter().enumerate() {
-                let by = entry.map_or(0, |e| moved(totals, metric, key, read(e)));
-                apart[i] += by;
+                let by = match entry {
+                    Some(e) => moved(totals, metric, Some(key), read(e)),
+                    // Forgotten by the layer's table: when it comes back
+                    // it counts from zero.
+                    None => {
+                        totals.remove(&(metric, Some(key.clone())));
+                        0
+                    }
+                };
+                sums.labelled[i] += by;
                 ::metrics::counter!(metric, labels.clone()).increment(by);
             }
             let queued = entry.map_or(0.0, |e| e.queued_now as f64);
@@ -276,11 +299,16 @@ impl MetricsReporter {
             }
             gauges(&labels, queued, in_flight);
         }
-        // Every other key: the layer's total less the keys labelled apart,
-        // so that the series of a layer add up to its total.
+        // Every other key: what the layer counted less what the labelled
+        // keys did, since the last reset. Kept as running sums, so a key's
+        // count read ahead of the layer's total (the two are not read at
+        // one instant) is made up at the next report, never counted twice.
         let other = vec![Label::new("layer", name), Label::new("key", OTHER_KEYS)];
         for (i, (metric, read)) in COUNTS.into_iter().enumerate() {
-            let by = moved(totals, metric, "*", read(all)).saturating_sub(apart[i]);
+            sums.all[i] += moved(totals, metric, None, read(all));
+            let due = sums.all[i].saturating_sub(sums.labelled[i]);
+            let by = due.saturating_sub(sums.other[i]);
+            sums.other[i] += by;
             ::metrics::counter!(metric, other.clone()).increment(by);
         }
         gauges(
@@ -301,8 +329,9 @@ impl Handle {
     }
 }
 
-/// What each counter stood at when last reported, by metric and key.
-type Last = HashMap<(&'static str, String), u64>;
+/// What each counter stood at when last reported, by metric and key
+/// (`None`: the layer's total, which no key's text can stand for).
+type Last = HashMap<(&'static str, Option<String>), u64>;
 
 /// Reads one counter of a key's stats.
 type Read = fn(&KeyStats) -> u64;
@@ -320,8 +349,8 @@ const COUNTS: [(&str, Read); 5] = [
 /// it stands at `total`. A total below the last (the key's count started
 /// again, its state dropped and made anew) moves nothing: what it counts
 /// from there moves it.
-fn moved(last: &mut Last, name: &'static str, key: &str, total: u64) -> u64 {
-    let before = last.insert((name, key.to_owned()), total).unwrap_or(0);
+fn moved(last: &mut Last, name: &'static str, key: Option<&String>, total: u64) -> u64 {
+    let before = last.insert((name, key.cloned()), total).unwrap_or(0);
     total.saturating_sub(before)
 }
 

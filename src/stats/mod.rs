@@ -67,7 +67,8 @@ pub struct KeyStats {
     /// count (refused further in, or an error a layer's counting policy
     /// does not count), one that left its wait before its turn, or one
     /// that cost less than it was charged (settled). Counted by rate
-    /// limits; zero elsewhere.
+    /// limits as they give back (with Redis: as the give-back is sent; one
+    /// a reset under way voids may still count); zero elsewhere.
     pub given_back: u64,
     /// Admitted requests that waited for their turn first.
     pub waited: u64,

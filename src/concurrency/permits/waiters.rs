@@ -7,16 +7,18 @@
 //! goes to the back of the round. A lane that starts waiting joins the back
 //! too, but ahead of the lane that got the last permit when that one is at
 //! the back (it just had its turn), so its first waiter gets a permit
-//! within one round (one permit per lane ahead of it), however many the
+//! within one round (one turn per lane ahead of it), however many the
 //! other lanes have waiting; and each lane's own waiters go in their
 //! arrival order.
 //!
-//! A lane of weight `w` (its newest waiter's, see [`LaneWeight`]) takes up
-//! to `w` permits in a row when its turn comes, so under load it gets `w`
-//! shares of the key to a weight-1 lane's one; a newcomer's lane then
-//! waits at most one turn of each lane ahead of it.
-//!
-//! [`LaneWeight`]: crate::fair::LaneWeight
+//! A lane of weight `w` (its newest waiter's, see
+//! [`KeyBuilder::set_weight`](crate::key::KeyBuilder::set_weight)) takes
+//! up to `w` permits in a row when its turn comes, so under load it gets
+//! `w` shares of the key to a weight-1 lane's one. A lane that starts
+//! waiting while the last served lane is in the middle of such a turn
+//! goes behind it (cutting in would cost that lane its share against
+//! callers that send one request at a time); it still waits at most one
+//! turn of each lane ahead of it.
 //!
 //! When the key's line is full, a newcomer may push out the newest waiter
 //! of the longest lane (see [`Waiters::push_out_for`]): a flood fills its
