@@ -678,9 +678,14 @@ async fn dropped_after_grant<X: OneKey>(key: X) {
             "key stats {key_stats}: {stats:?}"
         );
         assert_eq!(upstream.order(), vec![0]);
-        // The permit is back: the next request goes at once.
+        // The permit is back: the next request goes at once, and counts
+        // in flight while it is held (the handed-over permit is no longer
+        // taken off the count).
         svc.ready().await.unwrap();
-        drop(svc.call(request("a", 2, &[])).await.unwrap());
+        let next = svc.call(request("a", 2, &[])).await.unwrap();
+        let stats = handle.stats().aggregate;
+        assert_eq!((stats.admitted, stats.in_flight), (2, Some(1)), "{stats:?}");
+        drop(next);
         let stats = handle.stats().aggregate;
         assert_eq!((stats.admitted, stats.in_flight), (2, Some(0)));
     }
