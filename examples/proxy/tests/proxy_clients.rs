@@ -645,36 +645,39 @@ async fn a_clients_quota_on_a_model_pattern_holds_it_on_those_models_only() {
     let _ = std::fs::remove_file(&next);
 }
 
-#[test]
-fn a_model_pattern_without_quotas_is_refused() {
-    let toml = r#"
+/// The error of a configuration with one provider and the client alice,
+/// her entry ending with `alice` (TOML).
+fn alice_refused(alice: &str) -> String {
+    let toml = format!(
+        r#"
 [[providers]]
 name = "open"
 base_url = "http://127.0.0.1:9"
 
 [[clients]]
 name = "alice"
-keys = [{ env = "ALICE_KEY" }]
+keys = [{{ env = "ALICE_KEY" }}]
+{alice}"#
+    );
+    Settings::from_toml(&toml, &env).unwrap_err().to_string()
+}
 
+#[test]
+fn a_model_pattern_without_quotas_is_refused() {
+    let err = alice_refused(
+        r#"
 [[clients.models]]
 pattern = "big-*"
 quotas = []
-"#;
-    let err = Settings::from_toml(toml, &env).unwrap_err().to_string();
+"#,
+    );
     assert!(err.contains("clients[0].models[0].quotas"), "{err}");
 }
 
 #[test]
 fn a_model_pattern_given_twice_is_refused() {
-    let toml = r#"
-[[providers]]
-name = "open"
-base_url = "http://127.0.0.1:9"
-
-[[clients]]
-name = "alice"
-keys = [{ env = "ALICE_KEY" }]
-
+    let err = alice_refused(
+        r#"
 [[clients.models]]
 pattern = "big-*"
 quotas = [{ limit = 1, period = "1m" }]
@@ -682,8 +685,8 @@ quotas = [{ limit = 1, period = "1m" }]
 [[clients.models]]
 pattern = "big-*"
 quotas = [{ limit = 2, period = "1m" }]
-"#;
-    let err = Settings::from_toml(toml, &env).unwrap_err().to_string();
+"#,
+    );
     assert!(err.contains("clients[0].models[1].pattern"), "{err}");
 }
 
@@ -741,19 +744,7 @@ async fn a_client_of_weight_three_gets_three_turns_of_a_busy_route() {
 #[test]
 fn a_client_weight_out_of_range_is_refused() {
     for weight in ["0", "101"] {
-        let toml = format!(
-            r#"
-[[providers]]
-name = "open"
-base_url = "http://127.0.0.1:9"
-
-[[clients]]
-name = "alice"
-keys = [{{ env = "ALICE_KEY" }}]
-weight = {weight}
-"#
-        );
-        let err = Settings::from_toml(&toml, &env).unwrap_err().to_string();
+        let err = alice_refused(&format!("weight = {weight}\n"));
         assert!(err.contains("clients[0].weight"), "{err}");
     }
 }
