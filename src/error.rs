@@ -567,3 +567,31 @@ impl fmt::Display for ConfigError {
 }
 
 impl Error for ConfigError {}
+
+/// What a layer does while Redis cannot be reached (or does not answer
+/// within the timeout). Defined here, beside the errors it answers, so
+/// that a configuration names it in builds without the `redis` feature.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum OnError {
+    /// Fail open: let requests through. By default each replica then holds
+    /// them to an in-process limiter with the same quotas, so a limit still
+    /// holds per replica (see [`RedisStore::with_local_fallback`](crate::redis::RedisStore::with_local_fallback)).
+    #[default]
+    Open,
+    /// Fail closed: refuse requests with
+    /// [`StoreUnavailable`], a 503 through
+    /// [`ThrottleResponseLayer`](crate::respond::ThrottleResponseLayer).
+    Closed,
+}
+
+impl OnError {
+    /// The name configuration files use: `open` or `closed`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Open => "open",
+            Self::Closed => "closed",
+        }
+    }
+}

@@ -160,8 +160,8 @@ async fn a_config_section_applies_to_a_running_layer_and_a_bad_one_changes_nothi
     let handle = layer.handle();
     let svc = layer.layer(upstream());
     let section = BackoffConfig {
-        initial_backoff: Some("4s".into()),
-        max_backoff: Some("0s".into()),
+        initial_backoff: Some(Duration::from_secs(4)),
+        max_backoff: Some(Duration::ZERO),
         on_503: Some(true),
         ..BackoffConfig::default()
     };
@@ -170,7 +170,7 @@ async fn a_config_section_applies_to_a_running_layer_and_a_bad_one_changes_nothi
     assert_eq!(remaining(&handle), Some(Duration::from_secs(4)));
 
     let mut bad = section.clone();
-    bad.initial_backoff = Some("1s".into());
+    bad.initial_backoff = Some(Duration::from_secs(1));
     bad.jitter = Some(1.5);
     let error = handle.apply(&bad).unwrap_err();
     assert_eq!(error.field, "jitter");

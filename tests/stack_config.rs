@@ -3,6 +3,8 @@
 
 mod support;
 
+use std::time::Duration;
+
 use tower_throttle::config::StackConfig;
 use tower_throttle::key::GlobalKey;
 
@@ -90,14 +92,22 @@ fn every_error_names_its_field_path() {
         .and_then(|c| c.validate())
         .unwrap_err();
     assert!(err.field.starts_with("identity.rules[0]"), "{err}");
-    // Unknown fields, at any depth, are errors.
-    for toml in [
-        "[rate_limits]\nquotas = []",
-        "[concurrency]\nmax_in_flight = 1\nmax_inflight = 2",
-        "[backoff]\nretry = 3",
+    // Unknown fields, at any depth, are errors naming the field and line.
+    for (toml, field, line) in [
+        ("[rate_limits]\nquotas = []", "rate_limits", 1),
+        (
+            "[concurrency]\nmax_in_flight = 1\nmax_inflight = 2",
+            "concurrency.max_inflight",
+            3,
+        ),
+        ("[backoff]\nretry = 3", "backoff.retry", 2),
     ] {
         let err = StackConfig::from_toml(toml).unwrap_err();
-        assert_eq!(err.field, "toml", "{toml}: {err}");
+        assert_eq!(err.field, field, "{toml}: {err}");
+        assert!(
+            err.message.contains(&format!("(line {line}, column")),
+            "{err}"
+        );
     }
 }
 
@@ -134,16 +144,16 @@ fn a_later_stack_layer_may_only_tighten() {
     let concurrency = merged.concurrency.unwrap();
     assert_eq!(concurrency.max_in_flight, 4);
     assert_eq!(concurrency.max_queue, Some(10));
-    assert_eq!(concurrency.queue_timeout.as_deref(), Some("30s"));
+    assert_eq!(concurrency.queue_timeout, Some(Duration::from_secs(30)));
     let backoff = merged.backoff.unwrap();
     assert_eq!(
-        backoff.max_cooldown.as_deref(),
-        Some("10m"),
+        backoff.max_cooldown,
+        Some(Duration::from_secs(600)),
         "a longer cooldown cap tightens"
     );
     assert_eq!(
-        backoff.initial_backoff.as_deref(),
-        Some("1s"),
+        backoff.initial_backoff,
+        Some(Duration::from_secs(1)),
         "a shorter first cooldown is ignored"
     );
 }
@@ -171,6 +181,47 @@ fn config_errors_show_the_files_text_escaped() {
         assert!(
             shown.contains(r"\u{1b}[2J") || shown.contains(r"\u{202e}"),
             "{shown:?}"
+        );
+    }
+}
+
+/// A program's own file holding the crate's sections: each side is read
+/// with its own unknown-field check, and errors on either side name their
+/// field and line as `from_toml`'s do.
+#[test]
+fn a_programs_file_reads_its_own_sections_beside_the_stacks() {
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Own {
+        #[serde(default, with = "tower_throttle::config::optional_duration_text")]
+        grace: Option<Duration>,
+    }
+    let (stack, own) = StackConfig::from_toml_with::<Own>(
+        "grace = \"2s\"\n[concurrency]\nmax_in_flight = 3\nqueue_timeout = \"1m\"\n",
+    )
+    .unwrap();
+    assert_eq!(own.grace, Some(Duration::from_secs(2)));
+    let concurrency = stack.concurrency.unwrap();
+    assert_eq!(concurrency.queue_timeout, Some(Duration::from_secs(60)));
+    for (toml, field, line) in [
+        ("grace = \"2s\"\ngrase = 1\n", "grase", 2),
+        ("grace = \"soon\"\n", "grace", 1),
+        (
+            "grace = \"1s\"\n\n[concurrency]\nmax_in_flight = 3\nqueue_timeout = \"-1s\"\n",
+            "concurrency.queue_timeout",
+            5,
+        ),
+        (
+            "[concurrency]\nmax_in_flight = 1\nqueues = 2\n",
+            "concurrency.queues",
+            3,
+        ),
+    ] {
+        let err = StackConfig::from_toml_with::<Own>(toml).unwrap_err();
+        assert_eq!(err.field, field, "{toml}: {err}");
+        assert!(
+            err.message.contains(&format!("(line {line}, column")),
+            "{toml}: {err}"
         );
     }
 }

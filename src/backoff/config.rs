@@ -8,7 +8,7 @@ use super::{
     Backoff429Layer, BackoffHandle, DEFAULT_INITIAL_BACKOFF, DEFAULT_MAX_BACKOFF,
     DEFAULT_MAX_COOLDOWN, ExponentialBackoff,
 };
-use crate::config::{duration, max_duration};
+use crate::config::{Mode, max_duration, optional_duration_text};
 use crate::error::ConfigError;
 
 /// The `[backoff]` section.
@@ -17,20 +17,20 @@ use crate::error::ConfigError;
 pub struct BackoffConfig {
     /// `"reject"` (default) or `"wait"`.
     #[serde(default)]
-    pub mode: Option<String>,
+    pub mode: Option<Mode>,
     /// In wait mode, the longest a request may wait out a cooldown.
-    #[serde(default)]
-    pub max_wait: Option<String>,
+    #[serde(default, with = "optional_duration_text")]
+    pub max_wait: Option<Duration>,
     /// The first cooldown when the upstream gives no time; default 1s.
-    #[serde(default)]
-    pub initial_backoff: Option<String>,
+    #[serde(default, with = "optional_duration_text")]
+    pub initial_backoff: Option<Duration>,
     /// The longest cooldown of the doubling rule; `"0s"`: no doubling, every
     /// cooldown the rule starts lasts `initial_backoff`.
-    #[serde(default)]
-    pub max_backoff: Option<String>,
+    #[serde(default, with = "optional_duration_text")]
+    pub max_backoff: Option<Duration>,
     /// The longest cooldown anything may start, headers included.
-    #[serde(default)]
-    pub max_cooldown: Option<String>,
+    #[serde(default, with = "optional_duration_text")]
+    pub max_cooldown: Option<Duration>,
     /// Symmetric jitter ratio, within 0..=1; default 0.
     #[serde(default)]
     pub jitter: Option<f64>,
@@ -45,25 +45,12 @@ pub struct BackoffConfig {
 
 impl BackoffConfig {
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
-        match self.mode.as_deref() {
-            None | Some("reject") => {}
-            Some("wait") if duration("max_wait", &self.max_wait)?.is_none_or(|d| d.is_zero()) => {
-                return Err(ConfigError::new(
-                    "max_wait",
-                    "wait mode needs a max_wait above zero, e.g. \"10s\"",
-                ));
-            }
-            Some("wait") => {}
-            Some(other) => {
-                return Err(ConfigError::new(
-                    "mode",
-                    format!("`{other}` is not a mode; use \"reject\" or \"wait\""),
-                ));
-            }
+        if self.mode == Some(Mode::Wait) && self.max_wait.is_none_or(|d| d.is_zero()) {
+            return Err(ConfigError::new(
+                "max_wait",
+                "wait mode needs a max_wait above zero, e.g. \"10s\"",
+            ));
         }
-        duration("initial_backoff", &self.initial_backoff)?;
-        duration("max_backoff", &self.max_backoff)?;
-        duration("max_cooldown", &self.max_cooldown)?;
         if let Some(j) = self.jitter {
             if !(0.0..=1.0).contains(&j) {
                 return Err(ConfigError::new(
@@ -88,11 +75,9 @@ impl BackoffConfig {
     /// taking its default.
     pub(crate) fn live(&self) -> Result<Live, ConfigError> {
         self.check()?;
-        let initial =
-            duration("initial_backoff", &self.initial_backoff)?.unwrap_or(DEFAULT_INITIAL_BACKOFF);
-        let max = duration("max_backoff", &self.max_backoff)?.unwrap_or(DEFAULT_MAX_BACKOFF);
-        let max_cooldown =
-            duration("max_cooldown", &self.max_cooldown)?.unwrap_or(DEFAULT_MAX_COOLDOWN);
+        let initial = self.initial_backoff.unwrap_or(DEFAULT_INITIAL_BACKOFF);
+        let max = self.max_backoff.unwrap_or(DEFAULT_MAX_BACKOFF);
+        let max_cooldown = self.max_cooldown.unwrap_or(DEFAULT_MAX_COOLDOWN);
         let backoff =
             ExponentialBackoff::new(initial, max).with_jitter(self.jitter.unwrap_or(0.0))?;
         Ok(Live {
@@ -104,19 +89,14 @@ impl BackoffConfig {
     }
 
     pub(crate) fn layer<X>(&self, extractor: X) -> Result<Backoff429Layer<X>, ConfigError> {
-        let mut layer = Backoff429Layer::new(extractor);
-        if self.mode.as_deref() == Some("wait") {
-            if let Some(d) = duration("max_wait", &self.max_wait)? {
-                layer = layer.with_max_wait(d);
-            }
-        }
-        if let Some(d) = duration("initial_backoff", &self.initial_backoff)? {
+        let mut layer = Backoff429Layer::new(extractor).with_max_wait(self.wait());
+        if let Some(d) = self.initial_backoff {
             layer = layer.with_initial_backoff(d);
         }
-        if let Some(d) = duration("max_backoff", &self.max_backoff)? {
+        if let Some(d) = self.max_backoff {
             layer = layer.with_max_backoff(d);
         }
-        if let Some(d) = duration("max_cooldown", &self.max_cooldown)? {
+        if let Some(d) = self.max_cooldown {
             layer = layer.with_max_cooldown(d);
         }
         if let Some(j) = self.jitter {
@@ -127,16 +107,25 @@ impl BackoffConfig {
             .with_proactive(self.proactive.unwrap_or(false)))
     }
 
+    /// The longest a request may wait out a cooldown: `max_wait` in wait
+    /// mode, zero (refuse at once) otherwise.
+    pub fn wait(&self) -> Duration {
+        match self.mode {
+            Some(Mode::Wait) => self.max_wait.unwrap_or(Duration::ZERO),
+            _ => Duration::ZERO,
+        }
+    }
+
     /// Merged with a later configuration layer that may lengthen cooldowns
     /// but not shorten them; the mode, `max_wait` and jitter stay this
     /// layer's, and either layer may turn `on_503` and `proactive` on.
     pub(crate) fn tightened(&self, later: &Self) -> Self {
         BackoffConfig {
-            mode: self.mode.clone(),
-            max_wait: self.max_wait.clone(),
-            initial_backoff: max_duration(&self.initial_backoff, &later.initial_backoff),
-            max_backoff: max_duration(&self.max_backoff, &later.max_backoff),
-            max_cooldown: max_duration(&self.max_cooldown, &later.max_cooldown),
+            mode: self.mode,
+            max_wait: self.max_wait,
+            initial_backoff: max_duration(self.initial_backoff, later.initial_backoff),
+            max_backoff: max_duration(self.max_backoff, later.max_backoff),
+            max_cooldown: max_duration(self.max_cooldown, later.max_cooldown),
             jitter: self.jitter,
             on_503: Some(self.on_503.unwrap_or(false) || later.on_503.unwrap_or(false)),
             proactive: Some(self.proactive.unwrap_or(false) || later.proactive.unwrap_or(false)),

@@ -51,13 +51,14 @@ impl BackoffHandle {
     /// are left as they are. Everything is checked before anything changes.
     ///
     /// ```
+    /// use std::time::Duration;
     /// use tower_throttle::backoff::{Backoff429Layer, BackoffConfig};
     /// use tower_throttle::key::GlobalKey;
     ///
     /// let handle = Backoff429Layer::new(GlobalKey).handle();
     /// let mut config = BackoffConfig::default();
-    /// config.initial_backoff = Some("2s".into());
-    /// config.max_backoff = Some("0s".into()); // a fixed 2 s
+    /// config.initial_backoff = Some(Duration::from_secs(2));
+    /// config.max_backoff = Some(Duration::ZERO); // a fixed 2 s
     /// handle.apply(&config)?;
     /// assert_eq!(handle.backoff().base(3).as_secs(), 2);
     /// # Ok::<(), tower_throttle::error::ConfigError>(())

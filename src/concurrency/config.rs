@@ -3,7 +3,9 @@
 use serde::Deserialize;
 
 use super::ConcurrencyLayer;
-use crate::config::{count, duration, min_count, min_duration};
+use std::time::Duration;
+
+use crate::config::{count, min_count, min_duration, optional_duration_text};
 use crate::error::ConfigError;
 
 /// The `[concurrency]` section.
@@ -18,8 +20,8 @@ pub struct ConcurrencyConfig {
     pub max_queue: Option<i64>,
     /// How long a request may wait for a permit, e.g. `"30s"`; default no
     /// limit.
-    #[serde(default)]
-    pub queue_timeout: Option<String>,
+    #[serde(default, with = "optional_duration_text")]
+    pub queue_timeout: Option<Duration>,
     /// Release the permit when the response headers arrive, not when its
     /// body ends (tower's behaviour); default false.
     #[serde(default)]
@@ -51,17 +53,27 @@ impl ConcurrencyConfig {
         if let Some(q) = self.max_queue {
             count("max_queue", q)?;
         }
-        duration("queue_timeout", &self.queue_timeout)?;
         Ok(())
     }
 
     pub(crate) fn layer<X>(&self, extractor: X) -> Result<ConcurrencyLayer<X>, ConfigError> {
-        let mut layer =
-            ConcurrencyLayer::new(count("max_in_flight", self.max_in_flight)?, extractor)?;
-        if let Some(q) = self.max_queue {
-            layer = layer.with_max_queue(count("max_queue", q)?);
-        }
-        if let Some(t) = duration("queue_timeout", &self.queue_timeout)? {
+        let layer = ConcurrencyLayer::new(count("max_in_flight", self.max_in_flight)?, extractor)?;
+        self.configure(layer)
+    }
+
+    /// `layer` with this section's waiting line and release point (its
+    /// `max_in_flight` is the layer's own): for a program that keeps one
+    /// layer across reloads and resizes it through its handle.
+    pub fn configure<X, L>(
+        &self,
+        mut layer: ConcurrencyLayer<X, L>,
+    ) -> Result<ConcurrencyLayer<X, L>, ConfigError> {
+        self.check()?;
+        layer = layer.with_max_queue(match self.max_queue {
+            Some(q) => count("max_queue", q)?,
+            None => usize::MAX,
+        });
+        if let Some(t) = self.queue_timeout {
             layer = layer.with_queue_timeout(t);
         }
         Ok(layer.with_release_at_headers(self.release_at_headers == Some(true)))
@@ -73,7 +85,7 @@ impl ConcurrencyConfig {
         ConcurrencyConfig {
             max_in_flight: self.max_in_flight.min(later.max_in_flight),
             max_queue: min_count(self.max_queue, later.max_queue),
-            queue_timeout: min_duration(&self.queue_timeout, &later.queue_timeout),
+            queue_timeout: min_duration(self.queue_timeout, later.queue_timeout),
             release_at_headers: Some(
                 self.release_at_headers.unwrap_or(false)
                     && later.release_at_headers.unwrap_or(false),

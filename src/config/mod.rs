@@ -38,6 +38,7 @@
 //! # Ok::<(), tower_throttle::error::ConfigError>(())
 //! ```
 
+mod read;
 mod store;
 mod value;
 
@@ -50,9 +51,10 @@ use crate::concurrency::ConcurrencyLayer;
 use crate::error::ConfigError;
 use crate::identity::{IdentityConfig, IdentityHeaderLayer};
 use crate::rate_limit::{Limits, RateLimitConfig, RateLimitLayer};
+pub use read::from_toml;
 pub use store::StoreConfig;
-pub use value::parse_duration;
-pub(crate) use value::{count, duration, max_duration, min_count, min_duration};
+pub use value::{Mode, duration_text, optional_duration_text, parse_duration};
+pub(crate) use value::{count, max_duration, min_count, min_duration};
 
 /// A whole stack's configuration, as written in a file. Every section is
 /// optional; unknown fields are errors.
@@ -96,18 +98,42 @@ pub struct Stack {
 }
 
 impl StackConfig {
-    /// Parse TOML.
+    /// The top-level keys of the sections above.
+    pub const SECTIONS: [&'static str; 5] =
+        ["rate_limit", "concurrency", "backoff", "identity", "store"];
+
+    /// Parse TOML (see [`from_toml`] for how errors read).
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        toml::from_str(text).map_err(|e| {
-            let at = e
-                .span()
-                .map(|span| {
-                    let line = text[..span.start.min(text.len())].lines().count().max(1);
-                    format!(" (line {line})")
-                })
-                .unwrap_or_default();
-            ConfigError::new("toml", format!("{}{at}", e.message()))
-        })
+        from_toml(text)
+    }
+
+    /// Parse a program's own file that holds these sections beside its own
+    /// (a gateway's `[gateway]` and `[[providers]]`): the sections named in
+    /// [`SECTIONS`](Self::SECTIONS) are read as this configuration, every
+    /// other top-level key as `T`. Each side keeps its unknown-field checks
+    /// (give `T` `#[serde(deny_unknown_fields)]`), and an error names its
+    /// field and line as [`from_toml`]'s do.
+    ///
+    /// ```
+    /// use serde::Deserialize;
+    /// use tower_throttle::config::StackConfig;
+    ///
+    /// #[derive(Deserialize)]
+    /// #[serde(deny_unknown_fields)]
+    /// struct Server { listen: String }
+    ///
+    /// let (stack, own) = StackConfig::from_toml_with::<Server>(
+    ///     "listen = \"127.0.0.1:8080\"\n[concurrency]\nmax_in_flight = 4\n",
+    /// )?;
+    /// assert_eq!(own.listen, "127.0.0.1:8080");
+    /// assert_eq!(stack.concurrency.unwrap().max_in_flight, 4);
+    /// # Ok::<(), tower_throttle::error::ConfigError>(())
+    /// ```
+    pub fn from_toml_with<T: serde::de::DeserializeOwned>(
+        text: &str,
+    ) -> Result<(Self, T), ConfigError> {
+        let (stack, own) = read::split(read::parse(text)?, &Self::SECTIONS);
+        Ok((read::read(text, stack)?, read::read(text, own)?))
     }
 
     /// Check every section; the first error names its field path

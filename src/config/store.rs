@@ -1,9 +1,11 @@
 //! The `[store]` section: where the shared state lives.
 
+use std::time::Duration;
+
 use serde::Deserialize;
 
-use super::duration;
-use crate::error::ConfigError;
+use super::optional_duration_text;
+use crate::error::{ConfigError, OnError};
 
 /// The `[store]` section: keep the rate limits and the cooldowns in Redis,
 /// shared by every replica that names the same server (feature `redis`;
@@ -33,12 +35,12 @@ pub struct StoreConfig {
     #[serde(default)]
     pub prefix: Option<String>,
     /// The timeout of every Redis call, e.g. `"50ms"` (the default).
-    #[serde(default)]
-    pub timeout: Option<String>,
+    #[serde(default, with = "optional_duration_text")]
+    pub timeout: Option<Duration>,
     /// `"open"` (default: let requests through) or `"closed"` (refuse them,
     /// 503) while Redis is unreachable.
     #[serde(default)]
-    pub on_error: Option<String>,
+    pub on_error: Option<OnError>,
     /// Failing open, hold requests to in-process limits with the same quotas
     /// (default true) or admit them all (false).
     #[serde(default)]
@@ -79,20 +81,8 @@ impl StoreConfig {
         if self.redis_url.trim().is_empty() {
             return Err(ConfigError::new("redis_url", "must not be empty"));
         }
-        if duration("timeout", &self.timeout)?.is_some_and(|d| d.is_zero()) {
+        if self.timeout.is_some_and(|d| d.is_zero()) {
             return Err(ConfigError::new("timeout", "must be longer than zero"));
-        }
-        match self.on_error.as_deref() {
-            None | Some("open") | Some("closed") => {}
-            Some(other) => {
-                return Err(ConfigError::new(
-                    "on_error",
-                    format!(
-                        "`{}` is not a choice; use \"open\" or \"closed\"",
-                        crate::redact::Escaped(other)
-                    ),
-                ));
-            }
         }
         if self.hash_key.is_some() && self.hash_key_env.is_some() {
             return Err(ConfigError::new(
@@ -127,7 +117,7 @@ impl StoreConfig {
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub fn build(&self) -> Result<crate::redis::RedisStore, ConfigError> {
-        use crate::redis::{OnError, RedisStore};
+        use crate::redis::RedisStore;
 
         self.check()?;
         let url = self.redis_url.trim();
@@ -139,12 +129,10 @@ impl StoreConfig {
         if let Some(prefix) = &self.prefix {
             store = store.with_prefix(prefix.clone())?;
         }
-        if let Some(timeout) = duration("timeout", &self.timeout)? {
+        if let Some(timeout) = self.timeout {
             store = store.with_timeout(timeout);
         }
-        if self.on_error.as_deref() == Some("closed") {
-            store = store.with_on_error(OnError::Closed);
-        }
+        store = store.with_on_error(self.on_error.unwrap_or_default());
         store = store.with_local_fallback(self.local_fallback.unwrap_or(true));
         if let Some(secret) = self.secret()? {
             store = store.with_hash_key(secret)?;

@@ -100,21 +100,12 @@ impl IdentityConfig {
     }
 
     /// Read a configuration from TOML text. A syntax error, an unknown key
-    /// or a value of the wrong type is an error giving its line and column.
-    /// Rules are checked by [`build`](Self::build).
+    /// or a value of the wrong type is an error naming its field, line and
+    /// column (see [`config::from_toml`](crate::config::from_toml)); the
+    /// source line is never quoted, as it could hold a secret. Rules are
+    /// checked by [`build`](Self::build).
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        toml::from_str(text).map_err(|e| {
-            let field = match e.span() {
-                Some(span) => {
-                    let (line, column) = line_column(text, span.start);
-                    format!("identity config, line {line}, column {column}")
-                }
-                None => "identity config".to_owned(),
-            };
-            // The message only, not toml's rendering of the source line,
-            // which could show a secret.
-            ConfigError::new(field, e.message().trim_end())
-        })
+        crate::config::from_toml(text)
     }
 
     /// Check every rule and build the layer.
@@ -155,12 +146,4 @@ impl fmt::Debug for IdentityConfig {
             .field("rules", &self.rules)
             .finish()
     }
-}
-
-/// 1-based line and column (in characters) of byte `offset` in `text`.
-fn line_column(text: &str, offset: usize) -> (usize, usize) {
-    let before = text.get(..offset).unwrap_or(text);
-    let line = before.matches('\n').count() + 1;
-    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    (line, column)
 }

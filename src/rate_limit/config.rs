@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::quota::{Algorithm, Quota, Unit};
 use super::rule::{KeyPattern, Rule, check_names};
-use crate::config::parse_duration;
+use crate::config::{Mode, duration_text, optional_duration_text};
 use crate::error::ConfigError;
 
 /// A rate limiter's configuration as written in a file.
@@ -47,10 +47,10 @@ pub struct RateLimitConfig {
     pub dry_run: Option<bool>,
     /// `"reject"` (default) or `"wait"`.
     #[serde(default)]
-    pub mode: Option<String>,
+    pub mode: Option<Mode>,
     /// In wait mode, the longest a request may wait, e.g. `"5s"`.
-    #[serde(default)]
-    pub max_wait: Option<String>,
+    #[serde(default, with = "optional_duration_text")]
+    pub max_wait: Option<Duration>,
     /// The quotas every key gets unless a rule matches it. None: unlimited.
     #[serde(default)]
     pub quotas: Vec<QuotaConfig>,
@@ -66,11 +66,12 @@ pub struct QuotaConfig {
     /// Units per period; 0 means unlimited (the quota is left out).
     pub limit: i64,
     /// The period, e.g. `"1m"`, `"60s"`, `"1d"`, `"500ms"`.
-    pub period: String,
+    #[serde(with = "duration_text")]
+    pub period: Duration,
     /// `"token_bucket"` (default), `"sliding_window"`, `"fixed_window"` or
     /// `"turn_budget"`.
     #[serde(default)]
-    pub algorithm: Option<String>,
+    pub algorithm: Option<Algorithm>,
     /// The token bucket's capacity; default the limit.
     #[serde(default)]
     pub burst: Option<i64>,
@@ -142,33 +143,26 @@ impl Default for Limits {
 }
 
 impl RateLimitConfig {
-    /// Parse TOML. Unknown fields are errors.
+    /// Parse TOML. Unknown fields are errors (see
+    /// [`config::from_toml`](crate::config::from_toml) for how errors read).
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::new("toml", e.message().to_owned()))
+        crate::config::from_toml(text)
     }
 
     /// Check every field and build the [`Limits`]; the first error names
     /// its field (`rules[2].quotas[0].burst`) and value.
     pub fn validate(&self) -> Result<Limits, ConfigError> {
-        let max_wait = match &self.max_wait {
-            Some(text) => parse_duration("", text).map_err(|e| e.within("max_wait"))?,
-            None => Duration::ZERO,
-        };
-        let max_wait = match self.mode.as_deref() {
-            None | Some("reject") => Duration::ZERO,
-            Some("wait") if max_wait.is_zero() => {
-                return Err(ConfigError::new(
-                    "max_wait",
-                    "wait mode needs a max_wait above zero, e.g. \"5s\"",
-                ));
-            }
-            Some("wait") => max_wait,
-            Some(other) => {
-                return Err(ConfigError::new(
-                    "mode",
-                    format!("`{other}` is not a mode; use \"reject\" or \"wait\""),
-                ));
-            }
+        let max_wait = match self.mode.unwrap_or_default() {
+            Mode::Reject => Duration::ZERO,
+            Mode::Wait => match self.max_wait {
+                Some(wait) if !wait.is_zero() => wait,
+                _ => {
+                    return Err(ConfigError::new(
+                        "max_wait",
+                        "wait mode needs a max_wait above zero, e.g. \"5s\"",
+                    ));
+                }
+            },
         };
         let default = quotas(&self.quotas).map_err(|e| e.within("quotas"))?;
         let rules = self
@@ -256,24 +250,8 @@ impl QuotaConfig {
     /// The quota, or `None` for limit 0 (unlimited).
     fn validate(&self) -> Result<Option<Quota>, ConfigError> {
         let limit = count("limit", self.limit)?;
-        let period = parse_duration("", &self.period).map_err(|e| e.within("period"))?;
-        const ALL: [Algorithm; 4] = [
-            Algorithm::TokenBucket,
-            Algorithm::SlidingWindow,
-            Algorithm::FixedWindow,
-            Algorithm::TurnBudget,
-        ];
-        let algorithm = match self.algorithm.as_deref() {
-            None => Algorithm::TokenBucket,
-            Some(name) => ALL.into_iter().find(|a| a.as_str() == name).ok_or_else(|| {
-                ConfigError::new(
-                    "algorithm",
-                    format!(
-                        "`{name}` is not an algorithm; use \"token_bucket\", \"sliding_window\", \"fixed_window\" or \"turn_budget\""
-                    ),
-                )
-            })?,
-        };
+        let period = self.period;
+        let algorithm = self.algorithm.unwrap_or(Algorithm::TokenBucket);
         let unit = match self.unit.as_deref() {
             None => Unit::Cost,
             Some(name) => [Unit::Cost, Unit::Requests]

@@ -12,8 +12,10 @@ pub const MAX_PERIOD: Duration = Duration::from_secs(400 * 86_400);
 /// [`Quota::with_stale_after`].
 pub const DEFAULT_STALE_TURN: Duration = Duration::from_secs(300);
 
-/// How a quota is enforced.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// How a quota is enforced. Configuration files name it as
+/// [`as_str`](Self::as_str) does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Algorithm {
     /// Token bucket, as GCRA: refills smoothly at `limit / period`, holds up

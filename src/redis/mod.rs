@@ -147,5 +147,6 @@ mod store;
 
 pub use notes::Note;
 
+pub use crate::error::OnError;
 pub(crate) use store::StoreError;
-pub use store::{DEFAULT_PREFIX, DEFAULT_TIMEOUT, OnError, RedisStore};
+pub use store::{DEFAULT_PREFIX, DEFAULT_TIMEOUT, RedisStore};

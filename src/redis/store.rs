@@ -14,6 +14,7 @@ use arc_swap::ArcSwapOption;
 
 use super::breaker::{Breaker, Failed, Pass, TRIP_AFTER};
 use super::names::Namer;
+use crate::error::OnError;
 use crate::error::{ConfigError, StoreCallFailed};
 use crate::redact::{Escaped, Quoted};
 
@@ -22,32 +23,6 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 
 /// The default [prefix](RedisStore::with_prefix) of every key name.
 pub const DEFAULT_PREFIX: &str = "tt:";
-
-/// What a layer does while Redis cannot be reached (or does not answer
-/// within the timeout).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum OnError {
-    /// Fail open: let requests through. By default each replica then holds
-    /// them to an in-process limiter with the same quotas, so a limit still
-    /// holds per replica (see [`RedisStore::with_local_fallback`]).
-    #[default]
-    Open,
-    /// Fail closed: refuse requests with
-    /// [`StoreUnavailable`](crate::error::StoreUnavailable), a 503 through
-    /// [`ThrottleResponseLayer`](crate::respond::ThrottleResponseLayer).
-    Closed,
-}
-
-impl OnError {
-    /// The name configuration files use: `open` or `closed`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::Open => "open",
-            Self::Closed => "closed",
-        }
-    }
-}
 
 /// Where layers keep shared state: a Redis server (or a Redis Cluster),
 /// reached through one multiplexed connection that reconnects by itself.

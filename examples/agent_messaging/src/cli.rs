@@ -90,7 +90,7 @@ impl Cli {
 /// A duration as humans write it (`10s`, `5m`, `1h 30m`), longer than zero
 /// and no longer than a quota's longest period.
 pub fn period(text: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    let d = tower_throttle::config::parse_duration("", text).map_err(|e| e.message)?;
     if d.is_zero() {
         return Err("must be longer than zero".to_owned());
     }

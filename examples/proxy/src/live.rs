@@ -27,7 +27,7 @@ pub fn enabled(settings: &Settings) -> bool {
 
 /// Requests in flight per route that `settings` allow.
 pub fn max_in_flight(settings: &Settings) -> usize {
-    match &settings.file.concurrency {
+    match &settings.stack.concurrency {
         Some(c) => usize::try_from(c.max_in_flight).unwrap_or(1).max(1),
         None => UNLIMITED,
     }

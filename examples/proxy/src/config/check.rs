@@ -14,8 +14,7 @@ use super::clients::{MIN_KEY_LEN, check_clients};
 use super::providers::check_providers;
 use super::routes::check_routes;
 use super::settings::sim_serve_limits;
-use super::toml_error::toml_error;
-use super::values::{address, bounded, duration, list, read_env};
+use super::values::{address, bounded, list, read_env};
 use super::{
     Env, GatewaySection, GatewaySettings, Provider, ProxyFile, Settings, SimModel, SimSettings,
     SimulatorSection, TlsFiles, Upstream,
@@ -28,7 +27,8 @@ impl Settings {
     /// Parse and check `text`; the first problem is an error naming its
     /// field (`providers[1].base_url`, `rate_limit.rules[0].quotas[0].limit`).
     pub fn from_toml(text: &str, env: Env<'_>) -> Result<Self, ConfigError> {
-        let file: ProxyFile = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
+        let (stack, mut file): (StackConfig, ProxyFile) = StackConfig::from_toml_with(text)?;
+        file.stack = stack;
         Self::check(file, env)
     }
 
@@ -47,7 +47,7 @@ impl Settings {
                 ..s
             });
         let providers = check_providers(&file.providers, simulator.is_some(), env)?;
-        let stack = stack_config(&file, file.store.clone())?.validate()?;
+        let stack = stack_config(&file, file.stack.store.clone())?.validate()?;
         check_rule_providers(&file, &providers)?;
         let routes = check_routes(&file.routes, &providers)?;
         let clients = check_clients(&file.clients, env)?;
@@ -127,7 +127,7 @@ impl Settings {
     pub fn with_redis(mut self, url: &str) -> Result<Self, ConfigError> {
         let store = StoreConfig {
             redis_url: url.to_owned(),
-            ..self.file.store.clone().unwrap_or_default()
+            ..self.file.stack.store.clone().unwrap_or_default()
         };
         self.stack = stack_config(&self.file, Some(store))?
             .validate()
@@ -153,16 +153,15 @@ pub fn is_loopback_host(host: &str) -> bool {
 /// The crate's sections of `file`, with `store`.
 fn stack_config(file: &ProxyFile, store: Option<StoreConfig>) -> Result<StackConfig, ConfigError> {
     let rate_limit = file
+        .stack
         .rate_limit
         .as_ref()
         .map(|r| token_units(r).map_err(|e| e.within("rate_limit")))
         .transpose()?;
     Ok(StackConfig {
         rate_limit,
-        concurrency: file.concurrency.clone(),
-        backoff: file.backoff.clone(),
-        identity: file.identity.clone(),
         store,
+        ..file.stack.clone()
     })
 }
 
@@ -210,7 +209,7 @@ pub fn counts_tokens(limits: Option<&Limits>) -> bool {
 /// A rate-limit rule naming a provider (without wildcards) that does not
 /// exist would never match: a typo worth an error.
 fn check_rule_providers(file: &ProxyFile, providers: &[Provider]) -> Result<(), ConfigError> {
-    let Some(rate) = &file.rate_limit else {
+    let Some(rate) = &file.stack.rate_limit else {
         return Ok(());
     };
     for (i, rule) in rate.rules.iter().enumerate() {
@@ -326,44 +325,28 @@ impl GatewaySection {
 
     fn check(&self) -> Result<GatewaySettings, ConfigError> {
         let d = GatewaySettings::default();
-        let upstream_timeout = duration(
-            "upstream_timeout",
-            &self.upstream_timeout,
-            d.upstream_timeout,
-        )?;
+        let upstream_timeout = self.upstream_timeout.unwrap_or(d.upstream_timeout);
         if upstream_timeout.is_zero() {
             return Err(ConfigError::new(
                 "upstream_timeout",
                 "0 would fail every request; leave it out for 5 minutes",
             ));
         }
-        let events_heartbeat = duration(
-            "events_heartbeat",
-            &self.events_heartbeat,
-            d.events_heartbeat,
-        )?;
+        let events_heartbeat = self.events_heartbeat.unwrap_or(d.events_heartbeat);
         if events_heartbeat < Duration::from_millis(10) {
             return Err(ConfigError::new(
                 "events_heartbeat",
                 "must be at least 10ms; the default is 15s",
             ));
         }
-        let header_read_timeout = duration(
-            "header_read_timeout",
-            &self.header_read_timeout,
-            d.header_read_timeout,
-        )?;
+        let header_read_timeout = self.header_read_timeout.unwrap_or(d.header_read_timeout);
         if header_read_timeout < Duration::from_millis(10) {
             return Err(ConfigError::new(
                 "header_read_timeout",
                 "must be at least 10ms; the default is 10s",
             ));
         }
-        let body_write_timeout = duration(
-            "body_write_timeout",
-            &self.body_write_timeout,
-            d.body_write_timeout,
-        )?;
+        let body_write_timeout = self.body_write_timeout.unwrap_or(d.body_write_timeout);
         if body_write_timeout < Duration::from_millis(10) {
             return Err(ConfigError::new(
                 "body_write_timeout",
@@ -381,12 +364,12 @@ impl GatewaySection {
                 None => d.max_body,
             },
             upstream_timeout,
-            shutdown_grace: duration("shutdown_grace", &self.shutdown_grace, d.shutdown_grace)?,
+            shutdown_grace: self.shutdown_grace.unwrap_or(d.shutdown_grace),
             max_routes: match self.max_routes {
                 Some(n) => bounded("max_routes", n, 1, 100_000)?,
                 None => d.max_routes,
             },
-            route_idle: duration("route_idle", &self.route_idle, d.route_idle)?,
+            route_idle: self.route_idle.unwrap_or(d.route_idle),
             events_heartbeat,
             allowed_hosts: list("allowed_hosts", &self.allowed_hosts, AllowedHost::parse)?,
             allowed_origins: list(
@@ -403,11 +386,7 @@ impl GatewaySection {
                 Some(n) => bounded("max_header_bytes", n, 1024, 1 << 20)?,
                 None => d.max_header_bytes,
             },
-            body_read_timeout: duration(
-                "body_read_timeout",
-                &self.body_read_timeout,
-                d.body_read_timeout,
-            )?,
+            body_read_timeout: self.body_read_timeout.unwrap_or(d.body_read_timeout),
             body_write_timeout,
             max_event_clients: match self.max_event_clients {
                 Some(n) => bounded("max_event_clients", n, 0, 100_000)?,
@@ -442,7 +421,7 @@ impl SimulatorSection {
                     ));
                 }
                 let limit = bounded(&at("limit"), m.limit, 0, i64::from(u32::MAX))?;
-                let period = duration(&at("period"), &Some(m.period.clone()), Duration::ZERO)?;
+                let period = m.period;
                 if period.is_zero() {
                     return Err(ConfigError::new(
                         at("period"),
@@ -462,12 +441,12 @@ impl SimulatorSection {
                 Some(l) => address("listen", l)?,
                 None => d.listen,
             },
-            latency: duration("latency", &self.latency, d.latency)?,
+            latency: self.latency.unwrap_or(d.latency),
             stream_chunks: match self.stream_chunks {
                 Some(n) => u32::try_from(bounded("stream_chunks", n, 1, 1000)?).unwrap_or(1000),
                 None => d.stream_chunks,
             },
-            stream_interval: duration("stream_interval", &self.stream_interval, d.stream_interval)?,
+            stream_interval: self.stream_interval.unwrap_or(d.stream_interval),
             api_key: match &self.api_key_env {
                 Some(var) => Some(read_env("api_key_env", var, env)?),
                 None => None,

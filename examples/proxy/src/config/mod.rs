@@ -14,7 +14,6 @@ mod clients;
 mod providers;
 mod routes;
 mod settings;
-mod toml_error;
 mod values;
 
 pub use check::{counts_tokens, is_loopback_host};
@@ -30,10 +29,10 @@ pub use settings::{
 
 use std::collections::BTreeMap;
 
+use std::time::Duration;
+
 use serde::Deserialize;
-use tower_throttle::config::{BackoffConfig, ConcurrencyConfig, StoreConfig};
-use tower_throttle::identity::IdentityConfig;
-use tower_throttle::rate_limit::RateLimitConfig;
+use tower_throttle::config::{StackConfig, optional_duration_text};
 
 use crate::preset::{Kind, LimitHeaders};
 
@@ -81,22 +80,11 @@ pub struct ProxyFile {
     /// `[[clients]]`: the gateway's callers and their keys.
     #[serde(default)]
     pub clients: Vec<ClientSection>,
-    /// `[rate_limit]`, as in the crate's `StackConfig`.
-    #[serde(default)]
-    pub rate_limit: Option<RateLimitConfig>,
-    /// `[concurrency]`.
-    #[serde(default)]
-    pub concurrency: Option<ConcurrencyConfig>,
-    /// `[backoff]`.
-    #[serde(default)]
-    pub backoff: Option<BackoffConfig>,
-    /// `[identity]`.
-    #[serde(default)]
-    pub identity: Option<IdentityConfig>,
-    /// `[store]`: the rate limits and cooldowns in Redis, shared by every
-    /// gateway on the same server (the `redis` feature).
-    #[serde(default)]
-    pub store: Option<StoreConfig>,
+    /// The crate's sections (`[rate_limit]`, `[concurrency]`, `[backoff]`,
+    /// `[identity]`, `[store]`), read by [`StackConfig::from_toml_with`]
+    /// beside the ones above.
+    #[serde(skip)]
+    pub stack: StackConfig,
 }
 
 /// `[gateway]`: the server itself.
@@ -108,17 +96,21 @@ pub struct GatewaySection {
     /// Largest request body accepted; default 4 MiB.
     pub max_body_bytes: Option<i64>,
     /// Longest wait for an upstream's response headers; default `"5m"`.
-    pub upstream_timeout: Option<String>,
+    #[serde(default, with = "optional_duration_text")]
+    pub upstream_timeout: Option<Duration>,
     /// On Ctrl-C, how long in-flight requests may take; default `"10s"`.
-    pub shutdown_grace: Option<String>,
+    #[serde(default, with = "optional_duration_text")]
+    pub shutdown_grace: Option<Duration>,
     /// Routes counted apart in the stats; default 1000.
     pub max_routes: Option<i64>,
     /// A route not configured, counted apart because its upstream answered
     /// it, gives its place to a new one after this long without an answer;
     /// default `"10m"`.
-    pub route_idle: Option<String>,
+    #[serde(default, with = "optional_duration_text")]
+    pub route_idle: Option<Duration>,
     /// Heartbeat comment on `/events` when nothing changes; default `"15s"`.
-    pub events_heartbeat: Option<String>,
+    #[serde(default, with = "optional_duration_text")]
+    pub events_heartbeat: Option<Duration>,
     /// `Host` names answered besides the listen address's; default none.
     pub allowed_hosts: Option<Vec<String>>,
     /// Browser origins allowed besides the gateway's own; default none.
@@ -128,16 +120,19 @@ pub struct GatewaySection {
     pub max_connections: Option<i64>,
     /// From a connection opening, or its previous response, to a complete
     /// request head; default `"10s"`.
-    pub header_read_timeout: Option<String>,
+    #[serde(default, with = "optional_duration_text")]
+    pub header_read_timeout: Option<Duration>,
     /// Request line and headers, in bytes (431 beyond); default 64 KiB.
     pub max_header_bytes: Option<i64>,
     /// From a complete request head to a complete body (408 beyond);
     /// default `"30s"`.
-    pub body_read_timeout: Option<String>,
+    #[serde(default, with = "optional_duration_text")]
+    pub body_read_timeout: Option<Duration>,
     /// How long a response may make no progress (a client that stopped
     /// reading) before its connection is closed and what it held (a
     /// concurrency permit) released; default `"30s"`.
-    pub body_write_timeout: Option<String>,
+    #[serde(default, with = "optional_duration_text")]
+    pub body_write_timeout: Option<Duration>,
     /// Clients on `/events` at once (503 beyond); default 64.
     pub max_event_clients: Option<i64>,
     /// Serve HTTPS with this certificate chain (PEM), read again when it
@@ -219,11 +214,13 @@ pub struct SimulatorSection {
     /// Default `127.0.0.1:0` (an ephemeral loopback port).
     pub listen: Option<String>,
     /// Time before each answer; default `"20ms"`.
-    pub latency: Option<String>,
+    #[serde(default, with = "optional_duration_text")]
+    pub latency: Option<Duration>,
     /// Chunks of a streamed answer; default 8.
     pub stream_chunks: Option<i64>,
     /// Time between streamed chunks; default `"40ms"`.
-    pub stream_interval: Option<String>,
+    #[serde(default, with = "optional_duration_text")]
+    pub stream_interval: Option<Duration>,
     /// Environment variable with the key it demands as `Bearer`; default none.
     pub api_key_env: Option<String>,
     /// Its models and their limits; default `sim-small` 20/s, `sim-large` 4/s.
@@ -240,7 +237,8 @@ pub struct SimModelSection {
     /// Requests per period (a sliding window); 0 means unlimited.
     pub limit: i64,
     /// The window, e.g. `"1s"`.
-    pub period: String,
+    #[serde(with = "tower_throttle::config::duration_text")]
+    pub period: Duration,
 }
 
 /// Reads environment variables; the real environment in `main`, a table in

@@ -333,7 +333,7 @@ impl Settings {
         if a.simulator != b.simulator {
             changed.push("simulator");
         }
-        if a.store != b.store {
+        if a.stack.store != b.stack.store {
             changed.push("store");
         }
         changed

@@ -1,23 +1,11 @@
-//! The small value parsers the checks share: durations, addresses,
+//! The small value parsers the checks share: addresses,
 //! bounded numbers, lists and environment variables, each error naming its
 //! field.
 
 use std::net::SocketAddr;
-use std::time::Duration;
-
-use tower_throttle::config::parse_duration;
 use tower_throttle::error::ConfigError;
 
 use super::Env;
-
-pub(super) fn duration(
-    field: &str,
-    text: &Option<String>,
-    default: Duration,
-) -> Result<Duration, ConfigError> {
-    text.as_deref()
-        .map_or(Ok(default), |t| parse_duration(field, t))
-}
 
 pub(super) fn address(field: &str, text: &str) -> Result<SocketAddr, ConfigError> {
     text.trim().parse().map_err(|_| {

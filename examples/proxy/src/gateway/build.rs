@@ -27,11 +27,6 @@ use crate::reply::json_error;
 use crate::tls::{HttpsClient, TlsClients, UpstreamTls};
 use hyper_util::client::legacy::Error as ClientError;
 
-fn optional_duration(field: &str, text: Option<&str>) -> Result<Option<Duration>, ConfigError> {
-    text.map(|t| tower_throttle::config::parse_duration(field, t))
-        .transpose()
-}
-
 /// Resolve the providers and layer the client stack for `settings`.
 pub(super) fn build(
     layers: &Layers,
@@ -94,31 +89,21 @@ pub(super) fn build(
         .rate_limit
         .as_ref()
         .map_or(Duration::ZERO, |l: &Limits| l.max_wait);
-    let (max_queue, queue_timeout, release_at_headers) = match &settings.file.concurrency {
-        Some(c) => (
-            c.max_queue
-                .map_or(usize::MAX, |q| usize::try_from(q).unwrap_or(usize::MAX)),
-            optional_duration("concurrency.queue_timeout", c.queue_timeout.as_deref())?,
-            c.release_at_headers == Some(true),
-        ),
-        None => (usize::MAX, None, false),
+    // The long-lived layers, with this configuration's line and waits.
+    let concurrency = match &settings.stack.concurrency {
+        Some(c) => c
+            .configure(layers.concurrency.clone())
+            .map_err(|e| e.within("concurrency"))?,
+        None => layers.concurrency.clone().with_max_queue(usize::MAX),
     };
-    let backoff_wait = match &settings.file.backoff {
-        Some(b) if b.mode.as_deref() == Some("wait") => {
-            optional_duration("backoff.max_wait", b.max_wait.as_deref())?.unwrap_or(Duration::ZERO)
-        }
-        _ => Duration::ZERO,
-    };
+    let backoff_wait = settings
+        .stack
+        .backoff
+        .as_ref()
+        .map_or(Duration::ZERO, |b| b.wait());
     let identity = identity_layer(layers, &settings)?;
 
     let rate = layers.rate.clone().with_max_wait(rate_wait);
-    let mut concurrency = layers.concurrency.clone().with_max_queue(max_queue);
-    if let Some(timeout) = queue_timeout {
-        concurrency = concurrency.with_queue_timeout(timeout);
-    }
-    if release_at_headers {
-        concurrency = concurrency.with_release_at_headers(true);
-    }
     let backoff = layers.backoff.clone().with_max_wait(backoff_wait);
     let service = ServiceBuilder::new()
         .layer(ThrottleResponseLayer::new())
@@ -206,7 +191,7 @@ fn identity_layer(
     match *stable {
         None => *stable = Some(layer.stable_ids()),
         Some(ids) => {
-            let pinned = settings.file.identity.as_ref().map(|c| &c.stable_ids);
+            let pinned = settings.stack.identity.as_ref().map(|c| &c.stable_ids);
             if pinned.is_none_or(|p| p.client.is_none()) {
                 layer = layer.with_client_id(ids.client);
             }

@@ -85,7 +85,7 @@ impl TrackedRoutes {
 
     /// Track the routes `settings` names.
     pub fn add_configured(&self, settings: &Settings) {
-        let rules = settings.file.rate_limit.iter().flat_map(|r| &r.rules);
+        let rules = settings.file.stack.rate_limit.iter().flat_map(|r| &r.rules);
         for rule in rules {
             if let (Some(provider), Some(model)) = (&rule.provider, &rule.model) {
                 if !provider.contains(['*', '?']) && !model.contains(['*', '?']) {
