@@ -94,6 +94,9 @@ pub mod redact;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+#[cfg(not(feature = "redis"))]
+#[path = "no_redis.rs"]
+mod redis;
 pub mod respond;
 pub mod stats;
 mod store;

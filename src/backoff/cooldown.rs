@@ -35,6 +35,10 @@ use crate::redact::Quoted;
 use crate::stats::{Event, KeyTracking, Stats};
 use crate::store::{Idle, Store};
 
+// The table's side of a cooldown shared through Redis.
+#[cfg(feature = "redis")]
+mod shared;
+
 /// What a backoff layer is built with. All but `key_stats` can also change
 /// live, through a [`BackoffHandle`](super::BackoffHandle).
 #[derive(Clone, Debug)]
@@ -45,7 +49,6 @@ pub(crate) struct Config {
     pub(crate) proactive: bool,
     pub(crate) key_stats: KeyTracking,
     /// Where cooldowns are shared with other replicas.
-    #[cfg(feature = "redis")]
     pub(crate) store: Option<crate::redis::RedisStore>,
 }
 
@@ -75,7 +78,7 @@ pub(crate) struct Route {
     queue: VecDeque<QueueEntry>,
     next_id: u64,
     /// The shared cooldown's generation, as the store last said (see
-    /// [`Cooldowns::merge_shared`]).
+    /// `Cooldowns::merge_shared`).
     #[cfg(feature = "redis")]
     shared_generation: u64,
 }
@@ -162,7 +165,6 @@ pub(crate) struct Cooldowns {
     enabled: AtomicBool,
     key_stats: KeyTracking,
     /// Where cooldowns are shared with other replicas.
-    #[cfg(feature = "redis")]
     pub(crate) store: Option<crate::redis::RedisStore>,
     /// The store's counters (reported in the stats when there is a store).
     #[cfg(feature = "redis")]
@@ -222,10 +224,8 @@ pub(crate) struct Watch {
 
 impl Cooldowns {
     pub(crate) fn new(config: Config) -> Self {
-        #[cfg(feature = "redis")]
         let store_counters = Arc::new(crate::stats::StoreCounters::default());
         let stats = Stats::new(config.key_stats.clone());
-        #[cfg(feature = "redis")]
         let stats = match &config.store {
             Some(_) => stats.with_store_counters(store_counters.clone()),
             None => stats,
@@ -244,7 +244,6 @@ impl Cooldowns {
             enabled: AtomicBool::new(true),
             stats: Arc::new(stats),
             key_stats: config.key_stats,
-            #[cfg(feature = "redis")]
             store: config.store,
             #[cfg(feature = "redis")]
             store_counters,
@@ -266,7 +265,6 @@ impl Cooldowns {
             on_503: self.on_503.load(Ordering::Relaxed),
             proactive: self.proactive.load(Ordering::Relaxed),
             key_stats: self.key_stats.clone(),
-            #[cfg(feature = "redis")]
             store: self.store.clone(),
         }
     }
@@ -583,24 +581,6 @@ impl Watch {
     pub(crate) fn observe(&self, status: StatusCode, headers: &HeaderMap) -> Option<Said> {
         self.engine.observe(self, status, headers)
     }
-
-    /// The engine the watch reports to.
-    #[cfg(feature = "redis")]
-    pub(crate) fn engine(&self) -> &Arc<Cooldowns> {
-        &self.engine
-    }
-
-    /// The route watched.
-    #[cfg(feature = "redis")]
-    pub(crate) fn key(&self) -> KeyHash {
-        self.key
-    }
-
-    /// The route's name as it may be shown.
-    #[cfg(feature = "redis")]
-    pub(crate) fn text(&self) -> Arc<str> {
-        self.text.clone()
-    }
 }
 
 /// What a response said that a shared cooldown must hear.
@@ -613,65 +593,6 @@ pub(crate) enum Said {
     Unavailable(Duration),
     /// A success, with the wait its headers advised (proactive), if any.
     Succeeded(Option<Duration>),
-}
-
-#[cfg(feature = "redis")]
-impl Cooldowns {
-    /// Fold the route's shared state, as the store says it (`shared`), into
-    /// this replica's: the longer cooldown wins, the streak is the
-    /// store's.
-    pub(crate) fn merge_shared(
-        &self,
-        key: KeyHash,
-        shared: super::redis::SharedCooldown,
-        text: &Arc<str>,
-    ) {
-        let now = self.timeline.now();
-        let lengths = self.lengths();
-        // Redis is outside this process: no cooldown read there lasts
-        // longer than this replica would set one itself.
-        let cooling = shared.cooling.min(lengths.max_cooldown);
-        let until = now.saturating_add(saturating_nanos(cooling));
-        let mut locked = self.routes.lock(key, now);
-        let ((), route) = locked.get();
-        route.refresh(now);
-        route.streak = shared.streak;
-        route.shared_generation = route.shared_generation.max(shared.generation);
-        if route.text.is_none() {
-            route.text = Some(text.clone());
-        }
-        // Nothing cooling there (most reads), or within a millisecond of
-        // this replica's own: the same cooldown, seen through a round trip.
-        // Neither starts one here, nor makes requests in flight stale.
-        if until <= now || until <= route.until.saturating_add(1_000_000) {
-            return;
-        }
-        let was_cooling = route.until > now;
-        route.until = until;
-        let forget_after = lengths.backoff.cap().min(lengths.max_cooldown);
-        route.forget_at = until.saturating_add(saturating_nanos(forget_after));
-        // The queue's head, asleep until the old end, looks again then.
-        route.generation = self.epochs.fetch_add(1, Ordering::Relaxed) + 1;
-        drop(locked);
-        if !was_cooling {
-            self.started.fetch_add(1, Ordering::Relaxed);
-        }
-        let mut active = self.active.lock();
-        if active.map.len() >= active.prune_at {
-            active.prune(now);
-        }
-        active.map.insert(
-            key.0,
-            Listed {
-                text: text.clone(),
-                until,
-                reason: Reason::Shared,
-                status: 429,
-            },
-        );
-        drop(active);
-        self.stats.touch();
-    }
 }
 
 /// A request's place in its route's queue. Dropped before the request goes

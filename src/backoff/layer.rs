@@ -75,7 +75,6 @@ impl<X> Backoff429Layer<X> {
             on_503: false,
             proactive: false,
             key_stats: KeyTracking::default(),
-            #[cfg(feature = "redis")]
             store: None,
         };
         let engine = Arc::new(Cooldowns::new(config));

@@ -79,8 +79,6 @@ pub use announced::{
     Announced, Announcement, HeaderFamily, PROVIDER_WINDOW, announced_limits, announced_limits_in,
 };
 pub use config::BackoffConfig;
-#[cfg(feature = "redis")]
-pub(crate) use cooldown::Said;
 pub use exponential::ExponentialBackoff;
 pub use future::ResponseFuture;
 pub use handle::BackoffHandle;

@@ -140,11 +140,7 @@ impl RateLimitHandle {
     pub fn reset<S: AsRef<str>>(&self, parts: &[S]) {
         let limiter = self.cell.load();
         limiter.reset(Some(limiter.seed().hash_parts(parts)));
-        #[cfg(feature = "redis")]
-        if let Some(remote) = limiter.remote() {
-            let parts: Vec<String> = parts.iter().map(|p| p.as_ref().to_owned()).collect();
-            limiter.forget_remote(remote, &parts, false);
-        }
+        limiter.forget_remote(parts, false);
     }
 
     /// Forget what every key has spent, in every quota, as
@@ -170,10 +166,7 @@ impl RateLimitHandle {
     pub fn reset_all(&self) {
         let limiter = self.cell.load();
         limiter.reset(None);
-        #[cfg(feature = "redis")]
-        if let Some(remote) = limiter.remote() {
-            remote.refused.forget(None);
-        }
+        limiter.forget_remote_refusals();
     }
 
     /// Start a new turn for the key with these parts: its turn budgets are
@@ -187,11 +180,7 @@ impl RateLimitHandle {
     pub fn new_turn<S: AsRef<str>>(&self, parts: &[S]) {
         let limiter = self.cell.load();
         limiter.new_turn(limiter.seed().hash_parts(parts));
-        #[cfg(feature = "redis")]
-        if let Some(remote) = limiter.remote() {
-            let parts: Vec<String> = parts.iter().map(|p| p.as_ref().to_owned()).collect();
-            limiter.forget_remote(remote, &parts, true);
-        }
+        limiter.forget_remote(parts, true);
     }
 
     /// The counters now.

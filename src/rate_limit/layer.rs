@@ -27,7 +27,6 @@ struct Setup {
     clock: ClockSource,
     key_stats: KeyTracking,
     /// Where the state lives when not in the process.
-    #[cfg(feature = "redis")]
     store: Option<crate::redis::RedisStore>,
 }
 
@@ -89,7 +88,6 @@ impl<X> RateLimitLayer<X> {
             rules: Vec::new(),
             clock: ClockSource::default(),
             key_stats: KeyTracking::default(),
-            #[cfg(feature = "redis")]
             store: None,
         };
         let limiter = Arc::new(Limiter::new(
@@ -147,9 +145,8 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
             setup.clock.clone(),
             setup.key_stats.clone(),
         );
-        #[cfg(feature = "redis")]
         let limiter = match &setup.store {
-            Some(store) => limiter.with_remote(store.clone()),
+            Some(store) => limiter.with_remote(store),
             None => limiter,
         };
         if let Some((_, key)) = self.shared.fallback.take() {
@@ -212,7 +209,6 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
         self.sync_setup();
         self.setup.rules.push(rule);
         check_names(&self.setup.rules)?;
-        #[cfg(feature = "redis")]
         if self.setup.store.is_some() {
             super::limiter::check_quotas(&self.setup.default, &self.setup.rules)?;
         }

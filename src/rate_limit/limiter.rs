@@ -26,13 +26,15 @@ use crate::store::{Idle, Store, Tidy};
 
 mod controls;
 mod peek;
-#[cfg(feature = "redis")]
+// The one place the limiter names its store: Redis, or none at all.
+#[cfg_attr(not(feature = "redis"), path = "limiter/no_store.rs")]
 mod remote;
 mod settle;
 mod together;
 
 #[cfg(feature = "redis")]
-pub(crate) use remote::{Asked, Remote, check_quotas};
+pub(crate) use remote::Asked;
+pub(crate) use remote::{Remote, RemoteGrant, check_quotas};
 pub(crate) use together::{Entrant, JointDecision, acquire_joint};
 
 /// Capacity booked on one key: enough to give it back.
@@ -43,8 +45,7 @@ pub(crate) struct Ticket {
     rule: u32,
     grants: SmallVec<[Grant; 2]>,
     /// The booking in Redis, for a limiter that keeps its state there.
-    #[cfg(feature = "redis")]
-    remote: Option<Arc<super::redis::RemoteGrant>>,
+    remote: Option<Arc<RemoteGrant>>,
 }
 
 /// What a caller of [`Limiter::acquire`] needs back besides the decision.
@@ -251,7 +252,6 @@ pub(crate) struct Limiter {
     /// Retunes one at a time.
     retuning: Mutex<()>,
     /// Where the state lives when not in this process.
-    #[cfg(feature = "redis")]
     remote: Option<Arc<Remote>>,
 }
 
@@ -300,7 +300,6 @@ impl Limiter {
             stats: Arc::new(Stats::new(key_stats)),
             lines: Lines::default(),
             retuning: Mutex::new(()),
-            #[cfg(feature = "redis")]
             remote: None,
         }
     }
@@ -514,7 +513,6 @@ impl Limiter {
                 generation: policy.generation,
                 rule: index as u32,
                 grants,
-                #[cfg(feature = "redis")]
                 remote: None,
             })
         };

@@ -137,7 +137,6 @@ impl<R: 'static, A> JointRateLimitLayer<R, A> {
         // A joint judgement locks every part's key state in one process;
         // a Redis-backed part is judged by a script elsewhere, so the two
         // could not take "all or nothing" together.
-        #[cfg(feature = "redis")]
         if shared.limiter.remote().is_some() {
             return Err(ConfigError::new(
                 "store",

@@ -5,8 +5,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::Limiter;
-#[cfg(feature = "redis")]
-use super::check_quotas;
 use crate::clock::Nanos;
 use crate::error::ConfigError;
 use crate::rate_limit::policy::{Compiled, Policy};
@@ -21,10 +19,7 @@ impl Limiter {
     /// use, and a key whose rule changes starts the new one spent.
     pub(crate) fn retune(&self, default: Vec<Quota>, rules: Vec<Rule>) -> Result<(), ConfigError> {
         check_names(&rules)?;
-        #[cfg(feature = "redis")]
-        if self.remote.is_some() {
-            check_quotas(&default, &rules)?;
-        }
+        self.check_remote_quotas(&default, &rules)?;
         let _one_at_a_time = self.retuning.lock();
         let old = self.policy.load_full();
         if old.compiled[0].quotas == default && old.rules == rules {
@@ -76,8 +71,7 @@ impl Limiter {
         let generation = policy.generation;
         self.policy.store(Arc::new(policy));
         self.generation.store(generation, Ordering::Release);
-        #[cfg(feature = "redis")]
-        self.retuned_remote();
+        self.forget_remote_refusals();
         // Once more for waiters booked under the old policy meanwhile.
         self.hold_back(now, &fresh, false);
         let now = self.timeline.now();

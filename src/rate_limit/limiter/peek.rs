@@ -18,11 +18,10 @@ impl Limiter {
         if !self.is_enabled() || self.is_dry_run() {
             return Duration::ZERO;
         }
-        #[cfg(feature = "redis")]
-        if let Some(remote) = &self.remote {
-            // What this replica knows without asking Redis: a refusal it
-            // remembers.
-            return remote.peek_refused(key, self.policy.load().generation);
+        // On Redis: what this replica knows without asking, a refusal it
+        // remembers.
+        if let Some(wait) = self.peek_remote(key) {
+            return wait;
         }
         let policy = self.policy.load();
         let now = self.timeline.now();

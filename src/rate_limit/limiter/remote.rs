@@ -9,14 +9,15 @@ use std::sync::atomic::Ordering;
 
 use smallvec::SmallVec;
 
-use super::{Booked, Decision, Limiter, Want};
+use super::{Booked, Decision, Limiter, Ticket, Want};
 use crate::clock::{Nanos, saturating_nanos};
 use crate::error::ConfigError;
 use crate::key::{KeyHash, KeyTexts};
 use crate::rate_limit::lines::turn_for;
 use crate::rate_limit::policy::Policy;
 use crate::rate_limit::quota::Quota;
-use crate::rate_limit::redis::{self as rate, Admission, Refused, RemoteAsk, RemoteGrant, Reply};
+pub(crate) use crate::rate_limit::redis::RemoteGrant;
+use crate::rate_limit::redis::{self as rate, Admission, Refused, RemoteAsk, Reply};
 use crate::rate_limit::rule::Rule;
 use crate::redis::{OnError, RedisStore, StoreError};
 use crate::stats::{Event, StoreCounters};
@@ -124,14 +125,14 @@ impl Limiter {
     }
 
     /// Keep this limiter's state in `store`.
-    pub(crate) fn with_remote(mut self, store: RedisStore) -> Self {
+    pub(crate) fn with_remote(mut self, store: &RedisStore) -> Self {
         let counters = Arc::new(StoreCounters::default());
         // A new limiter's stats are its own.
         self.stats = match Arc::try_unwrap(self.stats) {
             Ok(stats) => Arc::new(stats.with_store_counters(counters.clone())),
             Err(shared) => shared,
         };
-        self.remote = Some(Arc::new(Remote::new(store, counters)));
+        self.remote = Some(Arc::new(Remote::new(store.clone(), counters)));
         self
     }
 
@@ -312,20 +313,24 @@ impl Limiter {
         }
     }
 
-    /// A reset or a new turn: forget the key's refusal here, and its state
-    /// in Redis (in a task of its own).
-    pub(crate) fn forget_remote(&self, remote: &Arc<Remote>, parts: &[String], turns_only: bool) {
-        let key = self.seed.hash_parts(parts);
+    /// A reset or a new turn of the key with `parts`: forget its refusal
+    /// here, and its state in Redis (in a task of its own).
+    pub(crate) fn forget_remote<P: AsRef<str>>(&self, parts: &[P], turns_only: bool) {
+        let Some(remote) = &self.remote else {
+            return;
+        };
+        let parts: Vec<String> = parts.iter().map(|p| p.as_ref().to_owned()).collect();
+        let key = self.seed.hash_parts(&parts);
         remote.refused.forget(Some(key));
         let policy = self.policy.load();
         let rule = &policy.compiled[if policy.has_rules() {
-            policy.find(parts)
+            policy.find(&parts)
         } else {
             0
         }];
         let keys = rate::forget_keys(
             &remote.store,
-            parts,
+            &parts,
             &rule.name,
             &rule.quotas,
             &rule.replaced,
@@ -343,10 +348,62 @@ impl Limiter {
         });
     }
 
-    /// A retune: refusals remembered under the old quotas no longer hold.
-    pub(crate) fn retuned_remote(&self) {
+    /// A retune, or a reset of every key: refusals remembered here no
+    /// longer hold.
+    pub(crate) fn forget_remote_refusals(&self) {
         if let Some(remote) = &self.remote {
             remote.refused.forget(None);
         }
+    }
+
+    /// Quotas a retune would give a limiter on Redis: each must be one the
+    /// store keeps as the process does.
+    pub(crate) fn check_remote_quotas(
+        &self,
+        default: &[Quota],
+        rules: &[Rule],
+    ) -> Result<(), ConfigError> {
+        match self.remote {
+            Some(_) => check_quotas(default, rules),
+            None => Ok(()),
+        }
+    }
+
+    /// How long a request of cost 1 on `key` would wait as far as a limiter
+    /// on Redis knows without asking (a refusal remembered); none for a
+    /// limiter in process.
+    pub(crate) fn peek_remote(&self, key: KeyHash) -> Option<std::time::Duration> {
+        let remote = self.remote.as_ref()?;
+        Some(remote.peek_refused(key, self.policy.load().generation))
+    }
+
+    /// Give back a ticket booked in Redis (see [`Limiter::give_back`]);
+    /// false: it was booked here.
+    pub(crate) fn give_back_remote(&self, ticket: &Ticket, cancel: bool) -> bool {
+        let Some(grant) = &ticket.remote else {
+            return false;
+        };
+        if let Some(remote) = &self.remote {
+            self.gave_back(ticket.key);
+            remote.give_back(grant.clone(), ticket.key, cancel);
+        }
+        true
+    }
+
+    /// Settle a ticket booked in Redis (see [`Limiter::settle`]); false: it
+    /// was booked here.
+    pub(crate) fn settle_remote(&self, ticket: &Ticket, actual: u32) -> bool {
+        let Some(grant) = &ticket.remote else {
+            return false;
+        };
+        if let Some(remote) = &self.remote {
+            if let Some(excess) = grant.excess_over(actual) {
+                self.gave_back(ticket.key);
+                remote.give_back(Arc::new(excess), ticket.key, false);
+            } else if grant.falls_short_of(actual) {
+                remote.charge(grant.clone(), ticket.key, actual - grant.cost());
+            }
+        }
+        true
     }
 }

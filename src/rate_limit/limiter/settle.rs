@@ -23,12 +23,7 @@ impl Limiter {
     /// Give a ticket's capacity back: the request did not count
     /// (`cancel == false`) or left the queue before its turn.
     pub(crate) fn give_back(&self, ticket: &Ticket, cancel: bool) {
-        #[cfg(feature = "redis")]
-        if let Some(grant) = &ticket.remote {
-            if let Some(remote) = &self.remote {
-                self.gave_back(ticket.key);
-                remote.give_back(grant.clone(), ticket.key, cancel);
-            }
+        if self.give_back_remote(ticket, cancel) {
             return;
         }
         let key = ticket.key;
@@ -49,7 +44,7 @@ impl Limiter {
 
     /// Count a booking of `key` given back: for a key already in the
     /// stats' table, else with the others (no name is needed).
-    fn gave_back(&self, key: KeyHash) {
+    pub(super) fn gave_back(&self, key: KeyHash) {
         self.stats.record(key, Event::GivenBack, &String::new);
     }
 
@@ -58,16 +53,7 @@ impl Limiter {
     /// counts cost, the excess is given back or the shortfall charged.
     /// Nothing across a retune or a reset, as for a refund.
     pub(crate) fn settle(&self, ticket: &Ticket, actual: u32) {
-        #[cfg(feature = "redis")]
-        if let Some(grant) = &ticket.remote {
-            if let Some(remote) = &self.remote {
-                if let Some(excess) = grant.excess_over(actual) {
-                    self.gave_back(ticket.key);
-                    remote.give_back(Arc::new(excess), ticket.key, false);
-                } else if grant.falls_short_of(actual) {
-                    remote.charge(grant.clone(), ticket.key, actual - grant.cost());
-                }
-            }
+        if self.settle_remote(ticket, actual) {
             return;
         }
         let key = ticket.key;

@@ -210,7 +210,6 @@ fn admission(
                 generation: e.policy.generation,
                 rule: plan.rule_index as u32,
                 grants,
-                #[cfg(feature = "redis")]
                 remote: None,
             }));
         }
