@@ -35,13 +35,11 @@ fn config(name: &str, base_url: &str, extra: &str) -> String {
 }
 
 fn settings(toml: &str) -> Settings {
-    Settings::from_toml(toml, &env).unwrap_or_else(|e| panic!("{e}\n{toml}"))
+    support::sim::settings_with(toml, &env)
 }
 
 async fn start(toml: &str) -> Running {
-    gateway::start(settings(toml), ([127, 0, 0, 1], 0).into(), "test")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
+    support::sim::start_with(toml, &env).await
 }
 
 /// POST `body` to the gateway's `path`; status and body text, bounded so a

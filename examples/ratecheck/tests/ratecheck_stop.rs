@@ -277,23 +277,14 @@ async fn no_http_answer_exits_3_and_any_answer_exits_0() {
 #[test]
 #[ignore = "run by the signal test in a child process"]
 fn ratecheck_child() {
-    if child::role().as_deref() != Some("ratecheck") {
-        return;
-    }
-    let Ok(args) = std::env::var("RATECHECK_ARGS") else {
+    let Some(args) = child::input("ratecheck", "RATECHECK_ARGS") else {
         return;
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let code = runtime.block_on(async {
+    child::run_and_exit(async {
         let signals = signal::StopSignals::listen().unwrap();
         let cli = cli::Cli::try_parse_from(args.lines()).unwrap();
         app::run(cli, false, signals.stopped("stopping")).await
-    });
-    std::process::exit(i32::from(code));
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
