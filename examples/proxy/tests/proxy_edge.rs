@@ -21,6 +21,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::config::Settings;
 use crate::gateway::Running;
+use support::sim::{body_json, no_env, post_body, start};
 
 // ---------------------------------------------------------------- helpers
 
@@ -36,17 +37,6 @@ models = [
 name = "sim"
 base_url = "simulator"
 "#;
-
-fn no_env(_: &str) -> Option<String> {
-    None
-}
-
-async fn start(toml: &str) -> Running {
-    let settings = Settings::from_toml(toml, &no_env).unwrap_or_else(|e| panic!("{e}\n{toml}"));
-    gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-}
 
 /// A response read off a socket.
 #[derive(Debug)]
@@ -183,15 +173,9 @@ quotas = [{ limit = 2, period = "1m" }]
         } else {
             format!(r#"{{"model":"decoy-{n}","model":"sim-large"}}"#)
         };
-        let response = client
-            .post(format!("{url}/v1/chat/completions"))
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .unwrap();
+        let response = post_body(&client, &url, body).await;
         let status = response.status().as_u16();
-        let json: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+        let json = body_json(response).await;
         assert!(
             !json.to_string().contains("decoy"),
             "no value echoed: {json}"

@@ -178,12 +178,7 @@ async fn an_overestimate_is_settled_to_the_usage_a_json_answer_reports() {
     assert_eq!(served.load(Ordering::SeqCst), 8);
     // Charged 8 × 300, used 8 × 100, the rest given back.
     assert_eq!(tokens(&gateway).await, [2_400, 800, 1_600, 0, 0]);
-    let metrics = reqwest::get(format!("{}/metrics", gateway.url()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = support::sim::metrics(&reqwest::Client::new(), &gateway.url()).await;
     let line = |kind: &str| {
         metrics
             .lines()

@@ -1,11 +1,13 @@
 //! The gateway in front of its built-in simulator, as most of the proxy's
 //! end-to-end tests drive it: configs, requests and `/stats` polling.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use proxy::config::{self, Settings};
 use proxy::gateway::{self, Running};
+use proxy::{app, reload};
 use serde_json::Value;
 use testkit::capture::capture_logs;
 
@@ -47,6 +49,24 @@ pub async fn start_with(toml: &str, env: config::Env<'_>) -> Running {
     gateway::start(settings_with(toml, env), ([127, 0, 0, 1], 0).into(), "test")
         .await
         .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The gateway on the config file at `path`, as `main` loads it, with a
+/// watcher reading the file with `timing`: what the reload tests edit.
+pub async fn watched(path: &Path, timing: reload::Timing) -> (Running, reqwest::Client) {
+    let loaded = app::load(Some(path), Path::new(config::DEFAULT_PATH), &no_env).unwrap();
+    let gw = gateway::start(loaded.settings, ([127, 0, 0, 1], 0).into(), loaded.source)
+        .await
+        .unwrap();
+    // Stopped with the gateway (it watches the shutdown signal).
+    let _watcher = reload::spawn(
+        path.to_owned(),
+        loaded.bytes,
+        timing,
+        gw.gateway.clone(),
+        Arc::new(no_env),
+    );
+    (gw, reqwest::Client::new())
 }
 
 pub async fn start(toml: &str) -> Running {
