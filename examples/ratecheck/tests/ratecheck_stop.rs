@@ -89,39 +89,44 @@ fn report_json(path: &PathBuf) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
 
-#[test]
-fn the_sent_rate_counts_the_intervals_between_requests() {
-    // The case: 3 requests a second apart are 60 a minute, not 90.
-    let config = Config::from_args([
-        "ratecheck",
-        "--url",
-        "http://127.0.0.1:9/",
-        "--rpm",
-        "60",
-        "--duration",
-        "3s",
-    ])
-    .unwrap();
-    let plan = schedule::plan(&Params::of(&config), Duration::from_secs(1_700_000_000)).unwrap();
-    let outcomes: Vec<Outcome> = plan
+/// A config aimed at a port nothing listens on, with `args` after the URL:
+/// for the tests that only plan and report.
+fn offline_config(args: &[&str]) -> Config {
+    let url = ["ratecheck", "--url", "http://127.0.0.1:9/"];
+    Config::from_args(url.iter().chain(args).copied()).unwrap()
+}
+
+/// A run of `config`'s plan in which every request was answered 200 in
+/// 5 ms, each sent `late(event)` after its planned time: the rate alone is
+/// what the report has to work out.
+fn answered_run(config: &Config, late: impl Fn(usize) -> Duration) -> Run {
+    let plan = schedule::plan(&Params::of(config), Duration::from_secs(1_700_000_000)).unwrap();
+    let outcomes = plan
         .events
         .iter()
         .enumerate()
         .map(|(event, e)| Outcome {
             event,
-            sent: e.at,
+            sent: e.at + late(event),
             latency: Duration::from_millis(5),
             class: Class::Status(200),
         })
         .collect();
-    assert_eq!(outcomes.len(), 3);
-    let mut run = Run {
+    Run {
         started_at: SystemTime::UNIX_EPOCH,
         elapsed: plan.last_at() + Duration::from_millis(5),
         plan,
         outcomes,
         interrupted: false,
-    };
+    }
+}
+
+#[test]
+fn the_sent_rate_counts_the_intervals_between_requests() {
+    // The case: 3 requests a second apart are 60 a minute, not 90.
+    let config = offline_config(&["--rpm", "60", "--duration", "3s"]);
+    let mut run = answered_run(&config, |_| Duration::ZERO);
+    assert_eq!(run.outcomes.len(), 3);
     let r = report::build(&config, &run).run;
     assert_eq!((r.actual_rpm, r.admitted_rpm), (60.0, 60.0));
     assert!(report::summary_text(&report::build(&config, &run)).contains("rate: 60 sent"));
@@ -136,36 +141,9 @@ fn the_sent_rate_counts_the_intervals_between_requests() {
 
     // A burst's requests leave microseconds apart only because they cannot
     // all leave at once: still no rate (it read 299,550 a minute).
-    let burst = Config::from_args([
-        "ratecheck",
-        "--url",
-        "http://127.0.0.1:9/",
-        "--mode",
-        "burst",
-        "--rpm",
-        "10",
-    ])
-    .unwrap();
-    let plan = schedule::plan(&Params::of(&burst), Duration::from_secs(1_700_000_000)).unwrap();
-    let outcomes: Vec<Outcome> = plan
-        .events
-        .iter()
-        .enumerate()
-        .map(|(event, e)| Outcome {
-            event,
-            sent: e.at + Duration::from_micros(2 * event as u64),
-            latency: Duration::from_millis(5),
-            class: Class::Status(200),
-        })
-        .collect();
-    assert!(outcomes.len() > 1);
-    let run = Run {
-        started_at: SystemTime::UNIX_EPOCH,
-        elapsed: plan.last_at() + Duration::from_millis(5),
-        plan,
-        outcomes,
-        interrupted: false,
-    };
+    let burst = offline_config(&["--mode", "burst", "--rpm", "10"]);
+    let run = answered_run(&burst, |event| Duration::from_micros(2 * event as u64));
+    assert!(run.outcomes.len() > 1);
     assert_eq!(report::build(&burst, &run).run.actual_rpm, 0.0);
 }
 
