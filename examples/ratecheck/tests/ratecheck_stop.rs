@@ -11,7 +11,7 @@ use testkit::child;
 use ratecheck::{app, cli, probe, report, schedule, signal};
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
@@ -83,6 +83,23 @@ fn temp(name: &str) -> PathBuf {
         "tower-throttle-ratecheck-{}-{name}",
         std::process::id()
     ))
+}
+
+/// A burst of `rpm` requests at `url`, reported to `out`, with `more` flags.
+fn burst_cli(url: &str, rpm: &str, out: &Path, more: &[&str]) -> cli::Cli {
+    let out = out.to_str().unwrap();
+    let args = [
+        "ratecheck",
+        "--url",
+        url,
+        "--mode",
+        "burst",
+        "--rpm",
+        rpm,
+        "--out",
+        out,
+    ];
+    cli::Cli::try_parse_from(args.iter().chain(more)).unwrap()
 }
 
 fn report_json(path: &PathBuf) -> serde_json::Value {
@@ -180,20 +197,7 @@ async fn a_stop_cancels_requests_in_flight_writes_the_partial_report_and_exits_3
     let server = Silent::start().await;
     let out = temp("stop.json");
     let url = format!("http://{}/", server.addr);
-    let cli = cli::Cli::try_parse_from([
-        "ratecheck",
-        "--url",
-        &url,
-        "--mode",
-        "burst",
-        "--rpm",
-        "3",
-        "--timeout",
-        "60s",
-        "--out",
-        out.to_str().unwrap(),
-    ])
-    .unwrap();
+    let cli = burst_cli(&url, "3", &out, &["--timeout", "60s"]);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let run = tokio::spawn(app::run(cli, false, async {
         let _ = stopped.await;
@@ -221,31 +225,18 @@ async fn no_http_answer_exits_3_and_any_answer_exits_0() {
     let run = |url: String| {
         let out = out.clone();
         async move {
-            let cli = cli::Cli::try_parse_from([
-                "ratecheck",
-                "--url",
-                &url,
-                "--mode",
-                "burst",
-                "--rpm",
-                "2",
-                "--out",
-                out.to_str().unwrap(),
-            ])
-            .unwrap();
+            let cli = burst_cli(&url, "2", &out, &[]);
             app::run(cli, false, std::future::pending()).await
         }
     };
     assert_eq!(run(format!("http://{closed}/")).await, app::EXIT_NO_ANSWER);
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     // A 500 is an HTTP answer too: the endpoint was measured.
     let app = Router::new().route(
         "/",
         any(|| async { axum::http::StatusCode::INTERNAL_SERVER_ERROR }),
     );
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let addr = testkit::local_server::serve_detached(app).await;
     assert_eq!(run(format!("http://{addr}/")).await, 0);
     let _ = std::fs::remove_file(out);
 }
