@@ -432,14 +432,7 @@ fn parse_prometheus(text: &str) -> BTreeMap<String, f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_are_prometheus_text_with_every_layer_per_route() {
-    let toml = simulator(100, 1)
-        + r#"
-[rate_limit]
-[[rate_limit.rules]]
-provider = "sim"
-model = "sim-small"
-quotas = [{ limit = 2, period = "2s" }]
-"#;
+    let toml = simulator(100, 1) + &one_rule("sim-small", 2, "2s");
     let gw = start(&toml).await;
     let client = reqwest::Client::new();
     let url = gw.url();

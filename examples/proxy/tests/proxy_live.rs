@@ -19,7 +19,7 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use proxy::gateway::Running;
-use support::sim::{start, temp_path, watched};
+use support::sim::{small_model, start, temp_path, watched};
 
 /// The upstream: `POST /v1/chat/completions` answers by the body's model.
 /// `echo`: the `User-Agent` it got; `limited*`: 429 without saying how
@@ -320,22 +320,14 @@ async fn an_edited_file_resizes_max_in_flight_and_changes_every_setting_live() {
 }
 
 fn simulated() -> String {
-    r#"
-[simulator]
-latency = "0ms"
-models = [{ name = "sim-small", limit = 0, period = "1s" }]
-
-[[providers]]
-name = "sim"
-base_url = "simulator"
-
+    small_model(0, "1s")
+        + r#"
 [rate_limit]
 [[rate_limit.rules]]
 provider = "sim"
 model = "sim-small"
 quotas = [{ limit = 2, period = "1m", algorithm = "sliding_window" }]
 "#
-    .to_owned()
 }
 
 async fn start_simulated() -> Proxy {

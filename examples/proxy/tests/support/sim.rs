@@ -32,6 +32,36 @@ base_url = "simulator"
     )
 }
 
+/// The simulator answering at once with one model, `sim-small`, allowed
+/// `limit` requests a `period` (0: unlimited), and its provider.
+pub fn small_model(limit: u32, period: &str) -> String {
+    format!(
+        r#"
+[simulator]
+latency = "0ms"
+models = [{{ name = "sim-small", limit = {limit}, period = "{period}" }}]
+
+[[providers]]
+name = "sim"
+base_url = "simulator"
+"#
+    )
+}
+
+/// A `[rate_limit]` section whose one rule holds the simulator's `model`
+/// to `limit` requests a `period`: the limit most tests put on one route.
+pub fn one_rule(model: &str, limit: u32, period: &str) -> String {
+    format!(
+        r#"
+[rate_limit]
+[[rate_limit.rules]]
+provider = "sim"
+model = "{model}"
+quotas = [{{ limit = {limit}, period = "{period}" }}]
+"#
+    )
+}
+
 pub fn no_env(_: &str) -> Option<String> {
     None
 }
