@@ -211,24 +211,13 @@ mod tests {
         let quota = Quota::per_minute(60).expect("valid");
         for name in ["(default)", "a\"b\\c", "x;q=1", "café"] {
             let headers = RateLimitHeaders::both();
+            // The same inputs to both.
+            let (quota, left, reset) = (Some(&quota), 7, Duration::from_millis(1500));
             let mut plain = HeaderMap::new();
-            headers.write(
-                &mut plain,
-                name,
-                Some(&quota),
-                7,
-                Duration::from_millis(1500),
-            );
-            let field = policy_field(name, &quota).expect("a valid value");
+            headers.write(&mut plain, name, quota, left, reset);
+            let field = policy_field(name, quota.unwrap()).expect("a valid value");
             let mut cached = HeaderMap::new();
-            headers.write_cached(
-                &mut cached,
-                name,
-                Some(&quota),
-                7,
-                Duration::from_millis(1500),
-                Some(&field),
-            );
+            headers.write_cached(&mut cached, name, quota, left, reset, Some(&field));
             assert_eq!(plain, cached, "{name}");
             assert_eq!(plain.len(), 5, "{name}");
         }
