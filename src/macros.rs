@@ -23,3 +23,26 @@ macro_rules! inner_service_accessors {
         }
     };
 }
+
+/// A layer's handle's constructor from the layer's cell (see
+/// [`Home`](crate::home::Home)), and its `Debug` showing the state the
+/// cell holds now, invoked beside the handle as
+/// `handle_on_cell!(RateLimitHandle, Limiter)`: written once, so that every
+/// handle is made and printed alike.
+macro_rules! handle_on_cell {
+    ($Handle:ident, $State:ty) => {
+        impl $Handle {
+            pub(crate) fn new(cell: $crate::home::Cell<$State>) -> Self {
+                Self { cell }
+            }
+        }
+
+        impl ::std::fmt::Debug for $Handle {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.debug_tuple(stringify!($Handle))
+                    .field(&*self.cell.load())
+                    .finish()
+            }
+        }
+    };
+}

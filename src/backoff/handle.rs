@@ -1,6 +1,5 @@
 //! `BackoffHandle`: reads and changes a running layer's cooldowns and settings.
 
-use std::fmt;
 use std::time::Duration;
 
 use super::BackoffConfig;
@@ -36,13 +35,7 @@ pub struct BackoffHandle {
     cell: Cell<Cooldowns>,
 }
 
-impl fmt::Debug for BackoffHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("BackoffHandle")
-            .field(&*self.cell.load())
-            .finish()
-    }
-}
+handle_on_cell!(BackoffHandle, Cooldowns);
 
 impl BackoffHandle {
     /// Apply a `[backoff]` section's cooldown lengths, jitter, `on_503` and
@@ -69,10 +62,6 @@ impl BackoffHandle {
         self.set_on_503(live.on_503);
         self.set_proactive(live.proactive);
         Ok(())
-    }
-
-    pub(crate) fn new(cell: Cell<Cooldowns>) -> Self {
-        Self { cell }
     }
 
     /// The counters and the cooldowns in force now.

@@ -1,7 +1,5 @@
 //! `ConcurrencyHandle`: reads and resizes a running layer's permits.
 
-use std::fmt;
-
 use super::permits::Permits;
 use crate::error::ConfigError;
 use crate::home::Cell;
@@ -31,19 +29,9 @@ pub struct ConcurrencyHandle {
     cell: Cell<Permits>,
 }
 
-impl fmt::Debug for ConcurrencyHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("ConcurrencyHandle")
-            .field(&*self.cell.load())
-            .finish()
-    }
-}
+handle_on_cell!(ConcurrencyHandle, Permits);
 
 impl ConcurrencyHandle {
-    pub(crate) fn new(cell: Cell<Permits>) -> Self {
-        Self { cell }
-    }
-
     /// The counters now: admitted, rejected (queue full or timed out),
     /// waited and total wait, queued now and in flight now.
     pub fn stats(&self) -> StatsSnapshot {
