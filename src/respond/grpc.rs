@@ -227,17 +227,8 @@ fn answer<B: Default>(error: &BoxError) -> http::Response<B> {
         tracing::error!(error = %Escaped(&error.to_string()), "service failed");
         return Status::internal("internal error").into_http();
     };
-    let mut refused = Refused::new(rejection.code());
-    if let Rejection::RateLimited(limited) = &rejection {
-        if let Some(policy) = &limited.policy {
-            refused = refused.with_policy(policy.to_string());
-        }
-    }
-    if let Some(limit) = rejection.limit() {
-        refused = refused.with_limit(limit);
-    }
     let mut response: http::Response<B> = status_of(&rejection).into_http();
-    response.extensions_mut().insert(refused);
+    response.extensions_mut().insert(Refused::of(&rejection));
     response
 }
 

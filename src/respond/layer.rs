@@ -264,16 +264,7 @@ where
             return Poll::Ready(Ok(response));
         };
         let mut response = this.make.make(&rejection);
-        let mut refused = Refused::new(rejection.code());
-        if let Rejection::RateLimited(limited) = &rejection {
-            if let Some(policy) = &limited.policy {
-                refused = refused.with_policy(policy.to_string());
-            }
-        }
-        if let Some(limit) = rejection.limit() {
-            refused = refused.with_limit(limit);
-        }
-        response.extensions_mut().insert(refused);
+        response.extensions_mut().insert(Refused::of(&rejection));
         let headers = response.headers_mut();
         if let Some(wait) = rejection.retry_after() {
             if !headers.contains_key(RETRY_AFTER) {
