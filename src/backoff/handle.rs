@@ -70,13 +70,6 @@ impl BackoffHandle {
         BackoffSnapshot::new(&engine, engine.stats.snapshot())
     }
 
-    /// Record each admitted wait in `histogram` (see
-    /// [`MetricsReporter`](crate::stats::MetricsReporter)).
-    #[cfg(feature = "metrics")]
-    pub(crate) fn record_waits_in(&self, histogram: ::metrics::Histogram) {
-        self.cell.load().stats.record_waits_in(histogram);
-    }
-
     /// A subscription that yields a snapshot whenever the counters move or a
     /// cooldown starts.
     pub fn subscribe(&self) -> BackoffSubscription {

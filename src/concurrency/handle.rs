@@ -38,13 +38,6 @@ impl ConcurrencyHandle {
         self.cell.load().stats.snapshot()
     }
 
-    /// Record each admitted wait in `histogram` (see
-    /// [`MetricsReporter`](crate::stats::MetricsReporter)).
-    #[cfg(feature = "metrics")]
-    pub(crate) fn record_waits_in(&self, histogram: ::metrics::Histogram) {
-        self.cell.load().stats.record_waits_in(histogram);
-    }
-
     /// A subscription that yields a snapshot whenever the counters move.
     pub fn subscribe(&self) -> StatsSubscription {
         // The single key's counts are read through the permits: keep them.

@@ -188,13 +188,6 @@ impl RateLimitHandle {
         self.cell.load().stats.snapshot()
     }
 
-    /// Record each admitted wait in `histogram` (see
-    /// [`MetricsReporter`](crate::stats::MetricsReporter)).
-    #[cfg(feature = "metrics")]
-    pub(crate) fn record_waits_in(&self, histogram: ::metrics::Histogram) {
-        self.cell.load().stats.record_waits_in(histogram);
-    }
-
     /// A subscription that yields a snapshot whenever the counters move.
     pub fn subscribe(&self) -> StatsSubscription {
         self.cell.load().stats.subscribe()
