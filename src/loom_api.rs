@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::concurrency::{Acquire, Granted, Inside, KeyState, Lane, Permit, Permits, QueueTicket};
+use crate::concurrency::{Acquire, Granted, KeyState, Lane, Permit, Permits, QueueTicket};
 use crate::key::KeyHash;
 use crate::rate_limit::lines::Lines;
 use crate::stats::{Event, KeyTracking, Stats, StatsSnapshot};
@@ -70,26 +70,7 @@ impl Key {
 
     /// The key's inside, read under its lock.
     pub fn rest(&self) -> Rest {
-        let Inside {
-            out,
-            queued_flag,
-            waiters,
-            granted,
-            in_word,
-            carried,
-            own_counts,
-            free,
-        } = self.state.inside();
-        Rest {
-            out,
-            queued_flag,
-            waiters,
-            granted,
-            in_word,
-            carried,
-            own_counts,
-            free,
-        }
+        self.state.inside()
     }
 
     /// The key's stats now.

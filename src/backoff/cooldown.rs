@@ -625,16 +625,28 @@ impl QueueSlot {
         Check::Cooling(engine.timeline.instant(route.until))
     }
 
+    /// Take this slot out of its route's queue, once: the time it left, or
+    /// `None` if it had already left (a released slot is dropped later).
+    fn step_out(&mut self) -> Option<Nanos> {
+        if !self.armed {
+            return None;
+        }
+        self.armed = false;
+        let now = self.engine.timeline.now();
+        self.engine
+            .routes
+            .lock(self.key, now)
+            .get()
+            .1
+            .remove(self.id);
+        Some(now)
+    }
+
     /// The request has gone to the inner service: leave the queue and wake
     /// the next waiter.
     pub(crate) fn release(&mut self) {
-        if !self.armed {
-            return;
-        }
-        self.armed = false;
+        let Some(now) = self.step_out() else { return };
         let engine = &*self.engine;
-        let now = engine.timeline.now();
-        engine.routes.lock(self.key, now).get().1.remove(self.id);
         let waited = Duration::from_nanos(now.saturating_sub(self.arrived));
         let text = || self.text.to_string();
         engine
@@ -645,13 +657,10 @@ impl QueueSlot {
 
     /// Leave the queue without going on; `refused` counts it as refused.
     pub(crate) fn leave(&mut self, refused: bool) {
-        if !self.armed {
+        if self.step_out().is_none() {
             return;
         }
-        self.armed = false;
         let engine = &*self.engine;
-        let now = engine.timeline.now();
-        engine.routes.lock(self.key, now).get().1.remove(self.id);
         let text = || self.text.to_string();
         engine.stats.record(self.key, Event::Dequeued(None), &text);
         if refused {

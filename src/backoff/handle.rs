@@ -1,6 +1,5 @@
 //! `BackoffHandle`: reads and changes a running layer's cooldowns and settings.
 
-use std::fmt;
 use std::time::Duration;
 
 use super::BackoffConfig;
@@ -36,13 +35,7 @@ pub struct BackoffHandle {
     cell: Cell<Cooldowns>,
 }
 
-impl fmt::Debug for BackoffHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("BackoffHandle")
-            .field(&*self.cell.load())
-            .finish()
-    }
-}
+handle_on_cell!(BackoffHandle, Cooldowns);
 
 impl BackoffHandle {
     /// Apply a `[backoff]` section's cooldown lengths, jitter, `on_503` and
@@ -72,21 +65,10 @@ impl BackoffHandle {
         Ok(())
     }
 
-    pub(crate) fn new(cell: Cell<Cooldowns>) -> Self {
-        Self { cell }
-    }
-
     /// The counters and the cooldowns in force now.
     pub fn stats(&self) -> BackoffSnapshot {
         let engine = self.cell.load();
         BackoffSnapshot::new(&engine, engine.stats.snapshot())
-    }
-
-    /// Record each admitted wait in `histogram` (see
-    /// [`MetricsReporter`](crate::stats::MetricsReporter)).
-    #[cfg(feature = "metrics")]
-    pub(crate) fn record_waits_in(&self, histogram: ::metrics::Histogram) {
-        self.cell.load().stats.record_waits_in(histogram);
     }
 
     /// A subscription that yields a snapshot whenever the counters move or a

@@ -1,7 +1,5 @@
 //! `ConcurrencyHandle`: reads and resizes a running layer's permits.
 
-use std::fmt;
-
 use super::permits::Permits;
 use crate::error::ConfigError;
 use crate::home::Cell;
@@ -31,30 +29,13 @@ pub struct ConcurrencyHandle {
     cell: Cell<Permits>,
 }
 
-impl fmt::Debug for ConcurrencyHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("ConcurrencyHandle")
-            .field(&*self.cell.load())
-            .finish()
-    }
-}
+handle_on_cell!(ConcurrencyHandle, Permits);
 
 impl ConcurrencyHandle {
-    pub(crate) fn new(cell: Cell<Permits>) -> Self {
-        Self { cell }
-    }
-
     /// The counters now: admitted, rejected (queue full or timed out),
     /// waited and total wait, queued now and in flight now.
     pub fn stats(&self) -> StatsSnapshot {
         self.cell.load().stats.snapshot()
-    }
-
-    /// Record each admitted wait in `histogram` (see
-    /// [`MetricsReporter`](crate::stats::MetricsReporter)).
-    #[cfg(feature = "metrics")]
-    pub(crate) fn record_waits_in(&self, histogram: ::metrics::Histogram) {
-        self.cell.load().stats.record_waits_in(histogram);
     }
 
     /// A subscription that yields a snapshot whenever the counters move.

@@ -116,7 +116,7 @@ mod hold;
 mod layer;
 pub(crate) mod permits;
 #[cfg(loom)]
-pub(crate) use permits::{Acquire, Granted, KeyState, Lane, Permits, QueueTicket, model::Inside};
+pub(crate) use permits::{Acquire, Granted, KeyState, Lane, Permits, QueueTicket};
 mod service;
 
 pub use body::ConcurrencyBody;

@@ -1,6 +1,5 @@
 //! `RateLimitHandle`: reads and changes a running layer's limits and state.
 
-use std::fmt;
 use std::time::Duration;
 
 use super::config::Limits;
@@ -44,19 +43,9 @@ pub struct RateLimitHandle {
     cell: Cell<Limiter>,
 }
 
-impl fmt::Debug for RateLimitHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("RateLimitHandle")
-            .field(&*self.cell.load())
-            .finish()
-    }
-}
+handle_on_cell!(RateLimitHandle, Limiter);
 
 impl RateLimitHandle {
-    pub(crate) fn new(cell: Cell<Limiter>) -> Self {
-        Self { cell }
-    }
-
     /// Switch limiting on or off. Off, every request passes untouched and
     /// nothing is counted; on again, each key continues from its state.
     pub fn set_enabled(&self, enabled: bool) {
@@ -186,13 +175,6 @@ impl RateLimitHandle {
     /// The counters now.
     pub fn stats(&self) -> StatsSnapshot {
         self.cell.load().stats.snapshot()
-    }
-
-    /// Record each admitted wait in `histogram` (see
-    /// [`MetricsReporter`](crate::stats::MetricsReporter)).
-    #[cfg(feature = "metrics")]
-    pub(crate) fn record_waits_in(&self, histogram: ::metrics::Histogram) {
-        self.cell.load().stats.record_waits_in(histogram);
     }
 
     /// A subscription that yields a snapshot whenever the counters move.

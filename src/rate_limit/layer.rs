@@ -354,55 +354,38 @@ impl<X, F, A, H> RateLimitLayer<X, F, A, H> {
     /// [`Estimated`](super::Estimated), the cost is an estimate that a
     /// [`Settlement`](super::Settlement) corrects once the real cost is known.
     pub fn with_cost<F2>(self, cost: F2) -> RateLimitLayer<X, F2, A, H> {
-        let s = self.shared;
-        RateLimitLayer {
-            shared: Shared {
-                limiter: s.limiter,
-                home: s.home,
-                extractor: s.extractor,
-                cost,
-                counts: s.counts,
-                annotate: s.annotate,
-                max_wait: s.max_wait,
-                fallback: s.fallback,
-                refusals: s.refusals,
-            },
-            setup: self.setup,
-        }
+        self.with_parts(|_, counts, annotate| (cost, counts, annotate))
     }
 
     /// Count only the requests whose outcome `counts` accepts; the others get
     /// their capacity back (see [`Counts`](super::Counts)).
     pub fn count_only<A2>(self, counts: A2) -> RateLimitLayer<X, F, A2, H> {
-        let s = self.shared;
-        RateLimitLayer {
-            shared: Shared {
-                limiter: s.limiter,
-                home: s.home,
-                extractor: s.extractor,
-                cost: s.cost,
-                counts,
-                annotate: s.annotate,
-                max_wait: s.max_wait,
-                fallback: s.fallback,
-                refusals: s.refusals,
-            },
-            setup: self.setup,
-        }
+        self.with_parts(|cost, _, annotate| (cost, counts, annotate))
     }
 
     /// Write what remains of the key's quota onto every admitted response
     /// with `annotate`, e.g. [`RateLimitHeaders`](crate::respond::RateLimitHeaders).
     /// Off by default: it costs a look at the key's state per request.
     pub fn with_response_headers<H2>(self, annotate: H2) -> RateLimitLayer<X, F, A, H2> {
+        self.with_parts(|cost, counts, _| (cost, counts, annotate))
+    }
+
+    /// This layer with its cost, counts and annotation replaced by `parts`
+    /// of the old ones: the one rebuild behind the builder methods that
+    /// change a type parameter (the struct update syntax cannot).
+    fn with_parts<F2, A2, H2>(
+        self,
+        parts: impl FnOnce(F, A, H) -> (F2, A2, H2),
+    ) -> RateLimitLayer<X, F2, A2, H2> {
         let s = self.shared;
+        let (cost, counts, annotate) = parts(s.cost, s.counts, s.annotate);
         RateLimitLayer {
             shared: Shared {
                 limiter: s.limiter,
                 home: s.home,
                 extractor: s.extractor,
-                cost: s.cost,
-                counts: s.counts,
+                cost,
+                counts,
                 annotate,
                 max_wait: s.max_wait,
                 fallback: s.fallback,

@@ -95,16 +95,7 @@ impl KeyPattern {
             .enumerate()
             .map(|(i, p)| PartPattern::parse(&format!("parts[{i}]"), p))
             .collect::<Result<Vec<_>, _>>()?;
-        if parts.is_empty() {
-            return Err(ConfigError::new(
-                "parts",
-                "a pattern needs at least one part",
-            ));
-        }
-        Ok(Self {
-            parts,
-            whole: false,
-        })
+        Self::part_by_part(parts)
     }
 
     /// Each part matches only its own text, `*` and `?` included: for a key
@@ -124,6 +115,13 @@ impl KeyPattern {
             .into_iter()
             .map(|p| PartPattern::Exact(p.to_owned()))
             .collect();
+        Self::part_by_part(parts)
+    }
+
+    /// A pattern matching part by part with `parts`, which may not be
+    /// empty: what [`parts`](Self::parts) and [`literal`](Self::literal)
+    /// both check, so that they refuse alike.
+    fn part_by_part(parts: Vec<PartPattern>) -> Result<Self, ConfigError> {
         if parts.is_empty() {
             return Err(ConfigError::new(
                 "parts",

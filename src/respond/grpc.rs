@@ -15,6 +15,7 @@ use tonic_types::{ErrorDetails, StatusExt};
 use tower_layer::Layer;
 use tower_service::Service;
 
+use super::layer::poll_ready_keeping_error;
 use super::rejection::{Refused, Rejection};
 use crate::error::BoxError;
 use crate::redact::Escaped;
@@ -160,13 +161,7 @@ where
     type Future = GrpcStatusFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        if self.not_ready.is_some() {
-            return Poll::Ready(Ok(()));
-        }
-        if let Err(error) = ready!(self.inner.poll_ready(cx)) {
-            self.not_ready = Some(error.into());
-        }
-        Poll::Ready(Ok(()))
+        poll_ready_keeping_error(&mut self.inner, &mut self.not_ready, cx)
     }
 
     fn call(&mut self, req: R) -> Self::Future {
@@ -232,17 +227,8 @@ fn answer<B: Default>(error: &BoxError) -> http::Response<B> {
         tracing::error!(error = %Escaped(&error.to_string()), "service failed");
         return Status::internal("internal error").into_http();
     };
-    let mut refused = Refused::new(rejection.code());
-    if let Rejection::RateLimited(limited) = &rejection {
-        if let Some(policy) = &limited.policy {
-            refused = refused.with_policy(policy.to_string());
-        }
-    }
-    if let Some(limit) = rejection.limit() {
-        refused = refused.with_limit(limit);
-    }
     let mut response: http::Response<B> = status_of(&rejection).into_http();
-    response.extensions_mut().insert(refused);
+    response.extensions_mut().insert(Refused::of(&rejection));
     response
 }
 

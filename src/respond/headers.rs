@@ -74,20 +74,20 @@ impl RateLimitHeaders {
         remaining: u32,
         reset: Duration,
     ) {
-        self.write_cached(headers, policy, quota, remaining, reset, None);
+        self.write_cached(headers, policy, None, quota, remaining, reset);
     }
 
-    /// [`write`](Self::write), with the `RateLimit-Policy` value made when
-    /// the policy was (see [`policy_field`]), if there is one: it is the
-    /// same on every response of the quota.
+    /// [`write`](Self::write), with the `RateLimit-Policy` value `cached`
+    /// when `policy` was made (see [`policy_field`]), if there is one: it is
+    /// the same on every response of the quota.
     fn write_cached(
         &self,
         headers: &mut HeaderMap,
         policy: &str,
+        cached: Option<&HeaderValue>,
         quota: Option<&Quota>,
         remaining: u32,
         reset: Duration,
-        cached: Option<&HeaderValue>,
     ) {
         let Some(quota) = quota else { return };
         let reset = ceil_secs(reset);
@@ -191,10 +191,10 @@ impl<B> Annotate<http::Response<B>> for RateLimitHeaders {
         self.write_cached(
             response.headers_mut(),
             &info.policy,
+            info.policy_field.as_ref(),
             info.quota.as_ref(),
             info.remaining,
             info.reset,
-            info.policy_field.as_ref(),
         );
     }
 }
@@ -211,24 +211,13 @@ mod tests {
         let quota = Quota::per_minute(60).expect("valid");
         for name in ["(default)", "a\"b\\c", "x;q=1", "café"] {
             let headers = RateLimitHeaders::both();
+            // The same inputs to both.
+            let (quota, left, reset) = (Some(&quota), 7, Duration::from_millis(1500));
             let mut plain = HeaderMap::new();
-            headers.write(
-                &mut plain,
-                name,
-                Some(&quota),
-                7,
-                Duration::from_millis(1500),
-            );
-            let field = policy_field(name, &quota).expect("a valid value");
+            headers.write(&mut plain, name, quota, left, reset);
+            let field = policy_field(name, quota.unwrap()).expect("a valid value");
             let mut cached = HeaderMap::new();
-            headers.write_cached(
-                &mut cached,
-                name,
-                Some(&quota),
-                7,
-                Duration::from_millis(1500),
-                Some(&field),
-            );
+            headers.write_cached(&mut cached, name, Some(&field), quota, left, reset);
             assert_eq!(plain, cached, "{name}");
             assert_eq!(plain.len(), 5, "{name}");
         }

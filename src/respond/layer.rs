@@ -166,14 +166,7 @@ where
     type Future = ThrottleResponseFuture<S::Future, M>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        if self.not_ready.is_some() {
-            return Poll::Ready(Ok(()));
-        }
-        // Infallible outwards: a readiness error answers the next request.
-        if let Err(error) = ready!(self.inner.poll_ready(cx)) {
-            self.not_ready = Some(error.into());
-        }
-        Poll::Ready(Ok(()))
+        poll_ready_keeping_error(&mut self.inner, &mut self.not_ready, cx)
     }
 
     fn call(&mut self, req: R) -> Self::Future {
@@ -189,6 +182,27 @@ where
             make: self.make.clone(),
         }
     }
+}
+
+/// `inner`'s readiness, made infallible for an adapter that answers every
+/// error: a readiness error is kept in `not_ready` for the next call to
+/// answer, and the adapter is ready (until then, without asking `inner`).
+pub(super) fn poll_ready_keeping_error<S, R>(
+    inner: &mut S,
+    not_ready: &mut Option<BoxError>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<(), Infallible>>
+where
+    S: Service<R>,
+    S::Error: Into<BoxError>,
+{
+    if not_ready.is_some() {
+        return Poll::Ready(Ok(()));
+    }
+    if let Err(error) = ready!(inner.poll_ready(cx)) {
+        *not_ready = Some(error.into());
+    }
+    Poll::Ready(Ok(()))
 }
 
 pin_project! {
@@ -250,16 +264,7 @@ where
             return Poll::Ready(Ok(response));
         };
         let mut response = this.make.make(&rejection);
-        let mut refused = Refused::new(rejection.code());
-        if let Rejection::RateLimited(limited) = &rejection {
-            if let Some(policy) = &limited.policy {
-                refused = refused.with_policy(policy.to_string());
-            }
-        }
-        if let Some(limit) = rejection.limit() {
-            refused = refused.with_limit(limit);
-        }
-        response.extensions_mut().insert(refused);
+        response.extensions_mut().insert(Refused::of(&rejection));
         let headers = response.headers_mut();
         if let Some(wait) = rejection.retry_after() {
             if !headers.contains_key(RETRY_AFTER) {

@@ -186,4 +186,20 @@ impl Refused {
         self.policy = Some(policy.into());
         self
     }
+
+    /// The refusal a response to `rejection` carries: its code, the policy
+    /// of a rate limit's refusal, and the limit that refused. Made alike by
+    /// the HTTP and the gRPC adapter.
+    pub(crate) fn of(rejection: &Rejection<'_>) -> Self {
+        let mut refused = Self::new(rejection.code());
+        if let Rejection::RateLimited(limited) = rejection {
+            if let Some(policy) = &limited.policy {
+                refused = refused.with_policy(policy.to_string());
+            }
+        }
+        if let Some(limit) = rejection.limit() {
+            refused = refused.with_limit(limit);
+        }
+        refused
+    }
 }

@@ -364,37 +364,38 @@ fn gauges(labels: &[Label], queued: f64, in_flight: Option<f64>) {
 /// Each metric's help text and unit, for exporters that show them.
 fn describe() {
     use ::metrics::{describe_counter, describe_gauge, describe_histogram};
-    describe_counter!(ADMITTED, Unit::Count, "Requests let through.");
-    describe_counter!(REFUSED, Unit::Count, "Requests refused.");
-    describe_counter!(
-        WOULD_REFUSE,
-        Unit::Count,
-        "Requests a dry-run limit let through but would have refused."
-    );
-    describe_counter!(WAITED, Unit::Count, "Admitted requests that waited first.");
-    describe_counter!(
-        GIVEN_BACK,
-        Unit::Count,
-        "Bookings given back: not counted after all, left their wait, or settled for less."
-    );
+    // A table: one line a metric, read as the list it is.
+    let counters = [
+        (ADMITTED, "Requests let through."),
+        (REFUSED, "Requests refused."),
+        (
+            WOULD_REFUSE,
+            "Requests a dry-run limit let through but would have refused.",
+        ),
+        (WAITED, "Admitted requests that waited first."),
+        (
+            GIVEN_BACK,
+            "Bookings given back: not counted after all, left their wait, or settled for less.",
+        ),
+        (COOLDOWNS_STARTED, "Cooldowns started."),
+        (STORE_ERRORS, "Calls to the shared store that failed."),
+        (STORE_FALLBACKS, "Decisions made without the shared store."),
+    ];
+    for (name, help) in counters {
+        describe_counter!(name, Unit::Count, help);
+    }
+    let gauges = [
+        (QUEUED, "Requests waiting now."),
+        (IN_FLIGHT, "Requests in flight now."),
+        (KEYS, "Key states held now."),
+        (COOLDOWNS, "Routes cooling down now."),
+    ];
+    for (name, help) in gauges {
+        describe_gauge!(name, Unit::Count, help);
+    }
     describe_histogram!(
         WAIT_SECONDS,
         Unit::Seconds,
         "How long admitted requests waited."
-    );
-    describe_gauge!(QUEUED, Unit::Count, "Requests waiting now.");
-    describe_gauge!(IN_FLIGHT, Unit::Count, "Requests in flight now.");
-    describe_gauge!(KEYS, Unit::Count, "Key states held now.");
-    describe_gauge!(COOLDOWNS, Unit::Count, "Routes cooling down now.");
-    describe_counter!(COOLDOWNS_STARTED, Unit::Count, "Cooldowns started.");
-    describe_counter!(
-        STORE_ERRORS,
-        Unit::Count,
-        "Calls to the shared store that failed."
-    );
-    describe_counter!(
-        STORE_FALLBACKS,
-        Unit::Count,
-        "Decisions made without the shared store."
     );
 }

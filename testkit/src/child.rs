@@ -20,6 +20,29 @@ pub fn role() -> Option<String> {
     std::env::var(ROLE).ok()
 }
 
+/// The value of the variable `input` when this process is the child started
+/// for `role`; `None` otherwise, so that the ignored test that runs the
+/// program does nothing when a developer runs the ignored tests by hand.
+pub fn input(role: &str, input: &str) -> Option<String> {
+    if self::role().as_deref() != Some(role) {
+        return None;
+    }
+    std::env::var(input).ok()
+}
+
+/// Runs `program` on a runtime like the one the programs' `main` builds
+/// (two workers), then exits the process with its exit code: how a child
+/// ends, so that the parent reads the code the program chose.
+pub fn run_and_exit<C: Into<i32>>(program: impl Future<Output = C>) -> ! {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let code = runtime.block_on(program);
+    std::process::exit(code.into());
+}
+
 /// A running child and what it has written.
 pub struct Running {
     pub child: Child,

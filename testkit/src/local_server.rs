@@ -6,6 +6,17 @@ use axum::Router;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+/// Serve `app` on 127.0.0.1:0 for as long as the test's runtime runs: for
+/// a fake upstream that no test needs to stop.
+pub async fn serve_detached(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a local port");
+    let addr = listener.local_addr().expect("local address");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
 /// A running server.
 pub struct Server {
     pub addr: SocketAddr,

@@ -231,12 +231,7 @@ max_queue = 0
     let url = gw.url();
 
     let hold = sim.hold_streams();
-    let mut stream = client
-        .post(format!("{url}/v1/chat/completions"))
-        .body(chat("sim-small", true))
-        .send()
-        .await
-        .unwrap();
+    let mut stream = post_stream(&client, &url, "sim-small").await;
     assert_eq!(stream.status(), 200);
     assert_eq!(stream.headers()["content-type"], "text/event-stream");
     // Chunks arrive one by one while the answer is still being made.
@@ -437,14 +432,7 @@ fn parse_prometheus(text: &str) -> BTreeMap<String, f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_are_prometheus_text_with_every_layer_per_route() {
-    let toml = simulator(100, 1)
-        + r#"
-[rate_limit]
-[[rate_limit.rules]]
-provider = "sim"
-model = "sim-small"
-quotas = [{ limit = 2, period = "2s" }]
-"#;
+    let toml = simulator(100, 1) + &one_rule("sim-small", 2, "2s");
     let gw = start(&toml).await;
     let client = reqwest::Client::new();
     let url = gw.url();
@@ -537,26 +525,8 @@ api_key_env = "SIM_KEY"
 
     let mut seen = Vec::new();
     seen.push(stats(&client, &url).await.to_string());
-    seen.push(
-        client
-            .get(format!("{url}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap(),
-    );
-    seen.push(
-        client
-            .get(format!("{url}/"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap(),
-    );
+    seen.push(metrics(&client, &url).await);
+    seen.push(get_text(&client, &format!("{url}/")).await);
     let mut last = events.next_snapshot().await.unwrap();
     while last["aggregate"]["upstream"]["responses"] != 3 {
         last = events.next_snapshot().await.unwrap();
@@ -696,12 +666,7 @@ shutdown_grace = "10s"
     let client = reqwest::Client::new();
     let url = gw.url();
     let hold = sim.hold_streams();
-    let mut stream = client
-        .post(format!("{url}/v1/chat/completions"))
-        .body(chat("sim-small", true))
-        .send()
-        .await
-        .unwrap();
+    let mut stream = post_stream(&client, &url, "sim-small").await;
     let first = stream.chunk().await.unwrap().unwrap();
     assert!(String::from_utf8_lossy(&first).starts_with("data:"));
     let stopping = tokio::spawn(gw.shutdown());
@@ -739,12 +704,7 @@ shutdown_grace = "300ms"
 "#;
     let gw = start(&toml).await;
     let _hold = gw.simulator.as_ref().unwrap().hold_streams();
-    let mut stream = client
-        .post(format!("{}/v1/chat/completions", gw.url()))
-        .body(chat("sim-small", true))
-        .send()
-        .await
-        .unwrap();
+    let mut stream = post_stream(&client, &gw.url(), "sim-small").await;
     stream.chunk().await.unwrap().unwrap();
     assert!(!gw.shutdown().await, "reported as cut short");
 }

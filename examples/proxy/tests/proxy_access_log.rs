@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use proxy::config::Settings;
 use serde_json::Value;
-use support::sim::{chat, simulator, temp_path};
+use support::sim::{chat, simulator, start_with, temp_path};
 
 const GATEWAY_KEY: &str = "sk-gateway-secret-4417";
 const CLIENT_KEY: &str = "sk-client-secret-9083";
@@ -71,10 +71,7 @@ fn with_prompt(model: &str, stream: bool) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_has_a_line_saying_what_the_layers_did_and_no_secret() {
     let log = temp_path("access.log");
-    let settings = Settings::from_toml(&config(&log, ""), &env).unwrap();
-    let gw = proxy::gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
-        .await
-        .unwrap();
+    let gw = start_with(&config(&log, ""), &env).await;
     let client = reqwest::Client::new();
     let url = gw.url();
     let chat_path = format!("/sim/v1/chat/completions?key={QUERY}");
@@ -200,10 +197,7 @@ async fn a_full_file_is_rotated_and_sampling_keeps_every_refusal_in_logfmt() {
     let log = temp_path("rotated.log");
     let extra =
         "access_log_format = \"logfmt\"\naccess_log_max_bytes = 4096\naccess_log_sample = 0.5";
-    let settings = Settings::from_toml(&config(&log, extra), &env).unwrap();
-    let gw = proxy::gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
-        .await
-        .unwrap();
+    let gw = start_with(&config(&log, extra), &env).await;
     let client = reqwest::Client::new();
     let url = gw.url();
     for _ in 0..80 {
@@ -255,10 +249,7 @@ async fn a_full_file_is_rotated_and_sampling_keeps_every_refusal_in_logfmt() {
 #[tokio::test]
 async fn a_stream_the_client_leaves_is_logged_incomplete() {
     let log = temp_path("left.log");
-    let settings = Settings::from_toml(&config(&log, ""), &env).unwrap();
-    let gw = proxy::gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
-        .await
-        .unwrap();
+    let gw = start_with(&config(&log, ""), &env).await;
     let client = reqwest::Client::new();
     let mut left = send(
         &client,
@@ -317,10 +308,7 @@ async fn a_request_the_client_leaves_while_it_waits_is_logged_cancelled() {
         log.display().to_string(),
         simulator(100, 100).replace("latency = \"0ms\"", "latency = \"600ms\"")
     );
-    let settings = Settings::from_toml(&toml, &env).unwrap();
-    let gw = proxy::gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
-        .await
-        .unwrap();
+    let gw = start_with(&toml, &env).await;
     let url = gw.url();
     let client = reqwest::Client::new();
     let first = tokio::spawn({

@@ -8,7 +8,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use proxy::config::Settings;
-use proxy::gateway::{self, Running};
+use proxy::gateway::Running;
 use serde_json::Value;
 use support::fake_upstream::FakeUpstream;
 use support::sim::temp_path;
@@ -28,6 +28,14 @@ fn env(name: &str) -> Option<String> {
         "ADMIN_KEY" => Some(ADMIN.to_owned()),
         _ => None,
     }
+}
+
+/// A file holding Alice's second key, for the config's `file` key source;
+/// `name` keeps each test's file apart.
+fn alice_next_file(name: &str) -> std::path::PathBuf {
+    let next = temp_path(name);
+    std::fs::write(&next, ALICE_NEXT).unwrap();
+    next
 }
 
 fn config(upstream: &FakeUpstream, alice_next: &std::path::Path, extra: &str) -> String {
@@ -59,10 +67,7 @@ keys = [{{ env = "BOB_KEY" }}]
 }
 
 async fn start(toml: &str) -> Running {
-    let settings = Settings::from_toml(toml, &env).unwrap_or_else(|e| panic!("{e}\n{toml}"));
-    gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
+    support::sim::start_with(toml, &env).await
 }
 
 async fn post(url: &str, path: &str, header: Option<(&str, String)>) -> reqwest::Response {
@@ -149,12 +154,7 @@ async fn with_keys_required_only_clients_pass_and_their_keys_never_go_upstream()
             ("anonymous".to_owned(), 0)
         ]
     );
-    let metrics = reqwest::get(format!("{url}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = support::sim::metrics(&reqwest::Client::new(), &url).await;
     gw.shutdown().await;
     let logged = std::fs::read_to_string(&log).unwrap();
     let _ = (std::fs::remove_file(&log), std::fs::remove_file(&next));
@@ -174,8 +174,7 @@ async fn with_keys_required_only_clients_pass_and_their_keys_never_go_upstream()
 #[tokio::test]
 async fn without_keys_required_others_are_anonymous_and_their_headers_pass() {
     let upstream = FakeUpstream::start().await;
-    let next = temp_path("alice-next-open");
-    std::fs::write(&next, ALICE_NEXT).unwrap();
+    let next = alice_next_file("alice-next-open");
     let gw = start(&config(&upstream, &next, "")).await;
     let url = gw.url();
     assert_eq!(post(&url, "/open/v1/chat", None).await.status(), 200);
@@ -282,8 +281,7 @@ fn client_keys_are_checked_and_never_named_in_errors() {
 #[tokio::test]
 async fn with_clients_the_operator_endpoints_need_the_operator_key() {
     let upstream = FakeUpstream::start().await;
-    let next = temp_path("alice-next-admin");
-    std::fs::write(&next, ALICE_NEXT).unwrap();
+    let next = alice_next_file("alice-next-admin");
     let extra = "admin_key_env = \"ADMIN_KEY\"\nadmin_from_loopback = false";
     let gw = start(&config(&upstream, &next, extra)).await;
     let url = gw.url();
@@ -332,8 +330,7 @@ async fn with_clients_the_operator_endpoints_need_the_operator_key() {
 #[tokio::test]
 async fn a_clients_quota_is_judged_with_the_routes_all_or_nothing() {
     let upstream = FakeUpstream::start().await;
-    let next = temp_path("alice-next-quota");
-    std::fs::write(&next, ALICE_NEXT).unwrap();
+    let next = alice_next_file("alice-next-quota");
     let toml = config(&upstream, &next, "").replace(
         "keys = [{ env = \"ALICE_KEY\" }, {",
         "quotas = [{ limit = 2, period = \"1m\" }]\nkeys = [{ env = \"ALICE_KEY\" }, {",
@@ -387,12 +384,7 @@ quotas = [{ limit = 1, period = "1m" }]
             "refused_client": 1, "refused_route": 1, "waiting": 0, "tokens": 0})
     );
     assert_eq!(stats["clients"][1]["admitted"], 3);
-    let metrics = reqwest::get(format!("{url}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = support::sim::metrics(&reqwest::Client::new(), &url).await;
     for line in [
         r#"proxy_client_requests_total{client="alice"} 4"#,
         r#"proxy_client_admitted_total{client="bob"} 3"#,
@@ -486,8 +478,7 @@ async fn a_flooding_client_delays_another_by_at_most_one_turn() {
     const HOPS: Duration = Duration::from_millis(80);
     let upstream = FakeUpstream::start().await;
     upstream.answer_after(INTERVAL);
-    let next = temp_path("alice-next-flood");
-    std::fs::write(&next, ALICE_NEXT).unwrap();
+    let next = alice_next_file("alice-next-flood");
     let toml =
         config(&upstream, &next, "") + "\n[concurrency]\nmax_in_flight = 1\nmax_queue = 1000\n";
     let gw = start(&toml).await;
@@ -506,14 +497,7 @@ async fn a_flooding_client_delays_another_by_at_most_one_turn() {
     let waiting = |stats: &Value, n: usize| stats["clients"][n]["waiting"].as_u64().unwrap();
     assert!(waiting(&stats, 0) >= 100, "{}", stats["clients"]);
     assert_eq!(waiting(&stats, 1), 0);
-    let metrics = http
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = support::sim::metrics(&http, &url).await;
     assert!(
         metrics.contains(r#"proxy_client_waiting{client="bob"} 0"#),
         "{metrics}"
@@ -569,8 +553,7 @@ async fn rate_flood(name: &str, extra: &str) {
     const INTERVAL: Duration = Duration::from_millis(100);
     const HOPS: Duration = Duration::from_millis(80);
     let upstream = FakeUpstream::start().await;
-    let next = temp_path(&format!("alice-next-{name}"));
-    std::fs::write(&next, ALICE_NEXT).unwrap();
+    let next = alice_next_file(&format!("alice-next-{name}"));
     let toml = config(&upstream, &next, "")
         + r#"
 [rate_limit]
@@ -606,8 +589,7 @@ quotas = [{ limit = 10, period = "1s" }]
 #[tokio::test]
 async fn a_clients_quota_on_a_model_pattern_holds_it_on_those_models_only() {
     let upstream = FakeUpstream::start().await;
-    let next = temp_path("alice-next-models");
-    std::fs::write(&next, ALICE_NEXT).unwrap();
+    let next = alice_next_file("alice-next-models");
     let toml = config(&upstream, &next, "").replace(
         "[[clients]]\nname = \"bob\"",
         "[[clients.models]]\npattern = \"big-*\"\nquotas = [{ limit = 1, period = \"1m\" }]\n\n[[clients]]\nname = \"bob\"",
@@ -697,8 +679,7 @@ async fn a_client_of_weight_three_gets_three_turns_of_a_busy_route() {
     const ANSWER: Duration = Duration::from_millis(150);
     let upstream = FakeUpstream::start().await;
     upstream.answer_after(ANSWER);
-    let next = temp_path("alice-next-weight");
-    std::fs::write(&next, ALICE_NEXT).unwrap();
+    let next = alice_next_file("alice-next-weight");
     let toml = config(&upstream, &next, "")
         .replace("name = \"alice\"\n", "name = \"alice\"\nweight = 3\n")
         + "\n[concurrency]\nmax_in_flight = 1\nmax_queue = 1000\n";

@@ -26,7 +26,8 @@ use tokio::net::TcpStream;
 
 use crate::config::Settings;
 use crate::gateway::Running;
-use capture::{capture_logs, log_text};
+use capture::log_text;
+use support::sim::{post_body, route_names, start, stats};
 
 /// Hang guard for anything awaited.
 const BOUND: Duration = Duration::from_secs(10);
@@ -45,22 +46,8 @@ base_url = "simulator"
     )
 }
 
-async fn start(toml: &str) -> Running {
-    capture_logs();
-    let settings = Settings::from_toml(toml, &|_| None).unwrap_or_else(|e| panic!("{e}\n{toml}"));
-    gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-}
-
 async fn chat(client: &reqwest::Client, url: &str) -> reqwest::Response {
-    client
-        .post(format!("{url}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(r#"{"model":"sim-small","messages":[]}"#)
-        .send()
-        .await
-        .unwrap()
+    post_body(client, url, r#"{"model":"sim-small","messages":[]}"#).await
 }
 
 /// Everything `stream` receives until the other end closes it (bounded).
@@ -273,10 +260,7 @@ async fn event_clients_that_never_read_hold_bounded_memory_and_the_one_past_the_
 #[test]
 #[ignore = "run by the signal tests in a child process"]
 fn proxy_child() {
-    if child::role().as_deref() != Some("proxy") {
-        return;
-    }
-    let Ok(path) = std::env::var("PROXY_CONFIG") else {
+    let Some(path) = child::input("proxy", "PROXY_CONFIG") else {
         return;
     };
     // A lowered open-file limit, for the file-descriptor test.
@@ -287,12 +271,7 @@ fn proxy_child() {
         use nix::sys::resource::{Resource, setrlimit};
         setrlimit(Resource::RLIMIT_NOFILE, n, n).unwrap();
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let code = runtime.block_on(async {
+    child::run_and_exit(async {
         tracing_subscriber::fmt()
             .with_writer(std::io::stderr)
             .with_ansi(false)
@@ -307,24 +286,13 @@ fn proxy_child() {
             }
         });
         app::run(cli, signals.stopped("shutting down"), Some(ready)).await
-    });
-    std::process::exit(i32::from(code));
+    })
 }
 
 /// Wait until `/stats` counts `n` requests in flight (bounded).
 async fn until_in_flight(client: &reqwest::Client, url: &str, n: u64) {
-    let in_flight = || async {
-        let body = client
-            .get(format!("{url}/stats"))
-            .send()
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
-        let stats: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        stats["aggregate"]["concurrency"]["in_flight"].as_u64()
-    };
+    let in_flight =
+        || async { stats(client, url).await["aggregate"]["concurrency"]["in_flight"].as_u64() };
     let wait = async {
         while in_flight().await != Some(n) {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -523,37 +491,14 @@ base_url = "{}"
         let url = url.clone();
         async move {
             let body = format!(r#"{{"model":"{model}","messages":[]}}"#);
-            let response = client
-                .post(format!("{url}/v1/chat/completions"))
-                .header("content-type", "application/json")
-                .body(body)
-                .send()
-                .await
-                .unwrap();
+            let response = post_body(&client, &url, body).await;
             assert_eq!(response.status(), 200, "{model}");
         }
     };
     let routes = || {
         let client = client.clone();
         let url = url.clone();
-        async move {
-            let body = client
-                .get(format!("{url}/stats"))
-                .send()
-                .await
-                .unwrap()
-                .bytes()
-                .await
-                .unwrap();
-            let stats: serde_json::Value = serde_json::from_slice(&body).unwrap();
-            let names: Vec<String> = stats["routes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|r| r["route"].as_str().unwrap().to_owned())
-                .collect();
-            names
-        }
+        async move { route_names(&stats(&client, &url).await) }
     };
     for i in 0..20 {
         send(format!("made-up-{i}")).await;

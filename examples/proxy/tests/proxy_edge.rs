@@ -21,6 +21,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::config::Settings;
 use crate::gateway::Running;
+use support::sim::{body_json, no_env, one_rule, post_body, start};
 
 // ---------------------------------------------------------------- helpers
 
@@ -36,17 +37,6 @@ models = [
 name = "sim"
 base_url = "simulator"
 "#;
-
-fn no_env(_: &str) -> Option<String> {
-    None
-}
-
-async fn start(toml: &str) -> Running {
-    let settings = Settings::from_toml(toml, &no_env).unwrap_or_else(|e| panic!("{e}\n{toml}"));
-    gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-}
 
 /// A response read off a socket.
 #[derive(Debug)]
@@ -164,14 +154,7 @@ fn upstream_responses(gw: &Running) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_naming_its_model_twice_gets_400_ambiguous_body_and_never_reaches_the_simulator() {
-    let toml = SIMULATOR.to_owned()
-        + r#"
-[rate_limit]
-[[rate_limit.rules]]
-provider = "sim"
-model = "sim-large"
-quotas = [{ limit = 2, period = "1m" }]
-"#;
+    let toml = SIMULATOR.to_owned() + &one_rule("sim-large", 2, "1m");
     let gw = start(&toml).await;
     let sim = gw.simulator.as_ref().unwrap();
     let client = reqwest::Client::new();
@@ -183,15 +166,9 @@ quotas = [{ limit = 2, period = "1m" }]
         } else {
             format!(r#"{{"model":"decoy-{n}","model":"sim-large"}}"#)
         };
-        let response = client
-            .post(format!("{url}/v1/chat/completions"))
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .unwrap();
+        let response = post_body(&client, &url, body).await;
         let status = response.status().as_u16();
-        let json: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+        let json = body_json(response).await;
         assert!(
             !json.to_string().contains("decoy"),
             "no value echoed: {json}"
@@ -258,9 +235,9 @@ async fn file_server() -> (
     (addr, hits, task)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn paths_that_could_leave_the_base_path_get_400_and_the_secret_is_never_served() {
-    let (files, hits, server) = file_server().await;
+/// The gateway with one provider, `echo`, at the [`file_server`] at
+/// `files`, under its `/base`.
+async fn before_files(files: SocketAddr) -> Running {
     let toml = format!(
         r#"
 [[providers]]
@@ -268,7 +245,13 @@ name = "echo"
 base_url = "http://{files}/base"
 "#
     );
-    let gw = start(&toml).await;
+    start(&toml).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paths_that_could_leave_the_base_path_get_400_and_the_secret_is_never_served() {
+    let (files, hits, server) = file_server().await;
+    let gw = before_files(files).await;
     let host = gw.addr.to_string();
 
     // The setup works: a plain path is served from under the base.
@@ -553,14 +536,7 @@ async fn a_body_between_2_and_4_mib_is_served_and_a_larger_one_gets_the_gateways
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tunnels_echoes_odd_targets_encoded_percents_and_cross_site_requests_are_never_forwarded() {
     let (files, hits, server) = file_server().await;
-    let toml = format!(
-        r#"
-[[providers]]
-name = "echo"
-base_url = "http://{files}/base"
-"#
-    );
-    let gw = start(&toml).await;
+    let gw = before_files(files).await;
     let host = gw.addr.to_string();
     let refused = [
         (format!("CONNECT {files} HTTP/1.1\r\nhost: {host}"), 405),
@@ -669,28 +645,9 @@ shutdown_grace = "60s"
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_on_a_method_without_one_is_refused_and_counts_against_no_route() {
-    let toml = r#"
-[gateway]
-max_routes = 3
-
-[simulator]
-latency = "0ms"
-models = [
-    { name = "sim-small", limit = 0, period = "1s" },
-    { name = "sim-large", limit = 0, period = "1s" },
-]
-
-[[providers]]
-name = "sim"
-base_url = "simulator"
-
-[rate_limit]
-[[rate_limit.rules]]
-provider = "sim"
-model = "sim-large"
-quotas = [{ limit = 1, period = "1m" }]
-"#;
-    let gw = start(toml).await;
+    let rule = one_rule("sim-large", 1, "1m");
+    let toml = format!("[gateway]\nmax_routes = 3\n{SIMULATOR}{rule}");
+    let gw = start(&toml).await;
     let host = gw.addr.to_string();
     // The upstream would get a body naming a model the limiter never read:
     // refused, whatever the method, before anything is forwarded.

@@ -7,10 +7,8 @@
 
 mod support;
 
-use proxy::{app, config, gateway, reload};
+use proxy::reload;
 
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -20,12 +18,8 @@ use axum::routing::post;
 use bytes::Bytes;
 use serde_json::Value;
 
-use crate::config::Settings;
-use crate::gateway::Running;
-
-fn no_env(_: &str) -> Option<String> {
-    None
-}
+use proxy::gateway::Running;
+use support::sim::{small_model, start, temp_path, watched};
 
 /// The upstream: `POST /v1/chat/completions` answers by the body's model.
 /// `echo`: the `User-Agent` it got; `limited*`: 429 without saying how
@@ -126,14 +120,6 @@ user_agent = "{user_agent}"
     )
 }
 
-fn temp_path(name: &str) -> PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    std::env::temp_dir().join(format!("proxy-live-{}-{nanos}-{name}", std::process::id()))
-}
-
 struct Proxy {
     gw: Running,
     client: reqwest::Client,
@@ -217,29 +203,15 @@ async fn an_edited_file_resizes_max_in_flight_and_changes_every_setting_live() {
         user_agent: "ua-one",
     };
     std::fs::write(&path, config(&upstream_url, &knobs)).unwrap();
-    let loaded = app::load(
-        Some(&path),
-        std::path::Path::new(config::DEFAULT_PATH),
-        &no_env,
-    )
-    .unwrap();
-    let gw = gateway::start(loaded.settings, ([127, 0, 0, 1], 0).into(), loaded.source)
-        .await
-        .unwrap();
-    let _watcher = reload::spawn(
-        path.clone(),
-        loaded.bytes,
-        reload::Timing {
-            every: Duration::from_millis(20),
-            settle: Duration::from_millis(20),
-        },
-        gw.gateway.clone(),
-        Arc::new(no_env),
-    );
+    let timing = reload::Timing {
+        every: Duration::from_millis(20),
+        settle: Duration::from_millis(20),
+    };
+    let (gw, client) = watched(&path, timing).await;
     let proxy = Proxy {
         url: gw.url(),
         gw,
-        client: reqwest::Client::new(),
+        client,
     };
     let mut generation = 1;
     let edit = |knobs: &Knobs| std::fs::write(&path, config(&upstream_url, knobs)).unwrap();
@@ -348,29 +320,18 @@ async fn an_edited_file_resizes_max_in_flight_and_changes_every_setting_live() {
 }
 
 fn simulated() -> String {
-    r#"
-[simulator]
-latency = "0ms"
-models = [{ name = "sim-small", limit = 0, period = "1s" }]
-
-[[providers]]
-name = "sim"
-base_url = "simulator"
-
+    small_model(0, "1s")
+        + r#"
 [rate_limit]
 [[rate_limit.rules]]
 provider = "sim"
 model = "sim-small"
 quotas = [{ limit = 2, period = "1m", algorithm = "sliding_window" }]
 "#
-    .to_owned()
 }
 
 async fn start_simulated() -> Proxy {
-    let settings = Settings::from_toml(&simulated(), &no_env).unwrap();
-    let gw = gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
-        .await
-        .unwrap();
+    let gw = start(&simulated()).await;
     Proxy {
         url: gw.url(),
         gw,

@@ -8,37 +8,31 @@ use testkit::capture;
 
 mod support;
 
-use proxy::{config, gateway, learn, stats};
+use proxy::{gateway, learn, stats};
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use capture::{capture_logs, forged_lines, log_text, stray_controls};
+use capture::{forged_lines, log_text, stray_controls};
 use serde_json::Value;
 use tower_throttle::stats::KeyStats;
 
-use crate::config::Settings;
-use crate::gateway::{Running, UpstreamCounts};
+use crate::gateway::UpstreamCounts;
+use support::sim::{post_body, route, route_names, simulator, small_model, start};
 
 /// A model name that forges a log line and clears the screen.
 const INJECTED: &str = "x\n2026-12-01T00:00:00Z ERROR admin password reset\u{1b}[2J";
 
-async fn start(toml: &str) -> Running {
-    capture_logs();
-    let settings = Settings::from_toml(toml, &|_| None).unwrap_or_else(|e| panic!("{e}\n{toml}"));
-    gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
+/// The simulator behind a limit of one request a minute: a test's second
+/// request is refused, its first forwarded.
+fn one_a_minute() -> String {
+    small_model(100, "2s") + "\n[rate_limit]\nquotas = [{ limit = 1, period = \"1m\" }]\n"
 }
 
+/// A chat request for `model` with no messages, the model name as given.
 async fn post(client: &reqwest::Client, url: &str, model: &str) -> reqwest::Response {
-    client
-        .post(format!("{url}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(serde_json::json!({ "model": model, "messages": [] }).to_string())
-        .send()
-        .await
-        .unwrap()
+    let body = serde_json::json!({ "model": model, "messages": [] }).to_string();
+    post_body(client, url, body).await
 }
 
 async fn get_text(client: &reqwest::Client, url: &str) -> String {
@@ -72,24 +66,6 @@ fn event_json(event: &str) -> Value {
     serde_json::from_str(&data).unwrap()
 }
 
-fn route_names(snapshot: &Value) -> Vec<String> {
-    snapshot["routes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["route"].as_str().unwrap().to_owned())
-        .collect()
-}
-
-fn route<'a>(snapshot: &'a Value, name: &str) -> &'a Value {
-    snapshot["routes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["route"] == name)
-        .unwrap_or_else(|| panic!("no route {name} in {snapshot}"))
-}
-
 /// The (provider, model) pairs `/metrics` has series for.
 fn metric_routes(samples: &[prometheus::Sample]) -> BTreeSet<(String, String)> {
     samples
@@ -106,21 +82,11 @@ fn metric_routes(samples: &[prometheus::Sample]) -> BTreeSet<(String, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn made_up_models_never_push_real_routes_out_of_stats_metrics_or_events() {
     const MAX_ROUTES: usize = 4;
-    let toml = format!(
-        r#"
+    let toml = simulator(100, 100)
+        + &format!(
+            r#"
 [gateway]
 max_routes = {MAX_ROUTES}
-
-[simulator]
-latency = "0ms"
-models = [
-    {{ name = "sim-small", limit = 100, period = "2s" }},
-    {{ name = "sim-large", limit = 100, period = "2s" }},
-]
-
-[[providers]]
-name = "sim"
-base_url = "simulator"
 
 [rate_limit]
 quotas = [{{ limit = 1000, period = "1m" }}]
@@ -129,7 +95,7 @@ provider = "sim"
 model = "sim-small"
 quotas = [{{ limit = 100, period = "2s" }}]
 "#
-    );
+        );
     let gw = start(&toml).await;
     let client = reqwest::Client::new();
     let url = gw.url();
@@ -187,19 +153,7 @@ quotas = [{{ limit = 100, period = "2s" }}]
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injected_text_reaches_no_log_line_metric_stat_or_event_raw() {
-    let toml = r#"
-[simulator]
-latency = "0ms"
-models = [{ name = "sim-small", limit = 100, period = "2s" }]
-
-[[providers]]
-name = "sim"
-base_url = "simulator"
-
-[rate_limit]
-quotas = [{ limit = 1, period = "1m" }]
-"#;
-    let gw = start(toml).await;
+    let gw = start(&one_a_minute()).await;
     let client = reqwest::Client::new();
     let url = gw.url();
     for _ in 0..2 {
@@ -316,19 +270,7 @@ fn prometheus_label_values_escape_quotes_backslashes_line_feeds_and_control_char
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_name_cannot_forge_a_log_field() {
-    let toml = r#"
-[simulator]
-latency = "0ms"
-models = [{ name = "sim-small", limit = 100, period = "2s" }]
-
-[[providers]]
-name = "sim"
-base_url = "simulator"
-
-[rate_limit]
-quotas = [{ limit = 1, period = "1m" }]
-"#;
-    let gw = start(toml).await;
+    let gw = start(&one_a_minute()).await;
     let client = reqwest::Client::new();
     let url = gw.url();
     let forged = "forged method=DELETE status=500 route=sim/sim-small";

@@ -24,6 +24,7 @@ use crate::config::Settings;
 use crate::fake_upstream::{FakeUpstream, Received};
 use crate::gateway::Running;
 use crate::preset::{Aliases, Kind, LimitHeaders, UsageFormat};
+use support::sim::{route, route_names, stats};
 
 // ---------------------------------------------------------------- helpers
 
@@ -43,13 +44,11 @@ fn env(name: &str) -> Option<String> {
 }
 
 fn settings(toml: &str) -> Settings {
-    Settings::from_toml(toml, &env).unwrap_or_else(|e| panic!("{e}\n{toml}"))
+    support::sim::settings_with(toml, &env)
 }
 
 async fn start(toml: &str) -> Running {
-    gateway::start(settings(toml), ([127, 0, 0, 1], 0).into(), "test")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
+    support::sim::start_with(toml, &env).await
 }
 
 /// One OpenAI and one Anthropic provider, each with its key.
@@ -105,36 +104,6 @@ async fn post(client: &reqwest::Client, url: &str, body: String) -> reqwest::Res
         .send()
         .await
         .unwrap()
-}
-
-async fn stats(client: &reqwest::Client, url: &str) -> Value {
-    let bytes = client
-        .get(format!("{url}/stats"))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
-    serde_json::from_slice(&bytes).unwrap()
-}
-
-fn route_names(stats: &Value) -> Vec<String> {
-    stats["routes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["route"].as_str().unwrap().to_owned())
-        .collect()
-}
-
-fn route<'a>(stats: &'a Value, name: &str) -> &'a Value {
-    stats["routes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["route"] == name)
-        .unwrap_or_else(|| panic!("no route {name} in {stats}"))
 }
 
 /// No header value of `request` holds any of `secrets`.

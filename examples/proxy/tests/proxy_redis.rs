@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use redis_server::{RedisServer, free_port};
+use support::sim::{body_json, post_body};
 
 /// Hang guard for anything awaited.
 const BOUND: Duration = Duration::from_secs(20);
@@ -96,15 +97,8 @@ async fn url_after(child: &child::Running, needle: &str) -> String {
 }
 
 async fn chat(client: &reqwest::Client, gateway: &str, model: &str) -> u16 {
-    client
-        .post(format!("{gateway}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(format!(r#"{{"model":"{model}","messages":[]}}"#))
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
+    let body = format!(r#"{{"model":"{model}","messages":[]}}"#);
+    post_body(client, gateway, body).await.status().as_u16()
 }
 
 async fn stop(child: &mut child::Running) {
@@ -209,19 +203,7 @@ async fn two_gateways_on_one_redis_hold_one_token_quota() {
     let body = r#"{"model":"m","max_tokens":20,"messages":[]}"#;
     let estimate = u64::from(proxy::usage::estimate(body.as_bytes()).0);
     // What the upstream reports each such request used, asked directly.
-    let direct: serde_json::Value = serde_json::from_slice(
-        &client
-            .post(format!("{sim_url}/v1/chat/completions"))
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap(),
-    )
-    .unwrap();
+    let direct = body_json(post_body(&client, &sim_url, body).await).await;
     let used = direct["usage"]["total_tokens"].as_u64().expect("usage");
     assert!(used < estimate, "{used} {estimate}");
     // Each is admitted while its estimate fits on top of what the ones
@@ -230,13 +212,7 @@ async fn two_gateways_on_one_redis_hold_one_token_quota() {
     assert!(expected > 2, "estimate {estimate}, used {used}");
     let mut admitted = 0;
     for i in 0..200 {
-        let response = client
-            .post(format!("{}/v1/chat/completions", urls[i % 2]))
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .unwrap();
+        let response = post_body(&client, &urls[i % 2], body).await;
         let status = response.status().as_u16();
         // Read to its end: the answer settles its charge there.
         let _ = response.bytes().await;

@@ -4,11 +4,9 @@
 
 mod support;
 
-use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
-use proxy::{app, config, gateway, reload};
+use proxy::reload;
 use support::sim::*;
 use testkit::capture::{capture_logs, log_text};
 
@@ -35,26 +33,11 @@ async fn a_valid_edit_takes_effect_without_restart_and_an_invalid_one_leaves_the
     let path = temp_path("reload.toml");
     let write = |text: &str| std::fs::write(&path, text).unwrap();
     write(&reload_config("2", 8));
-    let loaded = app::load(
-        Some(&path),
-        std::path::Path::new(config::DEFAULT_PATH),
-        &no_env,
-    )
-    .unwrap();
-    let gw = gateway::start(loaded.settings, ([127, 0, 0, 1], 0).into(), loaded.source)
-        .await
-        .unwrap();
-    let watcher = reload::spawn(
-        path.clone(),
-        loaded.bytes,
-        reload::Timing {
-            every: Duration::from_millis(50),
-            settle: Duration::from_millis(50),
-        },
-        gw.gateway.clone(),
-        Arc::new(no_env),
-    );
-    let client = reqwest::Client::new();
+    let timing = reload::Timing {
+        every: Duration::from_millis(50),
+        settle: Duration::from_millis(50),
+    };
+    let (gw, client) = watched(&path, timing).await;
     let url = gw.url();
     let statuses = |r: Vec<reqwest::Response>| (count(&r, 200), count(&r, 429));
 
@@ -122,26 +105,8 @@ async fn a_valid_edit_takes_effect_without_restart_and_an_invalid_one_leaves_the
         4
     );
 
-    watcher.abort();
     gw.shutdown().await;
     let _ = std::fs::remove_file(&path);
-}
-
-/// The gateway on `path`'s config, its watcher reading with `timing`.
-async fn watched(path: &Path, timing: reload::Timing) -> (gateway::Running, reqwest::Client) {
-    let loaded = app::load(Some(path), Path::new(config::DEFAULT_PATH), &no_env).unwrap();
-    let gw = gateway::start(loaded.settings, ([127, 0, 0, 1], 0).into(), loaded.source)
-        .await
-        .unwrap();
-    // Stopped with the gateway (it watches the shutdown signal).
-    let _watcher = reload::spawn(
-        path.to_owned(),
-        loaded.bytes,
-        timing,
-        gw.gateway.clone(),
-        Arc::new(no_env),
-    );
-    (gw, reqwest::Client::new())
 }
 
 fn statuses(responses: &[reqwest::Response]) -> (usize, usize) {

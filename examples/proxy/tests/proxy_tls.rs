@@ -35,13 +35,11 @@ fn config(name: &str, base_url: &str, extra: &str) -> String {
 }
 
 fn settings(toml: &str) -> Settings {
-    Settings::from_toml(toml, &env).unwrap_or_else(|e| panic!("{e}\n{toml}"))
+    support::sim::settings_with(toml, &env)
 }
 
 async fn start(toml: &str) -> Running {
-    gateway::start(settings(toml), ([127, 0, 0, 1], 0).into(), "test")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
+    support::sim::start_with(toml, &env).await
 }
 
 /// POST `body` to the gateway's `path`; status and body text, bounded so a
@@ -64,19 +62,30 @@ async fn post(running: &Running, path: &str, body: &str) -> (u16, String) {
         .expect("an answer within 10 s")
 }
 
+/// Provider `name` at `upstream`, trusting the CA in `ca_file`.
+fn trusting(name: &str, upstream: &TlsUpstream, ca_file: &TempFile) -> String {
+    config(
+        name,
+        &upstream.url(),
+        &format!("ca_file = {}", ca_file.toml()),
+    )
+}
+
+/// An HTTPS upstream speaking `alpn`, and the gateway trusting its CA; the
+/// CA's file is returned to live as long as the test.
+async fn trusted_upstream(alpn: Alpn) -> (TlsUpstream, Running, TempFile) {
+    let ca = TestCa::new();
+    let upstream = TlsUpstream::start(&ca, alpn).await;
+    let ca_file = ca.ca_file();
+    let running = start(&trusting("secure", &upstream, &ca_file)).await;
+    (upstream, running, ca_file)
+}
+
 const CHAT: &str = r#"{"model":"m","messages":[]}"#;
 const STREAM: &str = r#"{"model":"m","stream":true,"messages":[]}"#;
 
 async fn forwards_plain_and_streamed_answers(alpn: Alpn, expected: http::Version) {
-    let ca = TestCa::new();
-    let upstream = TlsUpstream::start(&ca, alpn).await;
-    let ca_file = ca.ca_file();
-    let running = start(&config(
-        "secure",
-        &upstream.url(),
-        &format!("ca_file = {}", ca_file.toml()),
-    ))
-    .await;
+    let (upstream, running, _ca_file) = trusted_upstream(alpn).await;
 
     let (status, body) = post(&running, "/v1/chat/completions", CHAT).await;
     assert_eq!(status, 200, "{body}");
@@ -102,15 +111,7 @@ async fn https_upstream_offering_http2_is_spoken_to_in_http2() {
 }
 
 async fn five_requests_take_one_connection(alpn: Alpn) {
-    let ca = TestCa::new();
-    let upstream = TlsUpstream::start(&ca, alpn).await;
-    let ca_file = ca.ca_file();
-    let running = start(&config(
-        "secure",
-        &upstream.url(),
-        &format!("ca_file = {}", ca_file.toml()),
-    ))
-    .await;
+    let (upstream, running, _ca_file) = trusted_upstream(alpn).await;
     for _ in 0..5 {
         let (status, body) = post(&running, "/v1/chat/completions", CHAT).await;
         assert_eq!(status, 200, "{body}");
@@ -191,11 +192,7 @@ async fn a_reload_that_adds_or_removes_the_ca_file_takes_effect() {
     let upstream = TlsUpstream::start(&ca, Alpn::Http2).await;
     let ca_file = ca.ca_file();
     let without = config("secure", &upstream.url(), "");
-    let with = config(
-        "secure",
-        &upstream.url(),
-        &format!("ca_file = {}", ca_file.toml()),
-    );
+    let with = trusting("secure", &upstream, &ca_file);
     let running = start(&without).await;
     assert_eq!(post(&running, "/v1/chat/completions", CHAT).await.0, 502);
 
@@ -345,11 +342,7 @@ async fn stats_show_a_provider_whose_certificate_is_not_checked() {
     let toml = format!(
         "{}{}",
         config("unchecked", &upstream.url(), "insecure_skip_verify = true"),
-        config(
-            "checked",
-            &upstream.url(),
-            &format!("ca_file = {}", ca_file.toml())
-        ),
+        trusting("checked", &upstream, &ca_file),
     );
     let running = start(&toml).await;
     let text = reqwest::get(format!("{}/stats", running.url()))

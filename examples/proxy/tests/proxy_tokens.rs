@@ -20,6 +20,7 @@ use axum::routing::post;
 use crate::config::Settings;
 use crate::gateway::Running;
 use crate::usage::{TokenEstimate, Usage, estimate};
+use testkit::local_server::serve_detached;
 
 /// What the fake upstream answers with.
 #[derive(Clone, Copy)]
@@ -80,9 +81,7 @@ async fn upstream(kind: Answer) -> (SocketAddr, Arc<AtomicUsize>) {
         count.fetch_add(1, Ordering::SeqCst);
         async move { answer(kind) }
     }));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let addr = serve_detached(app).await;
     (addr, served)
 }
 
@@ -98,10 +97,7 @@ base_url = "http://{upstream}"
 quotas = {quotas}
 "#
     );
-    let settings = Settings::from_toml(&toml, &|_| None).unwrap_or_else(|e| panic!("{e}\n{toml}"));
-    gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
+    support::sim::start(&toml).await
 }
 
 /// A chat request estimated at exactly `tokens` (its `max_tokens` makes up
@@ -126,21 +122,36 @@ async fn admitted(gateway: &Running, tokens: u32) -> usize {
 
 /// Send `body` to `provider` until it is refused; how many went.
 async fn admitted_with(gateway: &Running, provider: &str, body: String) -> usize {
-    let client = reqwest::Client::new();
     let url = format!("{}/{provider}/v1/chat/completions", gateway.url());
+    until_refused(&url, None, body).await.0
+}
+
+/// POST `body` as JSON to `url` (the tests here name the provider in the
+/// path), as `key`'s request when given.
+async fn post_json(
+    client: &reqwest::Client,
+    url: &str,
+    key: Option<&str>,
+    body: String,
+) -> reqwest::Response {
+    let mut request = client.post(url).header("content-type", "application/json");
+    if let Some(key) = key {
+        request = request.header("authorization", format!("Bearer {key}"));
+    }
+    request.body(body).send().await.unwrap()
+}
+
+/// Send `body` to `url` (as `key`'s when given) until it is refused: how
+/// many went, and the refusal's text.
+async fn until_refused(url: &str, key: Option<&str>, body: String) -> (usize, String) {
+    let client = reqwest::Client::new();
     for sent in 0..40 {
-        let response = client
-            .post(&url)
-            .header("content-type", "application/json")
-            .body(body.clone())
-            .send()
-            .await
-            .unwrap();
+        let response = post_json(&client, url, key, body.clone()).await;
         let status = response.status().as_u16();
         // Read to the end: the answer settles its charge at its end.
         let text = response.text().await.unwrap();
         if status == 429 {
-            return sent;
+            return (sent, text);
         }
         assert_eq!(status, 200, "{text}");
     }
@@ -178,12 +189,7 @@ async fn an_overestimate_is_settled_to_the_usage_a_json_answer_reports() {
     assert_eq!(served.load(Ordering::SeqCst), 8);
     // Charged 8 × 300, used 8 × 100, the rest given back.
     assert_eq!(tokens(&gateway).await, [2_400, 800, 1_600, 0, 0]);
-    let metrics = reqwest::get(format!("{}/metrics", gateway.url()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = support::sim::metrics(&reqwest::Client::new(), &gateway.url()).await;
     let line = |kind: &str| {
         metrics
             .lines()
@@ -395,10 +401,7 @@ base_url = "simulator"
 [rate_limit]
 quotas = [{ limit = 1000, period = "1m", unit = "tokens", algorithm = "sliding_window" }]
 "#;
-    let settings = Settings::from_toml(toml, &|_| None).unwrap_or_else(|e| panic!("{e}"));
-    let gateway = gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let gateway = support::sim::start(toml).await;
     // Its answers use 22 tokens (8 of prompt, 14 words): estimated at 500,
     // the 23rd fits (22 × 22 + 500) and the 24th does not. Unsettled, 2.
     let fields = r#""model":"sim-small","stream":true,"stream_options":{"include_usage":true}"#;
@@ -437,13 +440,14 @@ async fn only_endpoints_that_answer_with_usage_are_charged_an_estimate() {
 async fn an_estimate_above_the_token_quota_is_refused_with_413() {
     let (addr, served) = upstream(Answer::Json(100)).await;
     let gateway = start_gateway(addr, THOUSAND_TOKENS).await;
-    let response = reqwest::Client::new()
-        .post(format!("{}/up/v1/chat/completions", gateway.url()))
-        .header("content-type", "application/json")
-        .body(body_estimated_at(1_500))
-        .send()
-        .await
-        .unwrap();
+    let url = format!("{}/up/v1/chat/completions", gateway.url());
+    let response = post_json(
+        &reqwest::Client::new(),
+        &url,
+        None,
+        body_estimated_at(1_500),
+    )
+    .await;
     assert_eq!(response.status(), 413);
     let body: serde_json::Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
     assert_eq!(body["error"]["code"], "cost_too_high", "{body}");
@@ -476,9 +480,7 @@ async fn usage_when_asked() -> (SocketAddr, Arc<parking_lot::Mutex<String>>) {
                 .unwrap()
         }
     }));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let addr = serve_detached(app).await;
     (addr, seen)
 }
 
@@ -492,13 +494,7 @@ async fn a_stream_that_did_not_ask_for_usage_is_settled_and_its_client_sees_no_u
     let streamed = body_with(300, r#""model":"m","stream":true"#);
     let client = reqwest::Client::new();
     let url = format!("{}/up/v1/chat/completions", gateway.url());
-    let answer = client
-        .post(&url)
-        .header("content-type", "application/json")
-        .body(streamed.clone())
-        .send()
-        .await
-        .unwrap();
+    let answer = post_json(&client, &url, None, streamed.clone()).await;
     assert_eq!(answer.status(), 200);
     assert_eq!(
         answer.text().await.unwrap(),
@@ -519,13 +515,8 @@ async fn a_stream_that_did_not_ask_for_usage_is_settled_and_its_client_sees_no_u
         300,
         r#""model":"n","stream":true,"stream_options":{"include_usage":true}"#,
     );
-    let text = client
-        .post(&url)
-        .header("content-type", "application/json")
-        .body(asked)
-        .send()
+    let text = post_json(&client, &url, None, asked)
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
@@ -551,9 +542,7 @@ async fn stepped_upstream() -> (SocketAddr, tokio::sync::mpsc::UnboundedSender<&
                 .unwrap()
         }
     }));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let addr = serve_detached(app).await;
     (addr, send)
 }
 
@@ -570,13 +559,8 @@ async fn a_stream_passes_chunk_by_chunk_with_nothing_held_back() {
         300,
         r#""model":"m","stream":true,"stream_options":{"include_usage":true}"#,
     );
-    let mut answer = reqwest::Client::new()
-        .post(format!("{}/up/v1/chat/completions", gateway.url()))
-        .header("content-type", "application/json")
-        .body(asked)
-        .send()
-        .await
-        .unwrap();
+    let url = format!("{}/up/v1/chat/completions", gateway.url());
+    let mut answer = post_json(&reqwest::Client::new(), &url, None, asked).await;
     assert_eq!(answer.status(), 200);
     // Chunks cut anywhere, a line across two of them included.
     let chunks = [
@@ -628,36 +612,16 @@ keys = [{{ env = "ALICE_KEY" }}]
 "#
     );
     let env = |name: &str| (name == "ALICE_KEY").then(|| ALICE.to_owned());
-    let settings = Settings::from_toml(&toml, &env).unwrap_or_else(|e| panic!("{e}\n{toml}"));
-    gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
+    support::sim::start_with(&toml, &env).await
 }
 
 /// Alice's requests estimated at 300 to `path` until one is refused (its
 /// refusal names her own limit): how many went.
 async fn alices_until_refused(gateway: &Running, path: &str) -> usize {
-    let client = reqwest::Client::new();
     let url = format!("{}{path}", gateway.url());
-    for sent in 0..40 {
-        let response = client
-            .post(&url)
-            .header("content-type", "application/json")
-            .header("authorization", format!("Bearer {ALICE}"))
-            .body(body_estimated_at(300))
-            .send()
-            .await
-            .unwrap();
-        let status = response.status().as_u16();
-        // Read to the end: the answer settles its charge at its end.
-        let text = response.text().await.unwrap();
-        if status == 429 {
-            assert!(text.contains(r#""limit":"client""#), "{text}");
-            return sent;
-        }
-        assert_eq!(status, 200, "{text}");
-    }
-    panic!("never refused");
+    let (sent, text) = until_refused(&url, Some(ALICE), body_estimated_at(300)).await;
+    assert!(text.contains(r#""limit":"client""#), "{text}");
+    sent
 }
 
 /// Alice's `tokens` in `/stats`.
@@ -721,14 +685,14 @@ async fn a_clients_token_quota_on_a_model_pattern_counts_tokens_through_routes()
 async fn an_estimate_above_a_clients_token_quota_is_refused_as_the_clients() {
     let (addr, served) = upstream(Answer::Json(100)).await;
     let gateway = start_with_alice(addr, &format!("quotas = {THOUSAND_TOKENS}"), "").await;
-    let response = reqwest::Client::new()
-        .post(format!("{}/up/v1/chat/completions", gateway.url()))
-        .header("content-type", "application/json")
-        .header("authorization", format!("Bearer {ALICE}"))
-        .body(body_estimated_at(1_200))
-        .send()
-        .await
-        .unwrap();
+    let url = format!("{}/up/v1/chat/completions", gateway.url());
+    let response = post_json(
+        &reqwest::Client::new(),
+        &url,
+        Some(ALICE),
+        body_estimated_at(1_200),
+    )
+    .await;
     assert_eq!(response.status(), 413);
     let body = support::sim::body_json(response).await;
     assert_eq!(body["error"]["code"], "cost_too_high", "{body}");

@@ -310,6 +310,11 @@ fn push(events: &mut Vec<Event>, at: Duration, phase: Phase, count: u32) {
     events.extend((0..count).map(|_| Event { at, phase }));
 }
 
+/// One `phase` request at each of `times`: how every mode adds its probes.
+fn push_each(events: &mut Vec<Event>, times: impl IntoIterator<Item = Duration>, phase: Phase) {
+    events.extend(times.into_iter().map(|at| Event { at, phase }));
+}
+
 /// When diagnose's last batch goes after its burst: a quarter window
 /// after the probes (at least the window offset).
 pub fn late_batch_after(probe: Duration, window: Duration, offset: Duration) -> Duration {
@@ -449,13 +454,10 @@ pub fn plan(params: &Params, now_unix: Duration) -> Result<Plan, TooManyRequests
     let mut silence = None;
     match mode {
         Mode::Sustained => {
-            events.extend(
-                sustained(rpm, window, duration)
-                    .into_iter()
-                    .map(|at| Event {
-                        at,
-                        phase: Phase::Sustained,
-                    }),
+            push_each(
+                &mut events,
+                sustained(rpm, window, duration),
+                Phase::Sustained,
             );
         }
         Mode::Burst => {
@@ -464,23 +466,17 @@ pub fn plan(params: &Params, now_unix: Duration) -> Result<Plan, TooManyRequests
         }
         Mode::TokenBucket => {
             push(&mut events, Duration::ZERO, Phase::Burst, burst);
-            events.extend(
-                refill_probes(rpm, window, probe)
-                    .into_iter()
-                    .map(|at| Event {
-                        at,
-                        phase: Phase::RefillProbe,
-                    }),
+            push_each(
+                &mut events,
+                refill_probes(rpm, window, probe),
+                Phase::RefillProbe,
             );
             burst_at = Some(Duration::ZERO);
             probe_every = Some(probe_interval(rpm, window));
         }
         Mode::SlidingWindow => {
             push(&mut events, Duration::ZERO, Phase::Burst, burst);
-            events.extend(sliding_probes(probe).into_iter().map(|at| Event {
-                at,
-                phase: Phase::SlidingProbe,
-            }));
+            push_each(&mut events, sliding_probes(probe), Phase::SlidingProbe);
             burst_at = Some(Duration::ZERO);
             probe_every = Some(Duration::from_secs(1));
         }
@@ -517,13 +513,11 @@ pub fn plan(params: &Params, now_unix: Duration) -> Result<Plan, TooManyRequests
             };
             let t0 = shape.burst;
             push(&mut events, t0, Phase::Burst, big);
-            events.extend(
-                diagnose_probes(rpm, window, shape.probes)
-                    .into_iter()
-                    .map(|at| Event {
-                        at: t0 + at,
-                        phase: Phase::RefillProbe,
-                    }),
+            let probes = diagnose_probes(rpm, window, shape.probes);
+            push_each(
+                &mut events,
+                probes.into_iter().map(|at| t0 + at),
+                Phase::RefillProbe,
             );
             if let Some(at) = shape.boundary {
                 push(&mut events, at - offset, Phase::BoundaryBefore, burst);

@@ -103,6 +103,13 @@ fn fixture(admit: impl FnMut() -> bool + Send + 'static) -> Router {
 /// A hand-written Redis limiter: `INCR key`, `EXPIRE key window` on the
 /// first, refused above the limit. Refused requests are counted too.
 fn anchored_fixed_window() -> Router {
+    fixed_counter(false)
+}
+
+/// `INCR key`, then `EXPIRE key window` on a key's first request, or on
+/// every request when `push_back`; refused above the limit, refused
+/// requests counted too. The two limiters differ only in that line.
+fn fixed_counter(push_back: bool) -> Router {
     let mut count = 0u32;
     let mut expires: Option<Instant> = None;
     fixture(move || {
@@ -112,7 +119,7 @@ fn anchored_fixed_window() -> Router {
             expires = None;
         }
         count = count.saturating_add(1);
-        if count == 1 {
+        if push_back || count == 1 {
             expires = Some(now + WINDOW);
         }
         count <= LIMIT
@@ -137,17 +144,7 @@ fn sliding_log_counting_refusals() -> Router {
 /// A fixed counter that every request pushes back: `INCR key` then
 /// `EXPIRE key window` on every request, refused above the limit.
 fn fixed_counter_pushed_back() -> Router {
-    let mut count = 0u32;
-    let mut expires: Option<Instant> = None;
-    fixture(move || {
-        let now = Instant::now();
-        if expires.is_none_or(|e| now >= e) {
-            count = 0;
-        }
-        count = count.saturating_add(1);
-        expires = Some(now + WINDOW);
-        count <= LIMIT
-    })
+    fixed_counter(true)
 }
 
 /// Cloudflare's and Upstash's sliding-window counter: the current

@@ -11,7 +11,7 @@ use testkit::child;
 use ratecheck::{app, cli, probe, report, schedule, signal};
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
@@ -85,43 +85,65 @@ fn temp(name: &str) -> PathBuf {
     ))
 }
 
+/// A burst of `rpm` requests at `url`, reported to `out`, with `more` flags.
+fn burst_cli(url: &str, rpm: &str, out: &Path, more: &[&str]) -> cli::Cli {
+    let out = out.to_str().unwrap();
+    let args = [
+        "ratecheck",
+        "--url",
+        url,
+        "--mode",
+        "burst",
+        "--rpm",
+        rpm,
+        "--out",
+        out,
+    ];
+    cli::Cli::try_parse_from(args.iter().chain(more)).unwrap()
+}
+
 fn report_json(path: &PathBuf) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
 
-#[test]
-fn the_sent_rate_counts_the_intervals_between_requests() {
-    // The case: 3 requests a second apart are 60 a minute, not 90.
-    let config = Config::from_args([
-        "ratecheck",
-        "--url",
-        "http://127.0.0.1:9/",
-        "--rpm",
-        "60",
-        "--duration",
-        "3s",
-    ])
-    .unwrap();
-    let plan = schedule::plan(&Params::of(&config), Duration::from_secs(1_700_000_000)).unwrap();
-    let outcomes: Vec<Outcome> = plan
+/// A config aimed at a port nothing listens on, with `args` after the URL:
+/// for the tests that only plan and report.
+fn offline_config(args: &[&str]) -> Config {
+    let url = ["ratecheck", "--url", "http://127.0.0.1:9/"];
+    Config::from_args(url.iter().chain(args).copied()).unwrap()
+}
+
+/// A run of `config`'s plan in which every request was answered 200 in
+/// 5 ms, each sent `late(event)` after its planned time: the rate alone is
+/// what the report has to work out.
+fn answered_run(config: &Config, late: impl Fn(usize) -> Duration) -> Run {
+    let plan = schedule::plan(&Params::of(config), Duration::from_secs(1_700_000_000)).unwrap();
+    let outcomes = plan
         .events
         .iter()
         .enumerate()
         .map(|(event, e)| Outcome {
             event,
-            sent: e.at,
+            sent: e.at + late(event),
             latency: Duration::from_millis(5),
             class: Class::Status(200),
         })
         .collect();
-    assert_eq!(outcomes.len(), 3);
-    let mut run = Run {
+    Run {
         started_at: SystemTime::UNIX_EPOCH,
         elapsed: plan.last_at() + Duration::from_millis(5),
         plan,
         outcomes,
         interrupted: false,
-    };
+    }
+}
+
+#[test]
+fn the_sent_rate_counts_the_intervals_between_requests() {
+    // The case: 3 requests a second apart are 60 a minute, not 90.
+    let config = offline_config(&["--rpm", "60", "--duration", "3s"]);
+    let mut run = answered_run(&config, |_| Duration::ZERO);
+    assert_eq!(run.outcomes.len(), 3);
     let r = report::build(&config, &run).run;
     assert_eq!((r.actual_rpm, r.admitted_rpm), (60.0, 60.0));
     assert!(report::summary_text(&report::build(&config, &run)).contains("rate: 60 sent"));
@@ -136,36 +158,9 @@ fn the_sent_rate_counts_the_intervals_between_requests() {
 
     // A burst's requests leave microseconds apart only because they cannot
     // all leave at once: still no rate (it read 299,550 a minute).
-    let burst = Config::from_args([
-        "ratecheck",
-        "--url",
-        "http://127.0.0.1:9/",
-        "--mode",
-        "burst",
-        "--rpm",
-        "10",
-    ])
-    .unwrap();
-    let plan = schedule::plan(&Params::of(&burst), Duration::from_secs(1_700_000_000)).unwrap();
-    let outcomes: Vec<Outcome> = plan
-        .events
-        .iter()
-        .enumerate()
-        .map(|(event, e)| Outcome {
-            event,
-            sent: e.at + Duration::from_micros(2 * event as u64),
-            latency: Duration::from_millis(5),
-            class: Class::Status(200),
-        })
-        .collect();
-    assert!(outcomes.len() > 1);
-    let run = Run {
-        started_at: SystemTime::UNIX_EPOCH,
-        elapsed: plan.last_at() + Duration::from_millis(5),
-        plan,
-        outcomes,
-        interrupted: false,
-    };
+    let burst = offline_config(&["--mode", "burst", "--rpm", "10"]);
+    let run = answered_run(&burst, |event| Duration::from_micros(2 * event as u64));
+    assert!(run.outcomes.len() > 1);
     assert_eq!(report::build(&burst, &run).run.actual_rpm, 0.0);
 }
 
@@ -202,20 +197,7 @@ async fn a_stop_cancels_requests_in_flight_writes_the_partial_report_and_exits_3
     let server = Silent::start().await;
     let out = temp("stop.json");
     let url = format!("http://{}/", server.addr);
-    let cli = cli::Cli::try_parse_from([
-        "ratecheck",
-        "--url",
-        &url,
-        "--mode",
-        "burst",
-        "--rpm",
-        "3",
-        "--timeout",
-        "60s",
-        "--out",
-        out.to_str().unwrap(),
-    ])
-    .unwrap();
+    let cli = burst_cli(&url, "3", &out, &["--timeout", "60s"]);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let run = tokio::spawn(app::run(cli, false, async {
         let _ = stopped.await;
@@ -243,31 +225,18 @@ async fn no_http_answer_exits_3_and_any_answer_exits_0() {
     let run = |url: String| {
         let out = out.clone();
         async move {
-            let cli = cli::Cli::try_parse_from([
-                "ratecheck",
-                "--url",
-                &url,
-                "--mode",
-                "burst",
-                "--rpm",
-                "2",
-                "--out",
-                out.to_str().unwrap(),
-            ])
-            .unwrap();
+            let cli = burst_cli(&url, "2", &out, &[]);
             app::run(cli, false, std::future::pending()).await
         }
     };
     assert_eq!(run(format!("http://{closed}/")).await, app::EXIT_NO_ANSWER);
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     // A 500 is an HTTP answer too: the endpoint was measured.
     let app = Router::new().route(
         "/",
         any(|| async { axum::http::StatusCode::INTERNAL_SERVER_ERROR }),
     );
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let addr = testkit::local_server::serve_detached(app).await;
     assert_eq!(run(format!("http://{addr}/")).await, 0);
     let _ = std::fs::remove_file(out);
 }
@@ -277,23 +246,14 @@ async fn no_http_answer_exits_3_and_any_answer_exits_0() {
 #[test]
 #[ignore = "run by the signal test in a child process"]
 fn ratecheck_child() {
-    if child::role().as_deref() != Some("ratecheck") {
-        return;
-    }
-    let Ok(args) = std::env::var("RATECHECK_ARGS") else {
+    let Some(args) = child::input("ratecheck", "RATECHECK_ARGS") else {
         return;
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let code = runtime.block_on(async {
+    child::run_and_exit(async {
         let signals = signal::StopSignals::listen().unwrap();
         let cli = cli::Cli::try_parse_from(args.lines()).unwrap();
         app::run(cli, false, signals.stopped("stopping")).await
-    });
-    std::process::exit(i32::from(code));
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,23 +7,8 @@ use std::sync::atomic::Ordering;
 
 use super::{ADMITTED, FREE_BELOW, KeyState, OUT, Permits, QUEUED};
 use crate::key::KeyHash;
+use crate::loom_api::Rest;
 use crate::stats::{KeyTracking, Stats};
-
-/// A key state's inside, read under its lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Inside {
-    pub(crate) out: u64,
-    pub(crate) queued_flag: bool,
-    pub(crate) waiters: usize,
-    pub(crate) granted: u64,
-    /// Admissions still in the word (a state counting its own).
-    pub(crate) in_word: u64,
-    pub(crate) carried: u64,
-    /// Admitted and left, for a state counting its own.
-    pub(crate) own_counts: (u64, u64),
-    /// Whether the lock-free path may take a permit.
-    pub(crate) free: bool,
-}
 
 impl KeyState {
     /// A key's state as the store makes it (counted in `stats`), but kept
@@ -33,11 +18,12 @@ impl KeyState {
         Self::new(max, KeyHash(1), stats, None, false)
     }
 
-    pub(crate) fn inside(&self) -> Inside {
+    /// The state's inside, read under its lock.
+    pub(crate) fn inside(&self) -> Rest {
         let own_counts = self.own_counts();
         let queue = self.queue.lock();
         let word = self.word.load(Ordering::Acquire);
-        Inside {
+        Rest {
             out: word & OUT,
             queued_flag: word & QUEUED != 0,
             waiters: queue.waiters.len(),

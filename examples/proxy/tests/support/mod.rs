@@ -9,16 +9,12 @@ pub mod sim;
 /// The proxy as `main` runs it, with the arguments in `PROXY_ARGS` (split
 /// on spaces): what a test's child process runs. Exits with the proxy's
 /// exit code.
+#[cfg(unix)] // testkit's child processes are Unix only.
 pub fn run_proxy_main_from_env() -> ! {
     use clap::Parser as _;
     use proxy::{app, cli, signal};
     let args = std::env::var("PROXY_ARGS").unwrap_or_default();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let code = runtime.block_on(async {
+    testkit::child::run_and_exit(async {
         app::init_logs(Some("info")).unwrap();
         let signals = signal::StopSignals::listen().unwrap();
         let cli = cli::Cli::try_parse_from(
@@ -26,6 +22,5 @@ pub fn run_proxy_main_from_env() -> ! {
         )
         .unwrap();
         app::run(cli, signals.stopped("shutting down"), None).await
-    });
-    std::process::exit(i32::from(code));
+    })
 }

@@ -1,11 +1,13 @@
 //! The gateway in front of its built-in simulator, as most of the proxy's
 //! end-to-end tests drive it: configs, requests and `/stats` polling.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use proxy::config::{self, Settings};
 use proxy::gateway::{self, Running};
+use proxy::{app, reload};
 use serde_json::Value;
 use testkit::capture::capture_logs;
 
@@ -30,16 +32,71 @@ base_url = "simulator"
     )
 }
 
+/// The simulator answering at once with one model, `sim-small`, allowed
+/// `limit` requests a `period` (0: unlimited), and its provider.
+pub fn small_model(limit: u32, period: &str) -> String {
+    format!(
+        r#"
+[simulator]
+latency = "0ms"
+models = [{{ name = "sim-small", limit = {limit}, period = "{period}" }}]
+
+[[providers]]
+name = "sim"
+base_url = "simulator"
+"#
+    )
+}
+
+/// A `[rate_limit]` section whose one rule holds the simulator's `model`
+/// to `limit` requests a `period`: the limit most tests put on one route.
+pub fn one_rule(model: &str, limit: u32, period: &str) -> String {
+    format!(
+        r#"
+[rate_limit]
+[[rate_limit.rules]]
+provider = "sim"
+model = "{model}"
+quotas = [{{ limit = {limit}, period = "{period}" }}]
+"#
+    )
+}
+
 pub fn no_env(_: &str) -> Option<String> {
     None
 }
 
+/// The settings `toml` makes with `env`; a config a test got wrong panics
+/// with the error and the text.
+pub fn settings_with(toml: &str, env: config::Env<'_>) -> Settings {
+    Settings::from_toml(toml, env).unwrap_or_else(|e| panic!("{e}\n{toml}"))
+}
+
+/// The gateway on `toml` and `env`, on an ephemeral loopback port, its log
+/// captured.
 pub async fn start_with(toml: &str, env: config::Env<'_>) -> Running {
     capture_logs();
-    let settings = Settings::from_toml(toml, env).unwrap_or_else(|e| panic!("{e}\n{toml}"));
-    gateway::start(settings, ([127, 0, 0, 1], 0).into(), "test")
+    gateway::start(settings_with(toml, env), ([127, 0, 0, 1], 0).into(), "test")
         .await
         .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The gateway on the config file at `path`, as `main` loads it, with a
+/// watcher reading the file with `timing`: what the reload tests edit.
+pub async fn watched(path: &Path, timing: reload::Timing) -> (Running, reqwest::Client) {
+    let loaded = app::load(Some(path), Path::new(config::DEFAULT_PATH), &no_env).unwrap();
+    let gw = gateway::start(loaded.settings, ([127, 0, 0, 1], 0).into(), loaded.source)
+        .await
+        .unwrap();
+    // Stopped with the gateway (it watches the shutdown signal).
+    let _watcher = reload::spawn(
+        path.to_owned(),
+        loaded.bytes,
+        timing,
+        gw.gateway.clone(),
+        Arc::new(no_env),
+    );
+    (gw, reqwest::Client::new())
 }
 
 pub async fn start(toml: &str) -> Running {
@@ -52,10 +109,31 @@ pub fn chat(model: &str, stream: bool) -> String {
 }
 
 pub async fn post(client: &reqwest::Client, url: &str, model: &str) -> reqwest::Response {
+    post_body(client, url, chat(model, false)).await
+}
+
+/// POST `body` as JSON to the gateway at `url`: the request most tests
+/// send, whatever body (odd, made up, large) they test it with.
+pub async fn post_body(
+    client: &reqwest::Client,
+    url: &str,
+    body: impl Into<reqwest::Body>,
+) -> reqwest::Response {
     client
         .post(format!("{url}/v1/chat/completions"))
         .header("content-type", "application/json")
-        .body(chat(model, false))
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Ask the gateway at `url` for a streamed answer from `model`, sent as
+/// the streaming tests always have (no content type).
+pub async fn post_stream(client: &reqwest::Client, url: &str, model: &str) -> reqwest::Response {
+    client
+        .post(format!("{url}/v1/chat/completions"))
+        .body(chat(model, true))
         .send()
         .await
         .unwrap()
@@ -76,15 +154,18 @@ pub fn count(responses: &[reqwest::Response], status: u16) -> usize {
 }
 
 pub async fn stats(client: &reqwest::Client, url: &str) -> Value {
-    client
-        .get(format!("{url}/stats"))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .map(|b| serde_json::from_slice(&b).unwrap())
-        .unwrap()
+    serde_json::from_str(&get_text(client, &format!("{url}/stats")).await).unwrap()
+}
+
+/// The gateway's `/metrics` page at `url`, as text.
+pub async fn metrics(client: &reqwest::Client, url: &str) -> String {
+    get_text(client, &format!("{url}/metrics")).await
+}
+
+/// The body of a GET of `url`, as text, whatever its status: the pages'
+/// own tests assert on the status where it matters.
+pub async fn get_text(client: &reqwest::Client, url: &str) -> String {
+    client.get(url).send().await.unwrap().text().await.unwrap()
 }
 
 pub fn route<'a>(stats: &'a Value, name: &str) -> &'a Value {
@@ -94,6 +175,16 @@ pub fn route<'a>(stats: &'a Value, name: &str) -> &'a Value {
         .iter()
         .find(|r| r["route"] == name)
         .unwrap_or_else(|| panic!("no route {name} in {stats}"))
+}
+
+/// The names of the routes in a `/stats` snapshot (or an event's), in order.
+pub fn route_names(stats: &Value) -> Vec<String> {
+    stats["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["route"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 /// Poll `/stats` until `check` holds (bounded: 10 s).
