@@ -35,7 +35,7 @@
 //! The count moves to the queue's `carried` under the key's lock once it
 //! reaches 2³⁰, long before it could reach the flag.
 //!
-//! Kept in one file (about 760 lines) on purpose: the word, the flag and
+//! Kept in one file (about 900 lines) on purpose: the word, the flag and
 //! the queue are one protocol, and each transition is right only read
 //! beside the others (the loom models in `tests/loom_permits.rs` check them
 //! together).

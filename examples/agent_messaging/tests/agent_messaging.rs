@@ -1,6 +1,9 @@
 //! The `agent_messaging` example: one test per rule of its flow control,
 //! driving the service in process (its router called with `oneshot`) in
 //! paused time, and one over a real socket.
+//!
+//! Over 700 lines: one test per rule of the flow control, each reading as
+//! the rule it checks.
 
 use agent_messaging::{app, cli, flow, projects, serve};
 

@@ -4,6 +4,9 @@
 //! elapsed times.
 //!
 //! The example's modules are compiled into this test and driven directly.
+//!
+//! Over 700 lines: one test per gateway rule, each with the file it runs
+//! whose fields are the point of the test; the shared setup is in `support`.
 
 mod support;
 

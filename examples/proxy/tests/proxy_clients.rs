@@ -2,6 +2,9 @@
 //! environment and from a file, 401s when a key is required, a caller's
 //! key never forwarded, logged or shown, rotation, and requests counted
 //! per client.
+//!
+//! Over 700 lines: one test per rule of the callers' keys, each with the
+//! file it runs; the shared setup is in `support`.
 
 mod support;
 

@@ -6,6 +6,9 @@
 //! Requests whose exact bytes matter (dot segments, `Host`, `Origin`) are
 //! written to the socket by hand: HTTP clients normalize paths and set
 //! `Host` themselves.
+//!
+//! Over 700 lines: each refusal is its own test with the raw bytes it sends,
+//! which would only hide behind helpers.
 
 mod support;
 

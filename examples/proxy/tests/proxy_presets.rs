@@ -4,6 +4,9 @@
 //! (two spellings of one model share one route and its limits), and a
 //! request exactly as the official OpenAI Python SDK sends it, streamed
 //! back unchanged.
+//!
+//! Over 700 lines: each preset's fake provider is written out in full, as
+//! the exact headers it checks are what these tests are about.
 
 mod support;
 

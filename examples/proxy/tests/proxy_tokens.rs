@@ -3,6 +3,10 @@
 //! or in the last events of a stream (OpenAI's `include_usage` chunk,
 //! Anthropic's `message_start` and `message_delta`). Over real sockets, with
 //! a fake upstream on 127.0.0.1.
+//!
+//! Over 700 lines: one test per way an answer reports its usage (JSON,
+//! streamed, each provider's events), each with the fake upstream that sends
+//! it.
 
 mod support;
 

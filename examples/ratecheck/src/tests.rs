@@ -1,5 +1,8 @@
 //! Unit tests of the pure parts: command line, schedules, inference, report.
 //! They need no network; the end-to-end test is `tests/ratecheck.rs` (in this crate).
+//!
+//! Over 700 lines: the pure parts' tests in one place, each a short
+//! timeline or command line, grouped by the part they check.
 
 use std::collections::VecDeque;
 use std::time::{Duration, SystemTime};
