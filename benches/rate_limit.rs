@@ -149,6 +149,44 @@ fn ours_global() -> impl Service<Request<()>, Response = HttpResponse> + Clone {
     RateLimitLayer::new(ours_hot_quota(), GlobalKey).layer(http_inner())
 }
 
+/// The natural peer of `with_response_headers`: tower-http writing two
+/// response headers (the two a rate limit writes), with values fixed
+/// beforehand (`formatted: false`: the least writing two headers can cost)
+/// or formatted per response as a user would write what remains by hand
+/// (`true`).
+fn tower_http_two_headers(
+    formatted: bool,
+) -> impl Service<Request<()>, Response = HttpResponse> + Clone {
+    use tower_http::set_header::SetResponseHeaderLayer;
+    let policy = HeaderName::from_static("ratelimit-policy");
+    let limit = HeaderName::from_static("ratelimit");
+    let fixed = |v: &'static str| move |_: &HttpResponse| Some(HeaderValue::from_static(v));
+    let counted = move |_: &HttpResponse| {
+        let remaining = black_box(999_999_u32);
+        HeaderValue::from_str(&format!("\"default\";r={remaining};t=1")).ok()
+    };
+    let service = tower::ServiceBuilder::new().layer(SetResponseHeaderLayer::overriding(
+        policy,
+        fixed("\"default\";q=1000000;w=1"),
+    ));
+    if formatted {
+        tower::util::Either::Left(
+            service
+                .layer(SetResponseHeaderLayer::overriding(limit, counted))
+                .service(http_inner()),
+        )
+    } else {
+        tower::util::Either::Right(
+            service
+                .layer(SetResponseHeaderLayer::overriding(
+                    limit,
+                    fixed("\"default\";r=999999;t=1"),
+                ))
+                .service(http_inner()),
+        )
+    }
+}
+
 fn tower_governor_header() -> impl Service<Request<()>, Response = HttpResponse> + Clone {
     let config = GovernorConfigBuilder::default()
         .key_extractor(HeaderValueKey)
@@ -240,6 +278,8 @@ fn loop_mode(which: &str) {
             timed(layer.layer(http_inner()), &req, n)
         }
         "tower_governor_header" => timed(tower_governor_header(), &req, n),
+        "tower_http_two_headers_fixed" => timed(tower_http_two_headers(false), &req, n),
+        "tower_http_two_headers_formatted" => timed(tower_http_two_headers(true), &req, n),
         "ours_header_response_headers" => {
             // What `with_response_headers` adds: the key's remaining
             // capacity, and the IETF `RateLimit-Policy` and `RateLimit`
@@ -334,6 +374,19 @@ fn hot_key(c: &mut Criterion) {
             http::StatusCode::OK,
             "tower_governor still admits"
         );
+    }
+    for (name, formatted) in [
+        ("tower_http_two_headers_fixed", false),
+        ("tower_http_two_headers_formatted", true),
+    ] {
+        let mut svc = tower_http_two_headers(formatted);
+        let res = drive(&mut svc, req.clone())
+            .ok()
+            .expect("tower-http answers");
+        assert_eq!(res.headers().len(), 2, "two headers written");
+        g.bench_function(name, |b| {
+            b.iter(|| black_box(drive(&mut svc, req.clone()).is_ok()))
+        });
     }
     {
         // tower's RateLimit makes a tokio `Sleep` when built: it needs a
