@@ -577,7 +577,7 @@ impl Error for ConfigError {}
 pub enum OnError {
     /// Fail open: let requests through. By default each replica then holds
     /// them to an in-process limiter with the same quotas, so a limit still
-    /// holds per replica (see [`RedisStore::with_local_fallback`](crate::redis::RedisStore::with_local_fallback)).
+    /// holds per replica (see `RedisStore::with_local_fallback`).
     #[default]
     Open,
     /// Fail closed: refuse requests with

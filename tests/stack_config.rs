@@ -216,9 +216,14 @@ fn a_programs_file_reads_its_own_sections_beside_the_stacks() {
             "concurrency.queues",
             3,
         ),
+        ("[concurency]\nmax_in_flight = 1\n", "concurency", 1),
     ] {
         let err = StackConfig::from_toml_with::<Own>(toml).unwrap_err();
         assert_eq!(err.field, field, "{toml}: {err}");
+        if field == "concurency" {
+            // The crate's sections are offered beside the program's keys.
+            assert!(err.message.contains("`concurrency`"), "{err}");
+        }
         assert!(
             err.message.contains(&format!("(line {line}, column")),
             "{toml}: {err}"

@@ -63,7 +63,11 @@ impl ConcurrencyConfig {
 
     /// `layer` with this section's waiting line and release point (its
     /// `max_in_flight` is the layer's own): for a program that keeps one
-    /// layer across reloads and resizes it through its handle.
+    /// layer across reloads, resizes it through its handle, and configures
+    /// a clone of it for each configuration. `max_queue` and
+    /// `release_at_headers` left out take their defaults; a `queue_timeout`
+    /// left out leaves the layer's as it was, so configure a clone of a
+    /// layer built without one (as the example gateway does).
     pub fn configure<X, L>(
         &self,
         mut layer: ConcurrencyLayer<X, L>,

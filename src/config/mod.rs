@@ -133,7 +133,21 @@ impl StackConfig {
         text: &str,
     ) -> Result<(Self, T), ConfigError> {
         let (stack, own) = read::split(read::parse(text)?, &Self::SECTIONS);
-        Ok((read::read(text, stack)?, read::read(text, own)?))
+        let stack = read::read(text, stack)?;
+        let own = read::read(text, own).map_err(|mut e| {
+            // The program's own keys are listed as expected; the crate's
+            // sections are as likely meant.
+            if e.message.starts_with("unknown field") && !e.field.contains(['.', '[']) {
+                let sections = Self::SECTIONS.map(|s| format!("`{s}`")).join(", ");
+                let (said, at) = match e.message.find(" (line ") {
+                    Some(i) => e.message.split_at(i),
+                    None => (e.message.as_str(), ""),
+                };
+                e.message = format!("{said}, or a section {sections}{at}");
+            }
+            e
+        })?;
+        Ok((stack, own))
     }
 
     /// Check every section; the first error names its field path

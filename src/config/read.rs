@@ -3,6 +3,8 @@
 //! fault (`rate_limit.rules[2].quotas[0].period`), what is wrong with its
 //! value, and the line and column.
 
+use std::collections::HashMap;
+
 use serde::de::DeserializeOwned;
 use serde_path_to_error::Segment;
 use toml::Spanned;
@@ -33,7 +35,7 @@ pub fn from_toml<T: DeserializeOwned>(text: &str) -> Result<T, ConfigError> {
 /// Parses `text` as a TOML document, a syntax error reported as
 /// [`from_toml`]'s are.
 pub(crate) fn parse(text: &str) -> Result<Spanned<DeTable<'_>>, ConfigError> {
-    DeTable::parse(text).map_err(|e| error(text, "", &e))
+    DeTable::parse(text).map_err(|e| error(text, None, &e))
 }
 
 /// Reads `text`'s `table` (parsed from it, so that its spans point into it)
@@ -43,8 +45,8 @@ pub(crate) fn read<T: DeserializeOwned>(
     table: Spanned<DeTable<'_>>,
 ) -> Result<T, ConfigError> {
     serde_path_to_error::deserialize(Deserializer::from(table)).map_err(|e| {
-        let path = field_path(e.path().iter());
-        error(text, &path, e.inner())
+        // serde knows the field: the position only places it.
+        error(text, Some(field_path(e.path().iter())), e.inner())
     })
 }
 
@@ -96,22 +98,31 @@ fn push_key(path: &mut String, key: &str) {
     }
 }
 
-/// The error at `path` (empty: the document itself, as for a syntax error;
-/// then the field is worked out from the error's position, and is `toml`
-/// when nothing there names one).
-fn error(text: &str, path: &str, e: &toml::de::Error) -> ConfigError {
-    let mut field = path.to_owned();
+/// The field named when nothing narrower can be: the document itself.
+const DOCUMENT: &str = "toml";
+
+/// The error at serde's `path` (none: a syntax error, where serde has no
+/// path yet; the field is then worked out from the error's position). The
+/// field is `toml` when nothing narrower names one; an error of the whole
+/// document (a missing field at the top) gives no position.
+fn error(text: &str, path: Option<String>, e: &toml::de::Error) -> ConfigError {
     let message = e.message().trim_end();
-    let Some(span) = e.span() else {
-        return ConfigError::new(field, message);
+    // serde's empty path: the error is the document's as a whole, and its
+    // position (the document's start) says nothing.
+    let top = path.as_deref() == Some("");
+    let span = e.span().filter(|_| !top);
+    let Some(span) = span else {
+        let field = path.filter(|p| !p.is_empty());
+        return ConfigError::new(field.unwrap_or_else(|| DOCUMENT.to_owned()), message);
     };
     let (line, column) = line_column(text, span.start);
-    if field.is_empty() {
-        field = field_at(text, line);
-    }
+    let mut field = match path {
+        Some(path) => path,
+        None => field_at(text, line),
+    };
     if field.is_empty() {
         // Nothing on that line names a field: the document is at fault.
-        field = "toml".to_owned();
+        field = DOCUMENT.to_owned();
     }
     ConfigError::new(field, format!("{message} (line {line}, column {column})"))
 }
@@ -127,59 +138,85 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
 /// The field a line of `text` is in, from the table headers above it and
 /// the key on it: for an error whose position is all there is (a syntax
 /// error, where serde has no path yet). Dotted keys and inline tables are
-/// named by their first key only.
+/// named by their first key only. Only names that read as names are taken:
+/// a line inside a multi-line array or string may hold a value (a secret),
+/// which must not become a field's name.
 fn field_at(text: &str, line: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
-    let here = lines.get(line - 1).map_or("", |l| l.trim());
+    let here = lines.get(line.saturating_sub(1)).map_or("", |l| l.trim());
     // An error on a table's own header (`[nonsense]`) is about that table.
     let upto = if here.starts_with('[') {
         line
     } else {
-        line - 1
+        line.saturating_sub(1)
     };
     let mut table = String::new();
-    let mut arrays: Vec<(String, usize)> = Vec::new();
+    // How many of each array of tables were seen, by its dotted name.
+    let mut arrays: HashMap<String, usize> = HashMap::new();
     for line in lines.iter().take(upto) {
         let t = line.trim();
         if let Some(name) = t.strip_prefix("[[").and_then(|t| t.split("]]").next()) {
-            let name = name.trim().to_owned();
-            let n = match arrays.iter_mut().find(|(a, _)| *a == name) {
-                Some((_, n)) => {
-                    *n += 1;
-                    *n
-                }
-                None => {
-                    arrays.push((name.clone(), 0));
-                    0
-                }
-            };
-            table = format!("{}[{n}]", indexed(&name, &arrays));
+            let name = name.trim();
+            if !is_dotted_name(name) {
+                continue;
+            }
+            // A new entry starts its nested arrays afresh.
+            let nested = format!("{name}.");
+            arrays.retain(|a, _| !a.starts_with(&nested));
+            let n = *arrays
+                .entry(name.to_owned())
+                .and_modify(|n| *n += 1)
+                .or_insert(0);
+            table = format!("{}[{n}]", indexed(name, &arrays));
         } else if let Some(name) = t.strip_prefix('[').and_then(|t| t.split(']').next()) {
-            table = indexed(name.trim(), &arrays);
+            let name = name.trim();
+            if is_dotted_name(name) {
+                table = indexed(name, &arrays);
+            }
         }
     }
     let key = match here.split_once('=') {
-        Some((key, _)) if !here.starts_with('[') => key.trim().trim_matches('"').to_owned(),
-        _ => String::new(),
+        Some((key, _)) if !here.starts_with('[') => {
+            let key = key.trim();
+            // A quoted key whole, or a bare one; half a quote is a value.
+            key.strip_prefix('"')
+                .and_then(|k| k.strip_suffix('"'))
+                .unwrap_or(key)
+        }
+        _ => "",
     };
+    let key = if is_dotted_name(key) { key } else { "" };
     match (table.is_empty(), key.is_empty()) {
         (_, true) => table,
-        (true, false) => key,
+        (true, false) => key.to_owned(),
         (false, false) => format!("{table}.{key}"),
     }
 }
 
+/// A bare TOML key or a dotted run of them: what a table header or a key
+/// that names a field looks like.
+fn is_dotted_name(text: &str) -> bool {
+    !text.is_empty()
+        && text.split('.').all(|part| {
+            !part.is_empty()
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        })
+}
+
 /// `name` with the index of the array of tables it is inside:
-/// `rules.headers` after a third `[[rules]]` is `rules[2].headers`.
-fn indexed(name: &str, arrays: &[(String, usize)]) -> String {
-    let inside = arrays
-        .iter()
-        .filter(|(a, _)| name.starts_with(&format!("{a}.")))
-        .max_by_key(|(a, _)| a.len());
-    match inside {
-        Some((a, n)) => format!("{a}[{n}]{}", &name[a.len()..]),
-        None => name.to_owned(),
+/// `rules.headers` after a third `[[rules]]` is `rules[2].headers`. Looks
+/// up each dotted prefix, longest first: a file of many arrays costs no
+/// more per header than its depth.
+fn indexed(name: &str, arrays: &HashMap<String, usize>) -> String {
+    let prefixes = name.match_indices('.').map(|(at, _)| at).rev();
+    for at in prefixes {
+        if let Some(n) = arrays.get(&name[..at]) {
+            return format!("{}[{n}]{}", &name[..at], &name[at..]);
+        }
     }
+    name.to_owned()
 }
 
 #[cfg(test)]
@@ -214,6 +251,44 @@ mod tests {
         assert!(err.message.contains("(line 3, column 1)"), "{err}");
         let err = from_toml::<Outer>("inner = []\nnope = 1\n").unwrap_err();
         assert_eq!(err.field, "nope", "{err}");
+    }
+
+    #[test]
+    fn an_error_with_no_position_still_names_the_document() {
+        let text = format!("{}a = 1", "a.".repeat(200));
+        let err = from_toml::<toml::Table>(&text).unwrap_err();
+        assert_eq!(err.field, "toml", "{err}");
+    }
+
+    #[test]
+    fn a_value_on_a_broken_line_never_becomes_a_field_name() {
+        let text = "[store]\nhash_key = [\n  \"c2VjcmV0==\" \"x\"\n]\n";
+        let err = from_toml::<toml::Table>(text).unwrap_err();
+        assert_eq!(err.field, "store", "{err}");
+        let text = "k = [\n  [\"s3cr3t\"],\n]\n[t]\nx = \"\n";
+        let err = from_toml::<toml::Table>(text).unwrap_err();
+        assert!(!format!("{err:?}").contains("s3cr3t"), "{err:?}");
+    }
+
+    #[test]
+    fn a_nested_array_counts_afresh_in_each_entry() {
+        let text = "[[clients]]\n[[clients.models]]\n[[clients.models]]\n[[clients]]\n\
+                    [[clients.models]]\npattern = \"x\n";
+        let err = from_toml::<toml::Table>(text).unwrap_err();
+        assert_eq!(err.field, "clients[1].models[0].pattern", "{err}");
+    }
+
+    #[test]
+    fn a_missing_field_at_the_top_names_the_document_without_a_position() {
+        #[derive(Debug, serde::Deserialize)]
+        struct Needs {
+            #[allow(dead_code)]
+            listen: String,
+        }
+        let err = from_toml::<Needs>("other = 1\n").unwrap_err();
+        assert_eq!(err.field, "toml", "{err}");
+        assert!(err.message.contains("missing field `listen`"), "{err}");
+        assert!(!err.message.contains("(line"), "{err}");
     }
 
     #[test]
