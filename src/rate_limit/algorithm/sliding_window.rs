@@ -184,3 +184,84 @@ impl Meter for SlidingWindow {
         self.book(log, at, at, self.limit);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A log with one booking of `cost` at each of `at`.
+    fn booked(window: &SlidingWindow, at: &[Nanos], cost: u32) -> Log {
+        let mut log = Log::default();
+        for &t in at {
+            window.book(&mut log, t, t, cost);
+        }
+        log
+    }
+
+    #[test]
+    fn a_booking_at_the_edge_of_the_horizon_is_kept() {
+        // At exactly now + horizon a booking is one a forward clock can
+        // leave (a waiter); one nanosecond further, the mark of a clock
+        // that ran backwards, and the key starts afresh.
+        let window = SlidingWindow::new(1, 1_000);
+        let (now, horizon) = (10_000, 500);
+        let mut kept = booked(&window, &[now + horizon], 1);
+        assert_eq!(
+            window.earliest(&mut kept, now, 1, horizon),
+            now + horizon + 1_000
+        );
+        let mut reset = booked(&window, &[now + horizon + 1], 1);
+        assert_eq!(window.earliest(&mut reset, now, 1, horizon), now);
+    }
+
+    #[test]
+    fn what_remains_leaves_out_a_booking_exactly_a_window_old() {
+        let window = SlidingWindow::new(2, 1_000);
+        let log = booked(&window, &[0, 500], 1);
+        assert_eq!(window.remaining(&log, 999).0, 0);
+        assert_eq!(window.remaining(&log, 1_000).0, 1);
+    }
+
+    #[test]
+    fn settling_to_nothing_removes_that_booking_and_no_other() {
+        // Two bookings at one instant: the second settled to nothing
+        // leaves the first counted.
+        let window = SlidingWindow::new(3, 1_000);
+        let mut log = booked(&window, &[100, 100], 1);
+        let grant = Grant {
+            at: 100,
+            cost: 1,
+            mark: 100,
+        };
+        window.settle(&mut log, 200, &grant, 0, false);
+        assert_eq!(log.entries, [(100, 1)]);
+        assert_eq!(log.sum, 1);
+        assert_eq!(window.remaining(&log, 200).0, 2);
+    }
+
+    #[test]
+    fn a_longer_window_keeps_the_log_alive_longer() {
+        let (short, long) = (SlidingWindow::new(1, 100), SlidingWindow::new(1, 1_000));
+        let mut log = booked(&short, &[0], 1);
+        assert!(log.is_idle(100));
+        long.retune(&short, &mut log, 50);
+        assert!(
+            !log.is_idle(100),
+            "idle before its booking left the new window"
+        );
+        assert_eq!(window_reset(&long, &log, 50), 950);
+    }
+
+    fn window_reset(window: &SlidingWindow, log: &Log, now: Nanos) -> Nanos {
+        window.remaining(log, now).1
+    }
+
+    #[test]
+    fn holding_what_is_already_spent_books_nothing() {
+        let window = SlidingWindow::new(5, 1_000);
+        let mut log = booked(&window, &[0], 2);
+        window.hold_spent(&mut log, 500, 2);
+        assert_eq!(log.entries, [(0, 2)]);
+        assert_eq!(log.expires, 1_000, "the log's deadline did not move");
+    }
+}

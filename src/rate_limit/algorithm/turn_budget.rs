@@ -151,3 +151,31 @@ impl Meter for TurnBudget {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_turn_started_at_the_edge_of_the_horizon_is_kept() {
+        // Booked ahead by a waiter up to now + horizon; any later, the mark
+        // of a clock that ran backwards, and the key starts afresh.
+        let budget = TurnBudget::new(1, 10_000);
+        let (now, horizon) = (1_000, 500);
+        let mut kept = Turn::default();
+        budget.book(&mut kept, now, now + horizon, 1);
+        assert_eq!(budget.earliest(&mut kept, now, 1, horizon), kept.stale_at);
+        let mut reset = Turn::default();
+        budget.book(&mut reset, now, now + horizon + 1, 1);
+        assert_eq!(budget.earliest(&mut reset, now, 1, horizon), now);
+        assert_eq!(reset, Turn::default());
+    }
+
+    #[test]
+    fn what_remains_resets_when_the_turn_goes_stale() {
+        let budget = TurnBudget::new(3, 10_000);
+        let mut turn = Turn::default();
+        budget.book(&mut turn, 1_000, 1_000, 1);
+        assert_eq!(budget.remaining(&turn, 4_000), (2, 7_000));
+    }
+}
