@@ -237,6 +237,19 @@ mod tests {
         assert_eq!(log.entries, [(100, 1)]);
         assert_eq!(log.sum, 1);
         assert_eq!(window.remaining(&log, 200).0, 2);
+        // Of two bookings at one instant with different costs, the one
+        // settled goes, though the other was booked after it.
+        let mut log = Log::default();
+        window.book(&mut log, 100, 100, 2);
+        window.book(&mut log, 100, 100, 1);
+        let grant = Grant {
+            at: 100,
+            cost: 2,
+            mark: 100,
+        };
+        window.settle(&mut log, 200, &grant, 0, false);
+        assert_eq!(log.entries, [(100, 1)]);
+        assert_eq!(window.remaining(&log, 200).0, 2);
     }
 
     #[test]
