@@ -183,3 +183,86 @@ impl Meter for FixedWindow {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A window count with `cost` booked at each of `at`.
+    fn booked(window: &FixedWindow, at: &[Nanos], cost: u32) -> WindowCount {
+        let mut state = WindowCount::default();
+        for &t in at {
+            window.book(&mut state, t, t, cost);
+        }
+        state
+    }
+
+    #[test]
+    fn a_retune_leaves_a_window_that_has_ended_behind() {
+        // Full in [0, 1 s); at 5 s the window is new under any length, and
+        // its count with it.
+        let (old, new) = (FixedWindow::new(2, 1_000, 0), FixedWindow::new(2, 2_000, 0));
+        let mut state = booked(&old, &[100, 200], 1);
+        new.retune(&old, &mut state, 5_000);
+        assert_eq!(new.remaining(&state, 5_000).0, 2);
+        let mut copy = state;
+        assert_eq!(new.earliest(&mut copy, 5_000, 2, 0), 5_000);
+    }
+
+    #[test]
+    fn a_retune_counts_waiters_in_the_new_window_of_their_last_instant() {
+        // A waiter booked in [2 s, 3 s) while it is 0.5 s: under windows
+        // of 0.5 s it is counted in [2.5 s, 3 s), which the old window's
+        // last instant lies in, not the one after.
+        let (old, new) = (FixedWindow::new(2, 1_000, 0), FixedWindow::new(2, 500, 0));
+        let mut state = WindowCount::default();
+        old.book(&mut state, 500, 2_500, 1);
+        new.retune(&old, &mut state, 500);
+        assert_eq!(state.end, 3_000);
+        assert_eq!(new.earliest(&mut state, 500, 1, 10_000), 2_500);
+    }
+
+    #[test]
+    fn holding_what_is_spent_leaves_a_window_booked_ahead() {
+        let window = FixedWindow::new(2, 1_000, 0);
+        let mut state = WindowCount::default();
+        window.book(&mut state, 500, 2_500, 2);
+        let ahead = state;
+        window.hold_spent(&mut state, 500, 1);
+        assert_eq!(state, ahead);
+    }
+
+    #[test]
+    fn filling_until_an_instant_fills_its_window_only() {
+        let window = FixedWindow::new(2, 1_000, 0);
+        // A later window than the state's: filled whole.
+        let mut state = booked(&window, &[100], 1);
+        window.fill_until(&mut state, 1_500);
+        assert_eq!(
+            state,
+            WindowCount {
+                end: 2_000,
+                used: 2
+            }
+        );
+        // The state's own window: filled, a debt beyond the limit kept.
+        let mut state = booked(&window, &[100], 1);
+        window.fill_until(&mut state, 500);
+        assert_eq!(
+            state,
+            WindowCount {
+                end: 1_000,
+                used: 2
+            }
+        );
+        let mut owing = booked(&window, &[100], 3);
+        window.fill_until(&mut owing, 500);
+        assert_eq!(owing.used, 3);
+        // An earlier window than one booked ahead: nothing changes.
+        let mut ahead = WindowCount::default();
+        window.book(&mut ahead, 500, 2_500, 1);
+        let before = ahead;
+        window.fill_until(&mut ahead, 500);
+        assert_eq!(ahead, before);
+    }
+}
