@@ -450,6 +450,24 @@ fn every_header_form_and_hostile_value_parses_as_the_table_says() {
             Some((s(12), RateLimitField)),
         ),
         case(
+            "ratelimit quoted parameters stay the name's",
+            200,
+            &[("ratelimit", b"\"x;r=0;t=99,y\";r=5;t=12")],
+            None,
+        ),
+        case(
+            "ratelimit spaces around parameters, read proactively",
+            200,
+            &[("ratelimit", b"\"default\"; r=0 ; t=30")],
+            Some((s(30), RateLimitField)),
+        ),
+        case(
+            "ratelimit on a 500 says nothing",
+            500,
+            &[("ratelimit", b"\"default\";r=0;t=30")],
+            None,
+        ),
+        case(
             "ratelimit t inf",
             TOO_MANY,
             &[("ratelimit", b"\"default\";r=0;t=inf")],
@@ -598,6 +616,11 @@ fn a_wall_clock_before_1970_or_far_ahead_does_not_break_dates() {
     let before_epoch = UNIX_EPOCH - Duration::from_secs(10);
     let got = cooldown_from_headers(StatusCode::TOO_MANY_REQUESTS, &h, before_epoch, MAX);
     assert_eq!(got, Some((MAX, Reason::RetryAfter)));
+    // A date after the epoch, from a clock before it: the whole distance.
+    let h = headers(&[("retry-after", b"Thu, 01 Jan 1970 00:00:05 GMT")]);
+    let got = cooldown_from_headers(StatusCode::TOO_MANY_REQUESTS, &h, before_epoch, MAX);
+    assert_eq!(got, Some((Duration::from_secs(15), Reason::RetryAfter)));
+    let h = headers(&[("retry-after", b"Wed, 01 May 2024 00:00:30 GMT")]);
     let far = UNIX_EPOCH + Duration::from_secs(1 << 40);
     let got = cooldown_from_headers(StatusCode::TOO_MANY_REQUESTS, &h, far, MAX);
     assert_eq!(got, Some((Duration::ZERO, Reason::RetryAfter)));
@@ -731,4 +754,37 @@ fn random_bytes_never_panic_and_never_exceed_max_cooldown() {
         let n = reached.get(&reason).copied().unwrap_or(0);
         assert!(n >= 50, "{reason:?} parsed only {n} times: {reached:?}");
     }
+}
+
+/// Each reason names the header it came from, and says whether it did.
+#[test]
+fn a_reason_names_its_header() {
+    use Reason::*;
+    let named = [
+        (RetryAfterMs, "retry-after-ms"),
+        (RetryAfter, "retry-after"),
+        (ResetDuration, "x-ratelimit-reset-*"),
+        (ResetTime, "anthropic-ratelimit-*-reset"),
+        (ResetEpoch, "x-ratelimit-reset"),
+        (RateLimitField, "ratelimit"),
+        (GrpcRetryInfo, "grpc-status-details-bin"),
+        (GrpcPushback, "grpc-retry-pushback-ms"),
+    ];
+    for (reason, header) in named {
+        assert!(reason.is_header(), "{reason:?}");
+        assert_eq!(reason.header(), Some(header));
+    }
+    for reason in [Exponential { streak: 2 }, Shared] {
+        assert!(!reason.is_header(), "{reason:?}");
+        assert_eq!(reason.header(), None);
+    }
+}
+
+/// `X-RateLimit-Reset` of exactly 10⁹ is a date (2001), long past: no wait,
+/// not 10⁹ seconds of one.
+#[test]
+fn an_epoch_reset_of_exactly_a_billion_is_a_date() {
+    let h = headers(&[("x-ratelimit-reset", b"1000000000")]);
+    let got = cooldown_from_headers(StatusCode::TOO_MANY_REQUESTS, &h, now(), MAX);
+    assert_ne!(got.map(|(wait, _)| wait), Some(MAX), "{got:?}");
 }
