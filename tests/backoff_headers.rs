@@ -788,3 +788,29 @@ fn an_epoch_reset_of_exactly_a_billion_is_a_date() {
     let got = cooldown_from_headers(StatusCode::TOO_MANY_REQUESTS, &h, now(), MAX);
     assert_ne!(got.map(|(wait, _)| wait), Some(MAX), "{got:?}");
 }
+
+/// An RFC 3339 reset with one separator, one field or one offset digit
+/// wrong is no date at all; right, it is 30 seconds away.
+#[test]
+fn an_rfc3339_reset_wrong_in_one_place_says_nothing() {
+    let reset = |value: &str| {
+        let h = headers(&[("anthropic-ratelimit-requests-reset", value.as_bytes())]);
+        cooldown_from_headers(StatusCode::TOO_MANY_REQUESTS, &h, now(), MAX)
+    };
+    assert_eq!(
+        reset("2024-05-01T00:00:30Z"),
+        Some((Duration::from_secs(30), Reason::ResetTime))
+    );
+    for wrong in [
+        "2024/05-01T00:00:30Z",
+        "2024-05/01T00:00:30Z",
+        "2024-05-01X00:00:30Z",
+        "2024-05-01T00-00:30Z",
+        "2024-05-01T00:00-30Z",
+        "2024-05-01T00:00:61Z",
+        "2024-05-01T00:00:30+0x:00",
+        "2024-05-01T00:00:30+00:x0",
+    ] {
+        assert_eq!(reset(wrong), None, "{wrong}");
+    }
+}
