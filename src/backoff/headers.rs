@@ -611,6 +611,22 @@ mod tests {
     }
 
     #[test]
+    fn rfc3339_knows_the_calendar_and_the_offsets_bounds() {
+        // Leap years: every fourth, but not a century unless every fourth.
+        assert!(rfc3339_nanos("2000-02-29T00:00:00Z").is_some());
+        assert!(rfc3339_nanos("1900-02-29T00:00:00Z").is_none());
+        assert!(rfc3339_nanos("2100-02-29T00:00:00Z").is_none());
+        assert!(rfc3339_nanos("2024-04-31T00:00:00Z").is_none());
+        assert!(rfc3339_nanos("2024-04-30T00:00:00Z").is_some());
+        // Offsets up to 23:59, not beyond.
+        let base = rfc3339_nanos("2024-05-01T00:00:00Z").map(|n| n - 3_600 * 1_000_000_000);
+        assert_eq!(rfc3339_nanos("2024-05-01T00:00:00+01:00"), base);
+        assert!(rfc3339_nanos("2024-05-01T00:00:00+23:00").is_some());
+        assert!(rfc3339_nanos("2024-05-01T00:00:00-00:59").is_some());
+        assert!(rfc3339_nanos("2024-05-01T00:00:00+00:60").is_none());
+    }
+
+    #[test]
     fn go_durations_sum_their_parts() {
         let ms = Duration::from_millis;
         assert_eq!(go_duration("1m30.5s"), Some(ms(90_500)));
