@@ -810,6 +810,8 @@ fn an_rfc3339_reset_wrong_in_one_place_says_nothing() {
         "2024-05-01T00:00:61Z",
         "2024-05-01T00:00:30+0x:00",
         "2024-05-01T00:00:30+00:x0",
+        // `:` is the digit after `9` were it one: still not a digit.
+        "2024-05-01T00:00:30+0::00",
     ] {
         assert_eq!(reset(wrong), None, "{wrong}");
     }
