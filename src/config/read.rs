@@ -13,9 +13,10 @@ use toml::de::{DeTable, Deserializer};
 use crate::error::ConfigError;
 
 /// Reads `text` as a `T`, every error as a [`ConfigError`] naming the
-/// field's full path; its message ends with the line and column. toml's own
-/// rendering, which quotes the source line, is left out: the line may hold
-/// a secret.
+/// field's full path (`toml` for the document as a whole); its message ends
+/// with the line and column, but for an error of the whole document (a
+/// missing top-level field). toml's own rendering, which quotes the source
+/// line, is left out: the line may hold a secret.
 ///
 /// ```
 /// use serde::Deserialize;
