@@ -365,3 +365,59 @@ async fn a_replica_that_learns_a_shared_cooldown_counts_it_as_started() {
     cooling(send(&mut b, request("r", 200, None)).await.unwrap_err());
     assert_eq!(handle_b.cooldowns_started(), 1, "the same cooldown again");
 }
+
+/// A replica already cooling that learns a longer shared cooldown keeps
+/// one start: the cooldown grew, none began. (Found by mutation testing:
+/// `merge_shared`'s "was cooling" test could be turned around unseen.)
+#[tokio::test]
+async fn a_replica_already_cooling_that_learns_a_longer_cooldown_counts_no_new_start() {
+    let Some(server) = RedisServer::start("a_replica_already_cooling_learns_longer") else {
+        return;
+    };
+    let clock = clock();
+    let (layer_a, layer_b) = (
+        layer(store(&server, &clock, OnError::Closed)),
+        layer(store(&server, &clock, OnError::Closed)),
+    );
+    let handle_b = layer_b.handle();
+    // `a`'s upstream holds a request marked `x-hold` until let go, so that
+    // its 429 comes after another's.
+    let (arrived, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let (arrived_up, gate_up) = (arrived.clone(), gate.clone());
+    let mut a =
+        tower::ServiceBuilder::new()
+            .layer(layer_a)
+            .service_fn(move |req: http::Request<()>| {
+                let (arrived, gate) = (arrived_up.clone(), gate_up.clone());
+                async move {
+                    if req.headers().contains_key("x-hold") {
+                        arrived.notify_one();
+                        gate.notified().await;
+                    }
+                    upstream(req).await
+                }
+            });
+    let mut b = tower::ServiceBuilder::new()
+        .layer(layer_b)
+        .service_fn(upstream);
+    let mut slow = request("r", 429, Some(30));
+    slow.headers_mut()
+        .insert("x-hold", http::HeaderValue::from_static("1"));
+    let second = tokio::spawn(a.ready().await.unwrap().call(slow));
+    arrived.notified().await;
+    send(&mut a, request("r", 429, Some(10)))
+        .await
+        .expect("passed on");
+    let learned = cooling(send(&mut b, request("r", 200, None)).await.unwrap_err());
+    assert!(learned <= Duration::from_secs(10), "{learned:?}");
+    assert_eq!(handle_b.cooldowns_started(), 1);
+    gate.notify_one();
+    second.await.unwrap().expect("passed on");
+    let longer = cooling(send(&mut b, request("r", 200, None)).await.unwrap_err());
+    assert!(longer > Duration::from_secs(10), "{longer:?}");
+    assert_eq!(
+        handle_b.cooldowns_started(),
+        1,
+        "the cooldown grew, none began"
+    );
+}
