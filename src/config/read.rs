@@ -84,11 +84,7 @@ fn field_path<'a>(segments: impl Iterator<Item = &'a Segment>) -> String {
 }
 
 fn push_key(path: &mut String, key: &str) {
-    let plain = !key.is_empty()
-        && key
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if plain {
+    if is_bare_key(key) {
         if !path.is_empty() {
             path.push('.');
         }
@@ -197,13 +193,15 @@ fn field_at(text: &str, line: usize) -> String {
 /// A bare TOML key or a dotted run of them: what a table header or a key
 /// that names a field looks like.
 fn is_dotted_name(text: &str) -> bool {
-    !text.is_empty()
-        && text.split('.').all(|part| {
-            !part.is_empty()
-                && part
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        })
+    text.split('.').all(is_bare_key)
+}
+
+/// A key TOML allows unquoted: ASCII letters, digits, `_` and `-`.
+fn is_bare_key(key: &str) -> bool {
+    !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// `name` with the index of the array of tables it is inside:
