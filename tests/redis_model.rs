@@ -5,8 +5,8 @@
 //!   removes at once, so expired bookings outlive the call that counted
 //!   them out), costs of one (which Redis counts by itself) and of several
 //!   (which are read);
-//! - a token bucket, through both admission scripts: the short one for a
-//!   lone token bucket, and the whole one.
+//! - a token bucket and a window counting requests, each through both
+//!   admission scripts: the short one for a lone quota, and the whole one.
 
 #![cfg(feature = "redis")]
 
@@ -23,8 +23,9 @@ use tower::{BoxError, Layer, Service, ServiceExt};
 use tower_throttle::clock::ManualClock;
 use tower_throttle::error::RateLimited;
 use tower_throttle::key::GlobalKey;
-use tower_throttle::rate_limit::{Quota, RateLimitLayer, Unit};
+use tower_throttle::rate_limit::{CountAll, Quota, RateLimitLayer, Unit};
 use tower_throttle::redis::{OnError, RedisStore};
+use tower_throttle::respond::RateLimitHeaders;
 
 type Svc = tower::util::BoxService<http::Request<()>, http::Response<()>, BoxError>;
 
@@ -54,8 +55,14 @@ fn cost_of(req: &http::Request<()>) -> u32 {
         .unwrap_or(1)
 }
 
-fn layer(quota: Quota) -> RateLimitLayer<GlobalKey, fn(&http::Request<()>) -> u32> {
-    RateLimitLayer::new(quota, GlobalKey).with_cost(cost_of as fn(&http::Request<()>) -> u32)
+type CostFn = fn(&http::Request<()>) -> u32;
+
+/// With the IETF fields on every response: what remains is decided (and
+/// written) by the scripts too.
+fn layer(quota: Quota) -> RateLimitLayer<GlobalKey, CostFn, CountAll, RateLimitHeaders> {
+    RateLimitLayer::new(quota, GlobalKey)
+        .with_cost(cost_of as CostFn)
+        .with_response_headers(RateLimitHeaders::ietf())
 }
 
 fn service<L>(layer: L) -> Svc
@@ -75,14 +82,15 @@ fn answer(_req: http::Request<()>) -> Ready {
     std::future::ready(Ok(http::Response::new(())))
 }
 
-/// Admitted, or refused with its `retry_after`.
-async fn outcome(svc: &mut Svc, cost: u32) -> Result<(), Duration> {
+/// Admitted with its `RateLimit` field (what remains), or refused with
+/// its `retry_after`.
+async fn outcome(svc: &mut Svc, cost: u32) -> Result<Option<http::HeaderValue>, Duration> {
     let req = http::Request::builder()
         .header("x-cost", cost.to_string())
         .body(())
         .expect("valid request");
     match svc.ready().await.expect("ready").call(req).await {
-        Ok(_) => Ok(()),
+        Ok(response) => Ok(response.headers().get("ratelimit").cloned()),
         Err(e) => Err(e
             .downcast_ref::<RateLimited>()
             .unwrap_or_else(|| panic!("not a refusal: {e}"))
@@ -171,7 +179,9 @@ proptest! {
         redis_server::runtime().block_on(async {
             let window = |limit| Quota::new(limit, WINDOW).expect("valid").sliding_window();
             // Counting requests: every booking is one, counted by Redis.
-            agree(&server, "requests:", window(300).with_unit(Unit::Requests), &history).await;
+            // Through the short script for a lone window and the whole one.
+            let requests = window(300).with_unit(Unit::Requests);
+            agree_on(&server, "requests:", requests, &history, true).await;
             // Counting cost: bookings of several units, read one by one
             // (and of one, while every cost is one).
             agree(&server, "cost:", window(RedisStore::MOST_SLIDING_COST), &history).await;

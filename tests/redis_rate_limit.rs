@@ -21,7 +21,7 @@ use support::{ALGORITHMS, Inner, quota, request};
 use tower::{Layer, Service, ServiceExt};
 use tower_throttle::error::{BoxError, CostTooHigh, RateLimited};
 use tower_throttle::key::{GlobalKey, HeaderKey};
-use tower_throttle::rate_limit::{Algorithm, Quota, RateLimitLayer};
+use tower_throttle::rate_limit::{Algorithm, Quota, RateLimitLayer, Unit};
 use tower_throttle::redis::{OnError, RedisStore};
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -396,14 +396,20 @@ async fn waiters_on_two_replicas_go_in_order_and_never_before_their_booked_insta
     let Some(server) = RedisServer::start("waiters_on_two_replicas") else {
         return;
     };
+    let window = quota(Algorithm::SlidingWindow, 3, Duration::from_millis(200));
+    // Counting cost (the whole script) and requests (its short form).
+    waiters_go_in_order(&server, "wait:", window).await;
+    waiters_go_in_order(&server, "wait-requests:", window.with_unit(Unit::Requests)).await;
+}
+
+async fn waiters_go_in_order(server: &RedisServer, prefix: &str, window: Quota) {
     // A sliding window of 3 per 200 ms on a clock that stands still: the
     // nine waiters are booked at 0, 0, 0, 200, 200, 200, 400, 400, 400 ms.
     let clock = Clock::new();
-    let window = Duration::from_millis(200);
     let inner = Inner::new();
     let make = || {
-        RateLimitLayer::new(quota(Algorithm::SlidingWindow, 3, window), GlobalKey)
-            .with_store(store(&server, "wait:", Some(&clock)))
+        RateLimitLayer::new(window, GlobalKey)
+            .with_store(store(server, prefix, Some(&clock)))
             .expect("a quota Redis keeps")
             .with_max_wait(Duration::from_secs(2))
             .layer(inner.clone())
@@ -533,16 +539,20 @@ async fn capacity_comes_back_on_redis_when_an_outcome_does_not_count_or_a_waiter
         return;
     };
     for algorithm in ALGORITHMS {
-        capacity_comes_back(&server, algorithm).await;
+        capacity_comes_back(&server, quota(algorithm, 1, MINUTE)).await;
     }
+    // A window counting requests: the short script's bookings.
+    let requests = quota(Algorithm::SlidingWindow, 1, MINUTE).with_unit(Unit::Requests);
+    capacity_comes_back(&server, requests).await;
 }
 
-async fn capacity_comes_back(server: &RedisServer, algorithm: Algorithm) {
+async fn capacity_comes_back(server: &RedisServer, one: Quota) {
     // A window starting on the clock's minute: a fixed window's next one is
     // a minute on, as the others' next slot.
     let clock = Clock::new();
-    let prefix = format!("back:{algorithm:?}:");
-    let one = || quota(algorithm, 1, MINUTE);
+    let algorithm = one.algorithm();
+    let prefix = format!("back:{algorithm:?}:{:?}:", one.unit());
+    let one = || one;
     let probe = || {
         RateLimitLayer::new(one(), GlobalKey)
             .with_store(store(server, &prefix, Some(&clock)))

@@ -62,7 +62,7 @@ pub struct RedisStore {
     /// the scripts instead of Redis's `TIME`.
     test_clock: Option<Arc<AtomicU64>>,
     /// For tests: every admission through `admit.lua`, none through its
-    /// short form for one token bucket.
+    /// short form for one token bucket or one window counting requests.
     whole_script_only: bool,
 }
 
@@ -251,8 +251,8 @@ impl RedisStore {
     }
 
     /// For tests: every admission runs the whole admission script, none
-    /// its short form for one token bucket, so that a test can run each
-    /// case through both.
+    /// of its short forms (one token bucket, or one window counting
+    /// requests), so that a test can run each case through both.
     #[doc(hidden)]
     pub fn with_whole_admit_script(mut self) -> Self {
         self.whole_script_only = true;

@@ -23,6 +23,11 @@ static ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("admi
 /// commonest call, at about what any GCRA on Redis costs.
 static ADMIT_BUCKET: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("admit_bucket.lua")));
+/// `admit.lua` for one sliding window counting requests, no rules and
+/// nothing replaced: the window's own commands without the whole script's
+/// loops. It answers `{2}` for a state it leaves to the whole script.
+static ADMIT_WINDOW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("admit_window.lua")));
 static GIVE_BACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("give_back.lua")));
 static CHARGE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("charge.lua")));
 static DELETE: LazyLock<Script> =
@@ -244,8 +249,8 @@ pub(crate) struct Admission {
     /// further ahead than the horizon is started afresh, so no quota
     /// waits (or resets) much longer than the horizon and one period.
     longest_wait: u64,
-    /// One token bucket, no rules, nothing replaced: `admit_bucket.lua`.
-    one_bucket: bool,
+    /// The short script for this call, when there is one.
+    short: Option<&'static Script>,
 }
 
 /// What one admission asks of Redis.
@@ -344,12 +349,18 @@ impl Admission {
                 None => args.extend(["-".to_owned(), "0".to_owned(), "0".to_owned()]),
             }
         }
-        let one_bucket = ask.rule.is_none()
+        // One quota, no rules, nothing replaced: a short form of the
+        // whole script, for a token bucket or a window counting requests.
+        let lone = ask.rule.is_none()
             && !probed
             && replaced_keys == 0
             && quotas.len() == 1
-            && quotas[0].kind == 'g'
             && !store.whole_script_only();
+        let short = match quotas.first() {
+            Some(q) if lone && q.kind == 'g' => Some(&*ADMIT_BUCKET),
+            Some(q) if lone && q.kind == 's' && q.per_request => Some(&*ADMIT_WINDOW),
+            _ => None,
+        };
         Self {
             keys,
             args,
@@ -358,20 +369,26 @@ impl Admission {
             probed,
             replaced_keys,
             longest_wait,
-            one_bucket,
+            short,
         }
     }
 
     /// Run the admission.
     pub(crate) async fn run(self, store: &RedisStore) -> Result<Reply, StoreError> {
-        let script = if self.one_bucket {
-            &*ADMIT_BUCKET
-        } else {
-            &*ADMIT
-        };
-        let reply: Vec<Value> = store
-            .run("rate limit", script, &self.keys, &self.args)
+        let mut reply: Vec<Value> = store
+            .run(
+                "rate limit",
+                self.short.unwrap_or(&ADMIT),
+                &self.keys,
+                &self.args,
+            )
             .await?;
+        if self.short.is_some() && matches!(reply.as_slice(), [Value::Int(2)]) {
+            // A state the short script leaves to the whole one, untouched.
+            reply = store
+                .run("rate limit", &ADMIT, &self.keys, &self.args)
+                .await?;
+        }
         Reply::parse(&reply, self).ok_or_else(|| {
             store.bad_reply("rate limit");
             StoreError::Reply
@@ -421,7 +438,7 @@ mod tests {
             probed: false,
             replaced_keys: 0,
             longest_wait: 1_000,
-            one_bucket: false,
+            short: None,
         };
         let int = Value::Int;
         let mark = || Value::BulkString(b"m".to_vec());
