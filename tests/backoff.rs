@@ -986,3 +986,37 @@ async fn a_request_without_a_key_is_refused_unless_a_fallback_key_is_set() {
     );
     assert!(handle.cooldown(&["anonymous"]).is_some());
 }
+
+/// A success to a request sent before the streak began says nothing about
+/// the streak, even when the 429 that began it advised no wait (and so
+/// started no cooldown). (Found by mutation testing: the streak could be
+/// taken as open for every request.)
+#[tokio::test(start_paused = true)]
+async fn a_success_to_a_request_sent_before_the_streak_leaves_the_streak() {
+    let upstream = Upstream::new();
+    upstream.script(
+        "a",
+        [
+            reply(200, &[]).after(5 * SEC),
+            reply(429, &[("retry-after", "0")]),
+            reply(429, &[]),
+        ],
+    );
+    let layer = layer().with_initial_backoff(SEC);
+    let handle = layer.handle();
+    let mut svc = service(layer, &upstream);
+    // Sent with no streak; answered 200 only after the 429 below.
+    let mut early = task::spawn(svc.clone().oneshot(request("a", 0)));
+    assert_pending!(early.poll());
+    assert_eq!(send(&mut svc, "a", 1).await.expect("429").status(), 429);
+    assert!(
+        handle.cooldown(&["a"]).is_none(),
+        "a wait of zero cools nothing"
+    );
+    sleep(5 * SEC).await;
+    assert_eq!(assert_ready!(early.poll()).expect("200").status(), 200);
+    // The streak goes on: this 429 is its second.
+    assert_eq!(send(&mut svc, "a", 2).await.expect("429").status(), 429);
+    let entry = handle.cooldown(&["a"]).expect("cooling");
+    assert_eq!(entry.reason, Reason::Exponential { streak: 2 });
+}

@@ -46,6 +46,12 @@ async fn upstream(req: http::Request<()>) -> Result<http::Response<()>, Infallib
     if let Some(retry) = header("x-retry") {
         res = res.header("retry-after", retry);
     }
+    if let Some(reset) = header("x-exhausted") {
+        // OpenAI's way of saying a success was the last one for a while.
+        res = res
+            .header("x-ratelimit-remaining-requests", "0")
+            .header("x-ratelimit-reset-requests", reset);
+    }
     Ok(res.body(()).expect("valid response"))
 }
 
@@ -420,4 +426,79 @@ async fn a_replica_already_cooling_that_learns_a_longer_cooldown_counts_no_new_s
         1,
         "the cooldown grew, none began"
     );
+}
+
+/// A replica that learned a shared cooldown forgets the route once the
+/// cooldown and the quiet time after it (the streak's) have passed: a
+/// route gone quiet keeps nothing. (Found by mutation testing: the forget
+/// time `merge_shared` sets could be made never.)
+#[tokio::test]
+async fn a_route_learned_from_redis_is_forgotten_after_its_quiet_time() {
+    let Some(server) = RedisServer::start("a_route_learned_from_redis_is_forgotten") else {
+        return;
+    };
+    let clock = clock();
+    let layer_b = layer(store(&server, &clock, OnError::Closed));
+    let handle_b = layer_b.handle();
+    let mut a = tower::ServiceBuilder::new()
+        .layer(layer(store(&server, &clock, OnError::Closed)))
+        .service_fn(upstream);
+    let mut b = tower::ServiceBuilder::new()
+        .layer(layer_b)
+        .service_fn(upstream);
+    send(&mut a, request("r", 429, Some(10)))
+        .await
+        .expect("passed on");
+    cooling(send(&mut b, request("r", 200, None)).await.unwrap_err());
+    assert_eq!(handle_b.key_count(), 1);
+    // Redis is done with: b's own clock (tokio's) runs on by hand, past
+    // the cooldown and any quiet time the layer allows.
+    tokio::time::pause();
+    tokio::time::advance(Duration::from_secs(24 * 3_600)).await;
+    assert_eq!(handle_b.evict_idle(), 1, "the route is idle");
+    assert_eq!(handle_b.key_count(), 0);
+}
+
+/// A success that says the route is exhausted (proactive) still ends the
+/// shared streak, as any success does, besides sharing its wait. (Found by
+/// mutation testing: such a success could be told to Redis as a 503's
+/// wait, which leaves the streak alone.)
+#[tokio::test]
+async fn a_proactive_success_with_a_wait_ends_the_shared_streak() {
+    let Some(server) = RedisServer::start("a_proactive_success_ends_the_streak") else {
+        return;
+    };
+    let clock = clock();
+    let make = || {
+        tower::ServiceBuilder::new()
+            .layer(layer(store(&server, &clock, OnError::Closed)).with_proactive(true))
+            .service_fn(upstream)
+    };
+    let (mut a, mut b) = (make(), make());
+    send(&mut a, request("r", 429, None))
+        .await
+        .expect("passed on");
+    let mut conn = server.connection();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("cool:*")
+        .query(&mut conn)
+        .expect("KEYS");
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let streak = |conn: &mut redis::Connection| -> Option<u32> {
+        redis::cmd("HGET")
+            .arg(&keys[0])
+            .arg("s")
+            .query(conn)
+            .expect("HGET")
+    };
+    assert_eq!(streak(&mut conn), Some(1));
+    // Past the 50 ms cooldown on Redis's clock, b (cooling nothing of its
+    // own) gets a success saying "none left for 3 s".
+    clock.fetch_add(60_000, Ordering::SeqCst);
+    let mut exhausted = request("r", 200, None);
+    exhausted
+        .headers_mut()
+        .insert("x-exhausted", http::HeaderValue::from_static("3s"));
+    send(&mut b, exhausted).await.expect("success");
+    assert_eq!(streak(&mut conn).unwrap_or(0), 0, "the streak ended");
 }
