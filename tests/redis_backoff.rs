@@ -87,6 +87,17 @@ where
     svc.ready().await?.call(req).await
 }
 
+/// The 429 streak Redis keeps for the one route cooled in a test, if any.
+fn shared_streak(conn: &mut redis::Connection) -> Option<u32> {
+    let keys: Vec<String> = redis::cmd("KEYS").arg("cool:*").query(conn).expect("KEYS");
+    let key = keys.first()?;
+    redis::cmd("HGET")
+        .arg(key)
+        .arg("s")
+        .query(conn)
+        .expect("HGET")
+}
+
 fn cooling(err: BoxError) -> Duration {
     err.downcast_ref::<CoolingDown>()
         .unwrap_or_else(|| panic!("expected CoolingDown, got {err}"))
@@ -304,15 +315,6 @@ async fn a_503_is_shared_only_with_a_wait_and_never_touches_the_streak() {
     };
     let (mut a, mut b) = (make(), make());
     let mut conn = server.connection();
-    let streak = |conn: &mut redis::Connection| -> Option<u32> {
-        let keys: Vec<String> = redis::cmd("KEYS").arg("cool:*").query(conn).expect("KEYS");
-        let key = keys.first()?;
-        redis::cmd("HGET")
-            .arg(key)
-            .arg("s")
-            .query(conn)
-            .expect("HGET")
-    };
     // a: a 429 with no advice, streak 1 (50 ms, passed on Redis's clock).
     send(&mut a, request("r", 429, None))
         .await
@@ -324,7 +326,7 @@ async fn a_503_is_shared_only_with_a_wait_and_never_touches_the_streak() {
         .expect("passed on");
     assert_eq!(res.status(), 503);
     assert_eq!(
-        streak(&mut conn),
+        shared_streak(&mut conn),
         Some(1),
         "a 503 ended or extended the streak"
     );
@@ -338,7 +340,7 @@ async fn a_503_is_shared_only_with_a_wait_and_never_touches_the_streak() {
         "{left:?}"
     );
     assert_eq!(
-        streak(&mut conn),
+        shared_streak(&mut conn),
         Some(1),
         "a 503 ended or extended the streak"
     );
@@ -479,19 +481,7 @@ async fn a_proactive_success_with_a_wait_ends_the_shared_streak() {
         .await
         .expect("passed on");
     let mut conn = server.connection();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("cool:*")
-        .query(&mut conn)
-        .expect("KEYS");
-    assert_eq!(keys.len(), 1, "{keys:?}");
-    let streak = |conn: &mut redis::Connection| -> Option<u32> {
-        redis::cmd("HGET")
-            .arg(&keys[0])
-            .arg("s")
-            .query(conn)
-            .expect("HGET")
-    };
-    assert_eq!(streak(&mut conn), Some(1));
+    assert_eq!(shared_streak(&mut conn), Some(1));
     // Past the 50 ms cooldown on Redis's clock, b (cooling nothing of its
     // own) gets a success saying "none left for 3 s".
     clock.fetch_add(60_000, Ordering::SeqCst);
@@ -500,5 +490,5 @@ async fn a_proactive_success_with_a_wait_ends_the_shared_streak() {
         .headers_mut()
         .insert("x-exhausted", http::HeaderValue::from_static("3s"));
     send(&mut b, exhausted).await.expect("success");
-    assert_eq!(streak(&mut conn).unwrap_or(0), 0, "the streak ended");
+    assert_eq!(shared_streak(&mut conn).unwrap_or(0), 0, "the streak ended");
 }
