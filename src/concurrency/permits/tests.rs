@@ -256,3 +256,29 @@ fn a_wait_of_exactly_max_wait_joins_the_line_and_a_longer_one_changes_nothing() 
     drop(ticket);
     drop(permit);
 }
+
+/// Dropping an idle state from the store checks, under the shard's lock,
+/// that nobody else holds it: a request that took the state from the store
+/// after its last holder looked must find it still there (else a second
+/// state for the key would let twice the limit in).
+#[test]
+fn a_state_someone_else_holds_is_kept_in_the_store() {
+    let permits = Permits::new(1, KeyTracking::default());
+    let key = |i: usize| permits.seed().hash_parts(&[i.to_string()]);
+    // Every shard past LINGER, so that idle states may go.
+    for i in 0..3 * 64 * LINGER {
+        drop(permits.key_state(key(i)));
+    }
+    let state = permits.key_state(key(0));
+    // Its last holder saw only itself and the store; since, a request on
+    // the key took the state too.
+    let other = permits.key_state(key(0));
+    permits.forget_if_idle(&state);
+    assert!(Arc::ptr_eq(&permits.key_state(key(0)), &other));
+    drop(other);
+    permits.forget_if_idle(&state);
+    assert!(
+        !Arc::ptr_eq(&permits.key_state(key(0)), &state),
+        "idle: dropped"
+    );
+}
