@@ -101,7 +101,7 @@ fn a_request_that_may_not_wait_pushes_nobody_out() {
 }
 
 #[test]
-fn a_key_state_shows_what_is_out_and_whether_requests_wait() {
+fn the_permits_show_what_is_out_and_whether_requests_wait() {
     let permits = Permits::new(1, KeyTracking::default());
     let key = permits.single();
     let text = || String::from("(global)");
@@ -118,6 +118,13 @@ fn a_key_state_shows_what_is_out_and_whether_requests_wait() {
     assert_eq!(
         format!("{key:?}"),
         "KeyState { in_flight: 1, queued: true, .. }"
+    );
+    assert_eq!(format!("{permit:?}"), "Permit { .. }");
+    assert_eq!(format!("{waiter:?}"), "QueueTicket { ticket: 0, .. }");
+    let shown = format!("{permits:?}");
+    assert!(
+        shown.starts_with("Permits { max_in_flight: 1, enabled: true, stats: "),
+        "{shown}"
     );
     drop(waiter);
     drop(permit);
