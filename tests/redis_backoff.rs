@@ -7,6 +7,8 @@ use testkit::redis as redis_server;
 mod support;
 
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -53,6 +55,27 @@ async fn upstream(req: http::Request<()>) -> Result<http::Response<()>, Infallib
             .header("x-ratelimit-reset-requests", reset);
     }
     Ok(res.body(()).expect("valid response"))
+}
+
+type Answer = Pin<Box<dyn Future<Output = Result<http::Response<()>, Infallible>> + Send>>;
+
+/// [`upstream`], but a request marked `x-hold` is held (once `arrived` is
+/// told) until `gate` lets it go, so that its answer comes after others'.
+fn held_upstream(
+    arrived: &Arc<Notify>,
+    gate: &Arc<Notify>,
+) -> impl Fn(http::Request<()>) -> Answer + Clone + use<> {
+    let (arrived, gate) = (arrived.clone(), gate.clone());
+    move |req| {
+        let (arrived, gate) = (arrived.clone(), gate.clone());
+        Box::pin(async move {
+            if req.headers().contains_key("x-hold") {
+                arrived.notify_one();
+                gate.notified().await;
+            }
+            upstream(req).await
+        })
+    }
 }
 
 /// The scripts' clock, moved by hand (microseconds since the epoch).
@@ -391,20 +414,9 @@ async fn a_replica_already_cooling_that_learns_a_longer_cooldown_counts_no_new_s
     // `a`'s upstream holds a request marked `x-hold` until let go, so that
     // its 429 comes after another's.
     let (arrived, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let (arrived_up, gate_up) = (arrived.clone(), gate.clone());
-    let mut a =
-        tower::ServiceBuilder::new()
-            .layer(layer_a)
-            .service_fn(move |req: http::Request<()>| {
-                let (arrived, gate) = (arrived_up.clone(), gate_up.clone());
-                async move {
-                    if req.headers().contains_key("x-hold") {
-                        arrived.notify_one();
-                        gate.notified().await;
-                    }
-                    upstream(req).await
-                }
-            });
+    let mut a = tower::ServiceBuilder::new()
+        .layer(layer_a)
+        .service_fn(held_upstream(&arrived, &gate));
     let mut b = tower::ServiceBuilder::new()
         .layer(layer_b)
         .service_fn(upstream);
@@ -491,4 +503,51 @@ async fn a_proactive_success_with_a_wait_ends_the_shared_streak() {
         .insert("x-exhausted", http::HeaderValue::from_static("3s"));
     send(&mut b, exhausted).await.expect("success");
     assert_eq!(shared_streak(&mut conn).unwrap_or(0), 0, "the streak ended");
+}
+
+/// A 429 without advice to a request sent before this replica learned a
+/// shared cooldown is stale: it neither grows the streak here nor starts a
+/// longer cooldown of its own. (Found by mutation testing: learning a
+/// cooldown could leave the route's generation as it was.)
+#[tokio::test]
+async fn a_429_to_a_request_sent_before_a_learned_cooldown_starts_nothing() {
+    let Some(server) = RedisServer::start("a_429_sent_before_a_learned_cooldown") else {
+        return;
+    };
+    let clock = clock();
+    let layer_b = layer(store(&server, &clock, OnError::Closed));
+    let handle_b = layer_b.handle();
+    let (arrived, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let mut b = tower::ServiceBuilder::new()
+        .layer(layer_b)
+        .service_fn(held_upstream(&arrived, &gate));
+    let mut a = tower::ServiceBuilder::new()
+        .layer(layer(store(&server, &clock, OnError::Closed)))
+        .service_fn(upstream);
+    // b sends a request the upstream holds.
+    let mut early = request("r", 429, None);
+    early
+        .headers_mut()
+        .insert("x-hold", http::HeaderValue::from_static("1"));
+    let early = tokio::spawn(b.ready().await.unwrap().call(early));
+    arrived.notified().await;
+    // a's 429 (no advice: 50 ms) is shared; b learns it.
+    send(&mut a, request("r", 429, None))
+        .await
+        .expect("passed on");
+    let learned = cooling(send(&mut b, request("r", 200, None)).await.unwrap_err());
+    assert!(learned <= Duration::from_millis(50), "{learned:?}");
+    assert_eq!(handle_b.cooldowns_started(), 1);
+    // The early request's 429 comes back: stale, it starts nothing.
+    gate.notify_one();
+    early.await.unwrap().expect("passed on");
+    assert_eq!(
+        handle_b.cooldowns_started(),
+        1,
+        "a stale 429 started a cooldown"
+    );
+    // Nor a longer cooldown (the learned one may be over already).
+    if let Some(entry) = handle_b.cooldown(&["r"]) {
+        assert!(entry.remaining <= Duration::from_millis(50), "{entry:?}");
+    }
 }
