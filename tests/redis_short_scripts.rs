@@ -39,6 +39,20 @@ fn store(server: &RedisServer, prefix: &str, clock: &Arc<AtomicU64>, whole: bool
     }
 }
 
+/// The SHA1 Redis knows a script by: the short form for a lone window
+/// counting requests, and the whole admission script.
+fn short_script_hash() -> String {
+    redis::Script::new(include_str!("../src/rate_limit/redis/admit_window.lua"))
+        .get_hash()
+        .to_owned()
+}
+
+fn whole_script_hash() -> String {
+    redis::Script::new(include_str!("../src/rate_limit/redis/admit.lua"))
+        .get_hash()
+        .to_owned()
+}
+
 async fn send<S>(svc: &mut S, seq: usize) -> Result<http::Response<()>, BoxError>
 where
     S: Service<http::Request<()>, Response = http::Response<()>, Error = BoxError>,
@@ -138,9 +152,18 @@ async fn a_window_counting_requests_without_its_figures_is_counted_again() {
     for i in 0..3 {
         send(&mut svc, i).await.expect("within the quota");
     }
+    // So far the short script alone ran.
+    let mut redis = server.connection();
+    let loaded = |redis: &mut redis::Connection| -> Vec<bool> {
+        redis::cmd("SCRIPT")
+            .arg("EXISTS")
+            .arg(&[short_script_hash(), whole_script_hash()])
+            .query(redis)
+            .expect("SCRIPT EXISTS")
+    };
+    assert_eq!(loaded(&mut redis), [true, false]);
     // Take the figures away, as no script of ours does: the short script
     // leaves such a set to the whole one, which counts it again.
-    let mut redis = server.connection();
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg("figures:*")
         .query(&mut redis)
@@ -159,6 +182,8 @@ async fn a_window_counting_requests_without_its_figures_is_counted_again() {
         MINUTE - Duration::from_secs(1),
         "still three in the window"
     );
+    // The short script answered {2}; the whole one ran (loaded only now).
+    assert_eq!(loaded(&mut redis), [true, true]);
     let figures: i64 = redis::cmd("ZCOUNT")
         .arg(&keys[0])
         .arg("-inf")
