@@ -120,16 +120,18 @@ impl Announcement {
 /// ```
 pub fn announced_limits(headers: &HeaderMap, now: SystemTime) -> Announcement {
     let requests = first([
-        openai(headers, "requests"),
-        anthropic(headers, "requests", now),
-        ietf(headers),
-        ietf_draft(headers),
+        &|| openai(headers, &OPENAI_REQUESTS),
+        &|| anthropic(headers, &ANTHROPIC_REQUESTS, now),
+        &|| ietf(headers),
+        &|| ietf_draft(headers),
     ]);
     Announcement {
         requests,
-        tokens: first([openai(headers, "tokens"), anthropic(headers, "tokens", now)]),
-        input_tokens: anthropic(headers, "input-tokens", now),
-        output_tokens: anthropic(headers, "output-tokens", now),
+        tokens: first([&|| openai(headers, &OPENAI_TOKENS), &|| {
+            anthropic(headers, &ANTHROPIC_TOKENS, now)
+        }]),
+        input_tokens: anthropic(headers, &ANTHROPIC_INPUT_TOKENS, now),
+        output_tokens: anthropic(headers, &ANTHROPIC_OUTPUT_TOKENS, now),
     }
 }
 
@@ -157,58 +159,98 @@ pub fn announced_limits_in(
 ) -> Announcement {
     match family {
         HeaderFamily::OpenAi => Announcement {
-            requests: openai(headers, "requests"),
-            tokens: openai(headers, "tokens"),
+            requests: openai(headers, &OPENAI_REQUESTS),
+            tokens: openai(headers, &OPENAI_TOKENS),
             ..Announcement::default()
         },
         HeaderFamily::Anthropic => Announcement {
-            requests: anthropic(headers, "requests", now),
-            tokens: anthropic(headers, "tokens", now),
-            input_tokens: anthropic(headers, "input-tokens", now),
-            output_tokens: anthropic(headers, "output-tokens", now),
+            requests: anthropic(headers, &ANTHROPIC_REQUESTS, now),
+            tokens: anthropic(headers, &ANTHROPIC_TOKENS, now),
+            input_tokens: anthropic(headers, &ANTHROPIC_INPUT_TOKENS, now),
+            output_tokens: anthropic(headers, &ANTHROPIC_OUTPUT_TOKENS, now),
         },
         HeaderFamily::Ietf => Announcement {
-            requests: first([ietf(headers), ietf_draft(headers)]),
+            requests: first([&|| ietf(headers), &|| ietf_draft(headers)]),
             ..Announcement::default()
         },
     }
 }
 
-fn first<const N: usize>(candidates: [Announced; N]) -> Announced {
-    candidates
+/// The first family that says something, read in order: the later ones
+/// are not read at all.
+fn first<const N: usize>(families: [&dyn Fn() -> Announced; N]) -> Announced {
+    families
         .into_iter()
+        .map(|read| read())
         .find(|a| !a.is_empty())
         .unwrap_or_default()
 }
 
+/// One unit's three headers in a provider's family. Made once, as
+/// constants: a response is read on every request, and building the names
+/// there (a `format!` and a check of each) cost more than the reading.
+struct Names {
+    limit: HeaderName,
+    remaining: HeaderName,
+    reset: HeaderName,
+}
+
+const fn names(limit: &'static str, remaining: &'static str, reset: &'static str) -> Names {
+    Names {
+        limit: HeaderName::from_static(limit),
+        remaining: HeaderName::from_static(remaining),
+        reset: HeaderName::from_static(reset),
+    }
+}
+
+const OPENAI_REQUESTS: Names = names(
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+);
+const OPENAI_TOKENS: Names = names(
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-tokens",
+);
+const ANTHROPIC_REQUESTS: Names = names(
+    "anthropic-ratelimit-requests-limit",
+    "anthropic-ratelimit-requests-remaining",
+    "anthropic-ratelimit-requests-reset",
+);
+const ANTHROPIC_TOKENS: Names = names(
+    "anthropic-ratelimit-tokens-limit",
+    "anthropic-ratelimit-tokens-remaining",
+    "anthropic-ratelimit-tokens-reset",
+);
+const ANTHROPIC_INPUT_TOKENS: Names = names(
+    "anthropic-ratelimit-input-tokens-limit",
+    "anthropic-ratelimit-input-tokens-remaining",
+    "anthropic-ratelimit-input-tokens-reset",
+);
+const ANTHROPIC_OUTPUT_TOKENS: Names = names(
+    "anthropic-ratelimit-output-tokens-limit",
+    "anthropic-ratelimit-output-tokens-remaining",
+    "anthropic-ratelimit-output-tokens-reset",
+);
+
 /// `x-ratelimit-{limit,remaining,reset}-{unit}`.
-fn openai(headers: &HeaderMap, unit: &str) -> Announced {
-    let get = |what: &str| {
-        HeaderName::try_from(format!("x-ratelimit-{what}-{unit}"))
-            .ok()
-            .and_then(|name| text(headers, &name).map(str::to_owned))
-    };
+fn openai(headers: &HeaderMap, unit: &Names) -> Announced {
     let said = Announced {
-        limit: get("limit").as_deref().and_then(limit),
-        remaining: get("remaining").as_deref().and_then(count),
-        reset: get("reset").as_deref().and_then(go_duration),
+        limit: text(headers, &unit.limit).and_then(limit),
+        remaining: text(headers, &unit.remaining).and_then(count),
+        reset: text(headers, &unit.reset).and_then(go_duration),
         window: None,
     };
     per_minute(said)
 }
 
 /// `anthropic-ratelimit-{unit}-{limit,remaining,reset}`.
-fn anthropic(headers: &HeaderMap, unit: &str, now: SystemTime) -> Announced {
-    let get = |what: &str| {
-        HeaderName::try_from(format!("anthropic-ratelimit-{unit}-{what}"))
-            .ok()
-            .and_then(|name| text(headers, &name).map(str::to_owned))
-    };
+fn anthropic(headers: &HeaderMap, unit: &Names, now: SystemTime) -> Announced {
     let said = Announced {
-        limit: get("limit").as_deref().and_then(limit),
-        remaining: get("remaining").as_deref().and_then(count),
-        reset: get("reset")
-            .as_deref()
+        limit: text(headers, &unit.limit).and_then(limit),
+        remaining: text(headers, &unit.remaining).and_then(count),
+        reset: text(headers, &unit.reset)
             .and_then(rfc3339_nanos)
             .map(|at| until(at, now)),
         window: None,
