@@ -1,5 +1,6 @@
 //! Cost of an uncontended acquire + release through `ConcurrencyLayer`, side by
-//! side with `tower::limit::ConcurrencyLimit` and a bare `tokio::sync::Semaphore`.
+//! side with `tower::limit::ConcurrencyLimit`, a bare `tokio::sync::Semaphore`
+//! and the least any keyed layer does (`floor_header`, `floor/concurrency.rs`).
 //!
 //! Every service is driven synchronously: `poll_ready`, `call` and one poll of
 //! the response future with a no-op waker, no runtime; then the response is
@@ -12,6 +13,7 @@
 //! cargo bench --bench concurrency -- --warm-up-time 1 --measurement-time 2
 //! ```
 
+mod floor;
 mod support;
 
 use support::drive;
@@ -100,6 +102,14 @@ fn contenders() -> Vec<(&'static str, Run)> {
     let r = req.clone();
     all.push((
         "ours_header",
+        Box::new(move || drive(&mut svc, r.clone()).is_ok()),
+    ));
+
+    // The least any keyed concurrency layer does (see `floor/concurrency.rs`).
+    let mut svc = floor::concurrency::KeyedFloor::new(http_inner(), HEADER, 1);
+    let r = req.clone();
+    all.push((
+        "floor_header",
         Box::new(move || drive(&mut svc, r.clone()).is_ok()),
     ));
 

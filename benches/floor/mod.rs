@@ -7,7 +7,9 @@
 //! `BoxError`, as every layer that can refuse must. No sharding, no
 //! eviction, no policy, no statistics, no waiting, no retry-after: what a
 //! real layer adds over this is what its features cost.
-#![allow(dead_code)] // only the rate-limit bench uses it
+#![allow(dead_code)] // each bench uses its own part
+
+pub mod concurrency;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -33,7 +35,7 @@ pub enum FloorKey {
 
 /// The keys are already seeded hashes.
 #[derive(Default)]
-struct Identity(u64);
+pub struct Identity(u64);
 
 impl Hasher for Identity {
     fn finish(&self) -> u64 {
