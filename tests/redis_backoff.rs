@@ -103,6 +103,21 @@ fn layer(store: RedisStore) -> Backoff429Layer<HeaderKey> {
         .with_store(store)
 }
 
+/// One replica of a gateway: [`layer`] on `server`, failing closed, as
+/// `configure` sets it, in front of [`upstream`].
+fn replica<F>(
+    server: &RedisServer,
+    clock: &Arc<AtomicU64>,
+    configure: F,
+) -> impl Service<http::Request<()>, Response = http::Response<()>, Error = BoxError> + use<F>
+where
+    F: Fn(Backoff429Layer<HeaderKey>) -> Backoff429Layer<HeaderKey>,
+{
+    tower::ServiceBuilder::new()
+        .layer(configure(layer(store(server, clock, OnError::Closed))))
+        .service_fn(upstream)
+}
+
 async fn send<S>(svc: &mut S, req: http::Request<()>) -> Result<http::Response<()>, BoxError>
 where
     S: Service<http::Request<()>, Response = http::Response<()>, Error = BoxError>,
@@ -133,11 +148,7 @@ async fn a_429_on_one_replica_cools_the_route_on_the_other() {
         return;
     };
     let clock = clock();
-    let make = || {
-        tower::ServiceBuilder::new()
-            .layer(layer(store(&server, &clock, OnError::Closed)))
-            .service_fn(upstream)
-    };
+    let make = || replica(&server, &clock, |l| l);
     let (mut a, mut b) = (make(), make());
     let res = send(&mut a, request("openai", 429, Some(10)))
         .await
@@ -167,12 +178,9 @@ async fn a_cooldown_read_from_redis_is_never_longer_than_the_replicas_own_cap() 
     };
     let clock = clock();
     let make = || {
-        tower::ServiceBuilder::new()
-            .layer(
-                layer(store(&server, &clock, OnError::Closed))
-                    .with_max_cooldown(Duration::from_secs(30)),
-            )
-            .service_fn(upstream)
+        replica(&server, &clock, |l| {
+            l.with_max_cooldown(Duration::from_secs(30))
+        })
     };
     let (mut a, mut b) = (make(), make());
     send(&mut a, request("openai", 429, Some(10)))
@@ -248,14 +256,7 @@ async fn the_429_streak_is_shared_and_a_success_ends_it() {
         return;
     };
     let clock = clock();
-    let make = || {
-        tower::ServiceBuilder::new()
-            .layer(
-                layer(store(&server, &clock, OnError::Closed))
-                    .with_max_wait(Duration::from_secs(5)),
-            )
-            .service_fn(upstream)
-    };
+    let make = || replica(&server, &clock, |l| l.with_max_wait(Duration::from_secs(5)));
     let (mut a, mut b) = (make(), make());
     // a: a 429 with no advice, streak 1: 50 ms.
     send(&mut a, request("r", 429, None))
@@ -331,11 +332,7 @@ async fn a_503_is_shared_only_with_a_wait_and_never_touches_the_streak() {
         return;
     };
     let clock = clock();
-    let make = || {
-        tower::ServiceBuilder::new()
-            .layer(layer(store(&server, &clock, OnError::Closed)).with_on_503(true))
-            .service_fn(upstream)
-    };
+    let make = || replica(&server, &clock, |l| l.with_on_503(true));
     let (mut a, mut b) = (make(), make());
     let mut conn = server.connection();
     // a: a 429 with no advice, streak 1 (50 ms, passed on Redis's clock).
@@ -454,9 +451,7 @@ async fn a_route_learned_from_redis_is_forgotten_after_its_quiet_time() {
     let clock = clock();
     let layer_b = layer(store(&server, &clock, OnError::Closed));
     let handle_b = layer_b.handle();
-    let mut a = tower::ServiceBuilder::new()
-        .layer(layer(store(&server, &clock, OnError::Closed)))
-        .service_fn(upstream);
+    let mut a = replica(&server, &clock, |l| l);
     let mut b = tower::ServiceBuilder::new()
         .layer(layer_b)
         .service_fn(upstream);
@@ -487,11 +482,7 @@ async fn a_proactive_success_with_a_wait_ends_the_shared_streak() {
         return;
     };
     let clock = clock();
-    let make = || {
-        tower::ServiceBuilder::new()
-            .layer(layer(store(&server, &clock, OnError::Closed)).with_proactive(true))
-            .service_fn(upstream)
-    };
+    let make = || replica(&server, &clock, |l| l.with_proactive(true));
     let (mut a, mut b) = (make(), make());
     send(&mut a, request("r", 429, None))
         .await
@@ -528,9 +519,7 @@ async fn a_429_to_a_request_sent_before_a_learned_cooldown_starts_nothing() {
     let mut b = tower::ServiceBuilder::new()
         .layer(layer_b)
         .service_fn(held_upstream(&arrived, &gate));
-    let mut a = tower::ServiceBuilder::new()
-        .layer(layer(store(&server, &clock, OnError::Closed)))
-        .service_fn(upstream);
+    let mut a = replica(&server, &clock, |l| l);
     // b sends a request the upstream holds.
     let mut early = request("r", 429, None);
     early
