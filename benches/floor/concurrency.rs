@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 use pin_project_lite::pin_project;
 use tower::{BoxError, Service};
 
-use super::Identity;
+use super::{FloorFuture, Identity};
 
 struct Counts {
     max: usize,
@@ -71,7 +71,7 @@ where
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = KeyedFloorFuture<S::Future>;
+    type Future = FloorFuture<Holding<S::Future>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -79,7 +79,7 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let Some(value) = req.headers().get(&self.counts.header) else {
-            return KeyedFloorFuture::Failed {
+            return FloorFuture::Failed {
                 error: Some("no key".into()),
             };
         };
@@ -88,7 +88,7 @@ where
             let mut in_flight = self.counts.in_flight.lock();
             let n = in_flight.entry(key).or_insert(0);
             if *n >= self.counts.max {
-                return KeyedFloorFuture::Failed {
+                return FloorFuture::Failed {
                     error: Some("too many in flight".into()),
                 };
             }
@@ -98,39 +98,31 @@ where
             counts: self.counts.clone(),
             key,
         };
-        KeyedFloorFuture::Called {
-            future: self.inner.call(req),
-            permit: Some(permit),
+        FloorFuture::Called {
+            future: Holding {
+                future: self.inner.call(req),
+                permit: Some(permit),
+            },
         }
     }
 }
 
 pin_project! {
-    /// The yardstick's response future: its permit goes when it completes.
-    #[project = KeyedFloorFutureProj]
-    pub enum KeyedFloorFuture<F> {
-        Called { #[pin] future: F, permit: Option<Permit> },
-        Failed { error: Option<BoxError> },
+    /// The inner future, and the permit it gives back as it completes.
+    pub struct Holding<F> {
+        #[pin]
+        future: F,
+        permit: Option<Permit>,
     }
 }
 
-impl<F, T, E> Future for KeyedFloorFuture<F>
-where
-    F: Future<Output = Result<T, E>>,
-    E: Into<BoxError>,
-{
-    type Output = Result<T, BoxError>;
+impl<F: Future> Future for Holding<F> {
+    type Output = F::Output;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project() {
-            KeyedFloorFutureProj::Called { future, permit } => {
-                let out = std::task::ready!(future.poll(cx));
-                drop(permit.take());
-                Poll::Ready(out.map_err(Into::into))
-            }
-            KeyedFloorFutureProj::Failed { error } => {
-                Poll::Ready(Err(error.take().unwrap_or_else(|| "polled again".into())))
-            }
-        }
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let out = std::task::ready!(this.future.poll(cx));
+        drop(this.permit.take());
+        Poll::Ready(out)
     }
 }
