@@ -256,6 +256,14 @@ proptest! {
         agree(run(&[quota], &ops, false))?;
     }
 
+    #[test]
+    fn a_sliding_window_counter_decides_as_the_model(
+        quota in spec(Alg::Counter),
+        ops in history(false),
+    ) {
+        agree(run(&[quota], &ops, false))?;
+    }
+
     /// One turn budget, whose turns go stale after their period.
     #[test]
     fn a_turn_budget_decides_as_the_model(quota in spec(Alg::Turn), ops in history(false)) {

@@ -279,6 +279,10 @@ fn run(specs: &[Spec], max_wait_ms: u64, ops: &[Op]) -> Result<(), String> {
                     // Units in use carried over count in the new quota.
                     let epoch = epochs.len() - 1;
                     carries.extend(Admission::carried(&carried, t, epoch, &segments));
+                    for (key, q, at, units) in model.opened_turns.drain(..) {
+                        let opened = [(key, q, units)];
+                        carries.extend(Admission::carried(&opened, at, epoch, &segments));
+                    }
                     format!("{:?}", model.specs)
                 }
                 Op::Reset { key } => {
@@ -410,6 +414,14 @@ proptest! {
     #[test]
     fn waiters_on_a_fixed_window_go_as_the_model(
         quota in spec(Alg::Fixed), max_wait in max_wait(), ops in history(false),
+    ) {
+        agree(run(&[quota], max_wait, &ops))?;
+    }
+
+    /// One sliding window counter, aligned as a fixed window.
+    #[test]
+    fn waiters_on_a_sliding_window_counter_go_as_the_model(
+        quota in spec(Alg::Counter), max_wait in max_wait(), ops in history(false),
     ) {
         agree(run(&[quota], max_wait, &ops))?;
     }

@@ -17,11 +17,12 @@ use tower_throttle::rate_limit::{Algorithm, Quota, RateLimitLayer};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
-const ALGORITHMS: [Algorithm; 4] = [
+const ALGORITHMS: [Algorithm; 5] = [
     Algorithm::TokenBucket,
     Algorithm::SlidingWindow,
     Algorithm::FixedWindow,
     Algorithm::TurnBudget,
+    Algorithm::SlidingWindowCounter,
 ];
 
 fn quota(algorithm: Algorithm, per_minute: u32) -> Quota {
@@ -81,8 +82,14 @@ async fn a_key_that_spent_its_quota_stays_refused_under_any_other_algorithm() {
                     per_minute as usize,
                     "{case}: a key that spent nothing"
                 );
-                // Not refused for ever: within the new quota's period.
-                time::advance(MINUTE).await;
+                // Not refused for ever: within the new quota's period (a
+                // sliding window counter's window weighs for one more).
+                let windows = if to == Algorithm::SlidingWindowCounter {
+                    2
+                } else {
+                    1
+                };
+                time::advance(MINUTE * windows).await;
                 assert!(send(&mut svc, "spent").await.is_ok(), "{case}: later");
             }
         }
@@ -93,7 +100,11 @@ async fn a_key_that_spent_its_quota_stays_refused_under_any_other_algorithm() {
 async fn the_global_key_keeps_what_it_spent_across_algorithms() {
     // One token bucket and no rules: the global key's admissions go through
     // its lock-free word, which the carry must read too.
-    for to in [Algorithm::SlidingWindow, Algorithm::FixedWindow] {
+    for to in [
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowCounter,
+    ] {
         let layer = RateLimitLayer::new(quota(Algorithm::TokenBucket, 3), GlobalKey);
         let handle = layer.handle();
         let mut svc = layer.layer(Inner::new());

@@ -493,3 +493,34 @@ async fn a_layer_built_from_config_enforces_it() {
     let opencode = capacity(&mut svc, "opencode", "any").await;
     assert!((1..=3).contains(&opencode), "fixed window of 3: {opencode}");
 }
+
+#[test]
+fn a_sliding_window_counter_is_chosen_by_its_name_only() {
+    let limits = limits(
+        r#"
+        [[quotas]]
+        limit = 30000
+        period = "1m"
+        algorithm = "sliding_window_counter"
+        "#,
+    );
+    assert_eq!(
+        limits.default[0].algorithm(),
+        tower_throttle::rate_limit::Algorithm::SlidingWindowCounter
+    );
+    // A near miss is an error naming every algorithm, not a guess.
+    let err = RateLimitConfig::from_toml(
+        r#"
+        [[quotas]]
+        limit = 3
+        period = "1m"
+        algorithm = "sliding_counter"
+        "#,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("sliding_counter") && err.contains("sliding_window_counter"),
+        "{err}"
+    );
+}

@@ -120,8 +120,10 @@ async fn a_slower_retune_keeps_booked_instants_and_spaces_newcomers_after_them()
 
 /// A fixed-window boundary of `quota` on the layer's limiter, found by a
 /// reject-mode twin filling a probe key (windows turn over at wall-clock
-/// multiples of their length).
-async fn boundary(layer: &RateLimitLayer<HeaderKey>, probe: &str) -> Instant {
+/// multiples of their length). A sliding window counter filled at once
+/// admits again `ceil(period / limit)` into the next window, its previous
+/// window then weighing one unit less than the limit.
+async fn boundary(layer: &RateLimitLayer<HeaderKey>, probe: &str, quota: &Quota) -> Instant {
     let mut twin = layer.clone().layer(Inner::new());
     loop {
         let call = twin.ready().await.unwrap().call(request(probe, 0));
@@ -130,7 +132,13 @@ async fn boundary(layer: &RateLimitLayer<HeaderKey>, probe: &str) -> Instant {
                 .downcast_ref::<RateLimited>()
                 .expect("refused")
                 .retry_after;
-            return Instant::now() + wait;
+            let into = if quota.algorithm() == Algorithm::SlidingWindowCounter {
+                let period = quota.period().as_nanos();
+                Duration::from_nanos(period.div_ceil(u128::from(quota.limit())) as u64)
+            } else {
+                Duration::ZERO
+            };
+            return Instant::now() + wait - into;
         }
     }
 }
@@ -168,7 +176,7 @@ async fn after_any_retune_newcomers_queue_behind_booked_waiters_and_keep_the_new
                 let layer =
                     RateLimitLayer::with_quotas(with(old), HeaderKey::new("x-key").unwrap());
                 let handle = layer.handle();
-                let old_boundary = boundary(&layer, "probe-old").await;
+                let old_boundary = boundary(&layer, "probe-old", &old).await;
                 time::sleep_until(old_boundary).await;
                 let mut svc = layer
                     .clone()
@@ -191,7 +199,7 @@ async fn after_any_retune_newcomers_queue_behind_booked_waiters_and_keep_the_new
                     refused.is_err(),
                     "{case}: a reject-mode request passed the waiters"
                 );
-                let new_boundary = boundary(&layer, "probe-new").await;
+                let new_boundary = boundary(&layer, "probe-new", &new).await;
                 let mut after = book(&mut svc, 30..60).await;
                 // Dropped after the retune: an old waiter and a new one.
                 for (tasks, seq) in [(&mut before, 20), (&mut after, 41)] {
@@ -371,7 +379,7 @@ async fn a_new_turn_after_a_retune_keeps_newcomers_behind_the_waiters() {
         HeaderKey::new("x-key").unwrap(),
     );
     let handle = layer.handle();
-    time::sleep_until(boundary(&layer, "probe").await).await;
+    time::sleep_until(boundary(&layer, "probe", &window(5, 100 * MS)).await).await;
     let mut svc = layer.with_max_wait(100 * SECOND).layer(inner.clone());
     let mut tasks = book(&mut svc, 0..30).await;
     time::sleep(3 * MS).await;

@@ -68,8 +68,9 @@ pub struct QuotaConfig {
     /// The period, e.g. `"1m"`, `"60s"`, `"1d"`, `"500ms"`.
     #[serde(with = "duration_text")]
     pub period: Duration,
-    /// `"token_bucket"` (default), `"sliding_window"`, `"fixed_window"` or
-    /// `"turn_budget"`.
+    /// `"token_bucket"` (default), `"sliding_window"`, `"fixed_window"`,
+    /// `"turn_budget"` or `"sliding_window_counter"` (approximate; see
+    /// [`Algorithm::SlidingWindowCounter`]).
     #[serde(default)]
     pub algorithm: Option<Algorithm>,
     /// The token bucket's capacity; default the limit.

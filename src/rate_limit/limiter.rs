@@ -646,7 +646,7 @@ impl Limiter {
             for table in &policy.compiled[index].tables {
                 table.start_spent(key, now);
                 if floor > now {
-                    table.fill_until(key, floor);
+                    table.fill_until(key, now, floor);
                 }
             }
         }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::algorithm::Gcra;
-use super::quota::{Quota, Unit};
+use super::quota::{Algorithm, Quota, Unit};
 use super::rule::{Matcher, Rule};
 use super::table::{Params, Table};
 use crate::clock::{Nanos, saturating_nanos};
@@ -53,7 +53,8 @@ pub(crate) struct Policy {
     pub(crate) compiled: Vec<Compiled>,
     pub(crate) rules: Vec<Rule>,
     matcher: Matcher,
-    /// The longest period of any quota: how long a key's rule is worth
+    /// The longest any quota's state lasts after a request (its period;
+    /// two for a sliding window counter): how long a key's rule is worth
     /// remembering after its last request.
     pub(crate) longest_period: Nanos,
 }
@@ -132,7 +133,14 @@ impl Policy {
                 .map(|(i, quota)| {
                     let params = Params::of(quota, epoch_offset);
                     let period = saturating_nanos(quota.period());
-                    longest_period = longest_period.max(period);
+                    // A sliding window counter's window weighs until a
+                    // whole window after it ended.
+                    let lasts = if quota.algorithm() == Algorithm::SlidingWindowCounter {
+                        period.saturating_mul(2)
+                    } else {
+                        period
+                    };
+                    longest_period = longest_period.max(lasts);
                     // A quota that now counts something else starts afresh
                     // (spent, see `Limiter::retune`): tokens are not requests.
                     let same_unit = old

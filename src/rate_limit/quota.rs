@@ -34,17 +34,30 @@ pub enum Algorithm {
     /// or by itself `period` after it started, so a caller that never
     /// signals cannot silence a key for good.
     TurnBudget,
+    /// Approximate sliding window: two fixed windows of `period`, aligned as
+    /// [`FixedWindow`](Self::FixedWindow)'s, the previous one counted by
+    /// the share of it the rolling window still covers, as if its
+    /// admissions were spread evenly over it. Three numbers per key at any
+    /// limit, where [`SlidingWindow`](Self::SlidingWindow) keeps every
+    /// admission. Never more than `limit` in an aligned window; in a rolling
+    /// one, about `limit` when traffic is steady and at worst twice it (the
+    /// previous window's admissions all at its end). A refusal's wait can
+    /// be up to two periods, as the previous window weighs until a whole
+    /// period after it ended. Chosen by name only:
+    /// nothing turns an exact window into this one.
+    SlidingWindowCounter,
 }
 
 impl Algorithm {
     /// The name configuration files use: `token_bucket`, `sliding_window`,
-    /// `fixed_window`, `turn_budget`.
+    /// `fixed_window`, `turn_budget`, `sliding_window_counter`.
     pub fn as_str(&self) -> &'static str {
         match self {
             Self::TokenBucket => "token_bucket",
             Self::SlidingWindow => "sliding_window",
             Self::FixedWindow => "fixed_window",
             Self::TurnBudget => "turn_budget",
+            Self::SlidingWindowCounter => "sliding_window_counter",
         }
     }
 }
@@ -222,6 +235,23 @@ impl Quota {
     /// Enforce as fixed windows of `period`; the burst is the limit.
     pub fn fixed_window(self) -> Self {
         self.with_algorithm(Algorithm::FixedWindow)
+    }
+
+    /// Enforce as an approximate sliding window of `period` (see
+    /// [`Algorithm::SlidingWindowCounter`]); the burst is the limit.
+    ///
+    /// ```
+    /// use tower_throttle::rate_limit::{Algorithm, Quota};
+    ///
+    /// // A provider's 30,000 requests a minute, shared through Redis,
+    /// // where an exact window keeps at most 10,000 admissions.
+    /// let rpm = Quota::per_minute(30_000)?.sliding_window_counter();
+    /// assert_eq!(rpm.algorithm(), Algorithm::SlidingWindowCounter);
+    /// assert_eq!(rpm.burst(), 30_000);
+    /// # Ok::<(), tower_throttle::error::ConfigError>(())
+    /// ```
+    pub fn sliding_window_counter(self) -> Self {
+        self.with_algorithm(Algorithm::SlidingWindowCounter)
     }
 
     /// Enforce with `algorithm`. A window or turn algorithm's burst is its

@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use super::algorithm::{FixedWindow, Gcra, Grant, Meter, SlidingWindow, TurnBudget};
+use super::algorithm::{
+    FixedWindow, Gcra, Grant, Meter, SlidingCounter, SlidingWindow, TurnBudget,
+};
 use super::lines::{Lines, turn_for};
 use super::quota::{Algorithm, Quota};
 use crate::clock::{Nanos, Timeline, saturating_nanos};
@@ -15,6 +17,7 @@ pub(crate) enum Table {
     SlidingWindow(Store<<SlidingWindow as Meter>::State, SlidingWindow>),
     FixedWindow(Store<<FixedWindow as Meter>::State, FixedWindow>),
     TurnBudget(Store<<TurnBudget as Meter>::State, TurnBudget>),
+    SlidingCounter(Store<<SlidingCounter as Meter>::State, SlidingCounter>),
 }
 
 /// Dispatch once on the algorithm, then run monomorphic code.
@@ -25,6 +28,7 @@ macro_rules! each {
             $Enum::SlidingWindow($inner) => $body,
             $Enum::FixedWindow($inner) => $body,
             $Enum::TurnBudget($inner) => $body,
+            $Enum::SlidingCounter($inner) => $body,
         }
     };
 }
@@ -35,6 +39,7 @@ pub(crate) enum Held<'a> {
     SlidingWindow(Slot<'a, <SlidingWindow as Meter>::State, SlidingWindow>),
     FixedWindow(Slot<'a, <FixedWindow as Meter>::State, FixedWindow>),
     TurnBudget(Slot<'a, <TurnBudget as Meter>::State, TurnBudget>),
+    SlidingCounter(Slot<'a, <SlidingCounter as Meter>::State, SlidingCounter>),
 }
 
 /// What a request asks of its quotas.
@@ -110,6 +115,7 @@ pub(crate) enum Params {
     SlidingWindow(SlidingWindow),
     FixedWindow(FixedWindow),
     TurnBudget(TurnBudget),
+    SlidingCounter(SlidingCounter),
 }
 
 impl Params {
@@ -127,6 +133,9 @@ impl Params {
                 Self::FixedWindow(FixedWindow::new(quota.limit(), period, epoch_offset))
             }
             Algorithm::TurnBudget => Self::TurnBudget(TurnBudget::new(quota.limit(), period)),
+            Algorithm::SlidingWindowCounter => {
+                Self::SlidingCounter(SlidingCounter::new(quota.limit(), period, epoch_offset))
+            }
         }
     }
 }
@@ -147,6 +156,9 @@ impl Table {
             }
             Params::FixedWindow(p) => Self::FixedWindow(Store::new(p, sweep_every).pinning(global)),
             Params::TurnBudget(p) => Self::TurnBudget(Store::new(p, sweep_every).pinning(global)),
+            Params::SlidingCounter(p) => {
+                Self::SlidingCounter(Store::new(p, sweep_every).pinning(global))
+            }
         }
     }
 
@@ -159,6 +171,7 @@ impl Table {
                 | (Self::SlidingWindow(_), Params::SlidingWindow(_))
                 | (Self::FixedWindow(_), Params::FixedWindow(_))
                 | (Self::TurnBudget(_), Params::TurnBudget(_))
+                | (Self::SlidingCounter(_), Params::SlidingCounter(_))
         )
     }
 
@@ -189,6 +202,12 @@ impl Table {
                 hold(key);
                 new.retune(old, state, now)
             }),
+            (Self::SlidingCounter(s), Params::SlidingCounter(p)) => {
+                s.retune(p, |old, new, key, state| {
+                    hold(key);
+                    new.retune(old, state, now)
+                })
+            }
             _ => {}
         }
     }
@@ -248,6 +267,7 @@ impl Table {
             Self::SlidingWindow(s) => Held::SlidingWindow(s.slot(key)),
             Self::FixedWindow(s) => Held::FixedWindow(s.slot(key)),
             Self::TurnBudget(s) => Held::TurnBudget(s.slot(key)),
+            Self::SlidingCounter(s) => Held::SlidingCounter(s.slot(key)),
         }
     }
 
@@ -350,15 +370,18 @@ impl Table {
 
     /// Leave nothing available to `key` until `at`, whatever its state: a
     /// table that replaced another while the key had waiters, or a key
-    /// that moved back to a rule it has state in.
-    pub(crate) fn fill_until(&self, key: KeyHash, at: Nanos) {
+    /// that moved back to a rule it has state in. `now` is the time now:
+    /// the sweep that follows must judge other keys idle as of now, not as
+    /// of `at`, or it drops states (this one's neighbours' fills) that are
+    /// idle only by then.
+    pub(crate) fn fill_until(&self, key: KeyHash, now: Nanos, at: Nanos) {
         each!(self, Table, |s| {
             let mut slot = s.slot(key);
             let (alg, state) = slot.get();
             alg.fill_until(state, at);
             let tidy = slot.tidy();
             drop(slot);
-            s.tidy(key, at, tidy);
+            s.tidy(key, now, tidy);
         })
     }
 
@@ -481,6 +504,21 @@ mod tests {
             }
             Instant::now()
         }
+    }
+
+    #[test]
+    fn a_fill_far_ahead_sweeps_other_keys_as_of_now() {
+        // A retune fills each key with waiters up to its last waiter's
+        // instant; the sweeps that go with those fills must not judge the
+        // other keys' fills idle as of a later key's instant, or an early
+        // key loses its fill and its next request goes before its waiters.
+        let table = Table::new(Params::TurnBudget(TurnBudget::new(1, 1_000)), 1, GLOBAL);
+        let early = KeyHash(1 << 32);
+        table.fill_until(early, 0, 10);
+        for i in 2..2_000u64 {
+            table.fill_until(KeyHash(i << 32), 0, 1_000_000);
+        }
+        assert!(table.in_use(early, 0), "the early key's fill was swept");
     }
 
     #[test]

@@ -19,10 +19,11 @@ use tower::Service;
 use tower_throttle::rate_limit::{Algorithm, Quota};
 
 /// Every algorithm, for tests written once and run against each.
-pub const ALGORITHMS: [Algorithm; 3] = [
+pub const ALGORITHMS: [Algorithm; 4] = [
     Algorithm::TokenBucket,
     Algorithm::SlidingWindow,
     Algorithm::FixedWindow,
+    Algorithm::SlidingWindowCounter,
 ];
 
 /// `limit` per `period` under `algorithm`.
@@ -160,14 +161,21 @@ pub fn conforms(quota: &Quota, boundary: Instant, instants: &[Instant]) -> Resul
     let mut sorted = instants.to_vec();
     sorted.sort();
     let limit = limit as usize;
+    // A sliding window counter holds an aligned window to the limit, as a
+    // fixed window, and a rolling one to twice it.
+    let rolling_limit = if algorithm == Algorithm::SlidingWindowCounter {
+        2 * limit
+    } else {
+        limit
+    };
     match algorithm {
-        Algorithm::SlidingWindow => {
+        Algorithm::SlidingWindow | Algorithm::SlidingWindowCounter => {
             for i in 0..sorted.len() {
                 let n = sorted[i..]
                     .iter()
                     .take_while(|&&t| t - sorted[i] < period)
                     .count();
-                if n > limit {
+                if n > rolling_limit {
                     let base = sorted[0];
                     let around: Vec<_> = sorted[i..(i + n).min(sorted.len())]
                         .iter()
@@ -179,7 +187,10 @@ pub fn conforms(quota: &Quota, boundary: Instant, instants: &[Instant]) -> Resul
                 }
             }
         }
-        Algorithm::FixedWindow => {
+        _ => {}
+    }
+    match algorithm {
+        Algorithm::FixedWindow | Algorithm::SlidingWindowCounter => {
             let index = |t: Instant| -> i128 {
                 let ns = if t >= boundary {
                     (t - boundary).as_nanos() as i128
@@ -204,6 +215,7 @@ pub fn conforms(quota: &Quota, boundary: Instant, instants: &[Instant]) -> Resul
                 ));
             }
         }
+        Algorithm::SlidingWindow => {}
         _ => {
             // Token bucket of capacity `burst` refilling one unit per
             // period / limit: any run of admissions from i to j fits in the

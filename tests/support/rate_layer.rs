@@ -45,7 +45,8 @@ pub fn any_spec() -> impl Strategy<Value = Spec> {
             Just(Alg::Bucket),
             Just(Alg::Sliding),
             Just(Alg::Fixed),
-            Just(Alg::Turn)
+            Just(Alg::Turn),
+            Just(Alg::Counter)
         ],
         1..=5u32,
         prop::sample::select(PERIODS_MS.to_vec()),
@@ -199,7 +200,8 @@ pub fn change() -> BoxedStrategy<Change> {
                 Just(Alg::Bucket),
                 Just(Alg::Sliding),
                 Just(Alg::Fixed),
-                Just(Alg::Turn)
+                Just(Alg::Turn),
+                Just(Alg::Counter)
             ]
         )
             .prop_map(|(quota, alg)| Change::Algorithm { quota, alg }),

@@ -15,7 +15,12 @@
 //!   clock (the test learns where their boundaries fall);
 //! - turn budget: the current turn (its start and what it used); it starts
 //!   at its first admission and ends at a new turn, or `period` after it
-//!   started.
+//!   started;
+//! - sliding window counter: the list of admissions, windows aligned as the
+//!   fixed window's; `n` units fit at `t` in window `[s, e)` when
+//!   `previous·(e − t) + (current + n)·P ≤ limit·P`, with `previous` and
+//!   `current` what the window before and this one admitted; the count only
+//!   falls as time passes, so the first instant it fits is searched for.
 //!
 //! In wait mode a request goes at the earliest instant, not before the
 //! key's earlier bookings (strict FIFO), at which every quota admits it.
@@ -35,6 +40,7 @@ pub enum Alg {
     Sliding,
     Fixed,
     Turn,
+    Counter,
 }
 
 /// One quota, small enough to print.
@@ -71,6 +77,9 @@ impl Spec {
                 .unwrap(),
             Alg::Sliding => Quota::new(self.limit, period).unwrap().sliding_window(),
             Alg::Fixed => Quota::new(self.limit, period).unwrap().fixed_window(),
+            Alg::Counter => Quota::new(self.limit, period)
+                .unwrap()
+                .sliding_window_counter(),
             Alg::Turn => Quota::per_turn(self.limit)
                 .unwrap()
                 .with_stale_after(period)
@@ -118,6 +127,9 @@ pub enum State {
     },
     /// The current turn: when it started and what it used.
     Turn { started: u64, used: u32 },
+    /// Every admission, and the latest instant booked (strict FIFO: a
+    /// cancelled booking still holds back newcomers).
+    Counter { log: Vec<(u64, u32)>, latest: u64 },
 }
 
 /// What a booking left, to undo it if its waiter is dropped.
@@ -125,8 +137,8 @@ pub enum State {
 pub struct Grant {
     pub at: u64,
     pub cost: u32,
-    /// The arrival time after it (bucket), its window (fixed), its turn's
-    /// start (turn).
+    /// The arrival time after it (bucket), its window (fixed, counter), its
+    /// turn's start (turn).
     pub mark: u64,
 }
 
@@ -164,6 +176,10 @@ impl State {
             Alg::Turn => State::Turn {
                 started: 0,
                 used: 0,
+            },
+            Alg::Counter => State::Counter {
+                log: Vec::new(),
+                latest: 0,
             },
         }
     }
@@ -215,6 +231,22 @@ impl State {
                     windows.start(period, w + 1)
                 }
             }
+            State::Counter { log, latest } => {
+                let from = now.max(*latest);
+                let fits = |t: u64| counter_fits(spec, windows, log, t, n);
+                if fits(from) {
+                    return from;
+                }
+                // Nothing is booked after `from`, so the count only falls:
+                // the first instant it fits, by bisection. Two windows on,
+                // both windows counted are empty.
+                let (mut lo, mut hi) = (from, from + 3 * spec.period());
+                while hi - lo > 1 {
+                    let mid = lo + (hi - lo) / 2;
+                    if fits(mid) { hi = mid } else { lo = mid }
+                }
+                hi
+            }
             State::Turn { started, used } => {
                 let stale_at = started + spec.period();
                 // A turn a waiter opened ahead still holds the key until it
@@ -247,6 +279,11 @@ impl State {
                 *latest = Some(latest.map_or(w, |l| l.max(w)));
                 w
             }
+            State::Counter { log, latest } => {
+                log.push((at, n));
+                *latest = (*latest).max(at);
+                windows.index(spec.period(), at)
+            }
             State::Turn { started, used } => {
                 if *used == 0 || at >= *started + spec.period() {
                     *started = at;
@@ -260,16 +297,44 @@ impl State {
         Grant { at, cost: n, mark }
     }
 
-    /// Nothing available at `at` nor before, on a fresh state: for a quota
-    /// new to a key whose waiters it cannot see.
+    /// Nothing available at `at` nor before: for a quota new to a key
+    /// whose waiters it cannot see (after what the key spent is carried).
     fn fill_until(&mut self, spec: &Spec, windows: Windows, at: u64) {
         match self {
             State::Bucket { tat } => *tat = (*tat).max(at + spec.tolerance()),
             State::Log(log) => log.push((at, spec.limit)),
             State::Windows { log, latest } => {
-                log.push((at, spec.limit));
-                let w = windows.index(spec.period(), at);
-                *latest = Some(latest.map_or(w, |l| l.max(w)));
+                // The window holding `at` full, counting what a carry put
+                // in it already (not twice: a retune carries what was
+                // spent, then fills for the waiters); nothing when a later
+                // window is booked.
+                let period = spec.period();
+                let w = windows.index(period, at);
+                if latest.is_none_or(|l| l <= w) {
+                    let used: u64 = log
+                        .iter()
+                        .filter(|&&(t, _)| windows.index(period, t) == w)
+                        .map(|&(_, c)| u64::from(c))
+                        .sum();
+                    let missing = u64::from(spec.limit).saturating_sub(used);
+                    if missing > 0 {
+                        log.push((at, missing as u32));
+                    }
+                    *latest = Some(w);
+                }
+            }
+            State::Counter { log, latest } => {
+                // The window holding `at` full, counting what a carry put
+                // in it already; nothing when a later window is booked.
+                let period = spec.period();
+                if windows.index(period, *latest) <= windows.index(period, at) {
+                    let (_, current, _) = counter_windows(spec, windows, log, at);
+                    let missing = u64::from(spec.limit).saturating_sub(current);
+                    if missing > 0 {
+                        log.push((at, missing as u32));
+                    }
+                }
+                *latest = (*latest).max(at);
             }
             State::Turn { started, used } => {
                 if *used == 0 || *started + spec.period() <= at {
@@ -311,6 +376,17 @@ impl State {
                     _ => 0,
                 }
             }
+            State::Counter { log, latest } => {
+                let period = spec.period();
+                if windows.index(period, *latest) > windows.index(period, now) {
+                    limit
+                } else {
+                    let (previous, current, end) = counter_windows(spec, windows, log, now);
+                    (u128::from(previous) * u128::from(end - now)).div_ceil(u128::from(period))
+                        as u64
+                        + current
+                }
+            }
             State::Turn { started, used } => {
                 let idle = (*used == 0 && *started <= now) || started + spec.period() <= now;
                 if idle { 0 } else { u64::from(*used) }
@@ -348,13 +424,26 @@ impl State {
                     *latest = Some(current);
                 }
             }
+            State::Counter { log, latest } => {
+                // The current window's count takes what was spent, unless
+                // a later window is booked (this one is full then).
+                let period = spec.period();
+                if windows.index(period, *latest) <= windows.index(period, now) {
+                    let (_, current, _) = counter_windows(spec, windows, log, now);
+                    let missing = u64::from(spent).saturating_sub(current);
+                    if missing > 0 {
+                        log.push((now, missing as u32));
+                    }
+                }
+            }
             State::Turn { started, used } => {
                 if in_use == 0 && (*used == 0 || *started + spec.period() <= now) {
                     *started = now;
                     *used = spent;
-                } else {
+                } else if *started <= now {
                     *used = (*used).max(spent);
                 }
+                // A turn booked ahead: the running one is full already.
             }
         }
     }
@@ -387,6 +476,11 @@ impl State {
                     *used = used.saturating_sub(grant.cost);
                 }
             }
+            State::Counter { log, .. } => {
+                if let Some(i) = log.iter().rposition(|&e| e == (grant.at, grant.cost)) {
+                    log.remove(i);
+                }
+            }
         }
     }
 
@@ -414,6 +508,29 @@ impl State {
             .min(u64::from(new.burst));
         *tat = now + new.emission() * (u64::from(new.burst) - available);
     }
+}
+
+/// What a sliding window counter's log admitted in the window before the
+/// one holding `t` and in that one, and when that one ends.
+fn counter_windows(spec: &Spec, windows: Windows, log: &[(u64, u32)], t: u64) -> (u64, u64, u64) {
+    let period = spec.period();
+    let w = windows.index(period, t);
+    let sum = |index: u64| -> u64 {
+        log.iter()
+            .filter(|&&(at, _)| windows.index(period, at) == index)
+            .map(|&(_, c)| u64::from(c))
+            .sum()
+    };
+    let previous = if w == 0 { 0 } else { sum(w - 1) };
+    (previous, sum(w), windows.start(period, w + 1))
+}
+
+/// Whether `n` units fit at `t` under a sliding window counter.
+fn counter_fits(spec: &Spec, windows: Windows, log: &[(u64, u32)], t: u64, n: u32) -> bool {
+    let (previous, current, end) = counter_windows(spec, windows, log, t);
+    let period = u128::from(spec.period());
+    u128::from(previous) * u128::from(end - t) + u128::from(current + u64::from(n)) * period
+        <= u128::from(spec.limit) * period
 }
 
 /// What the model decides for one request.
@@ -446,6 +563,10 @@ pub struct Model {
     generation: u64,
     /// Every booking ahead of its instant (wait mode).
     pub waiters: Vec<Waiter>,
+    /// Turns a retune opened, full, at the instant of a key's last waiter
+    /// (key, quota, instant, units): the invariant checks start the turn
+    /// there, where no admission shows it. Taken by the caller.
+    pub opened_turns: Vec<(u8, usize, u64, u32)>,
 }
 
 /// A request booked ahead of now, in its key's line until its instant.
@@ -472,6 +593,7 @@ impl Model {
             since: BTreeMap::new(),
             generation: 0,
             waiters: Vec::new(),
+            opened_turns: Vec::new(),
         }
     }
 
@@ -752,7 +874,27 @@ impl Model {
                         }
                     }
                     if let Some(floor) = floor {
+                        let before = state.clone();
                         state.fill_until(new, windows, floor);
+                        if let (
+                            State::Turn {
+                                started: s0,
+                                used: u0,
+                            },
+                            State::Turn { started, used },
+                        ) = (before, &state)
+                        {
+                            // A turn opened at the waiter's instant, or one
+                            // already open (by what carried) filled up there.
+                            let (at, units) = if u0 == 0 || s0 != *started {
+                                (*started, *used)
+                            } else {
+                                (floor, used - u0)
+                            };
+                            if units > 0 {
+                                self.opened_turns.push((*key, i, at, units));
+                            }
+                        }
                     }
                     new_states.push(state);
                 }
@@ -908,6 +1050,27 @@ pub fn check_limits(
                     if let Some((w, sum)) = used.into_iter().find(|&(_, sum)| sum > limit) {
                         let from = windows.start(spec.period(), w);
                         return breach(spec, format!("{sum} in the window from {from} ns"));
+                    }
+                }
+                Alg::Counter => {
+                    // An aligned window to the limit, a rolling one to twice it.
+                    let mut used: BTreeMap<u64, u64> = BTreeMap::new();
+                    for &(at, c) in &charged {
+                        *used.entry(windows.index(spec.period(), at)).or_default() += c;
+                    }
+                    if let Some((w, sum)) = used.into_iter().find(|&(_, sum)| sum > limit) {
+                        let from = windows.start(spec.period(), w);
+                        return breach(spec, format!("{sum} in the window from {from} ns"));
+                    }
+                    for &(from, _) in &charged {
+                        let sum: u64 = charged
+                            .iter()
+                            .filter(|&&(at, _)| at >= from && at < from + spec.period())
+                            .map(|&(_, c)| c)
+                            .sum();
+                        if sum > 2 * limit {
+                            return breach(spec, format!("{sum} from {from} ns"));
+                        }
                     }
                 }
                 Alg::Turn => unreachable!("checked by table"),

@@ -40,7 +40,7 @@ impl FixedWindow {
 
     /// The end of the window that holds `t`.
     #[inline]
-    fn end_of(&self, t: Nanos) -> Nanos {
+    pub(super) fn end_of(&self, t: Nanos) -> Nanos {
         let shifted = t.saturating_add(self.phase);
         (shifted / self.window + 1)
             .saturating_mul(self.window)

@@ -11,11 +11,13 @@
 
 mod fixed_window;
 mod gcra;
+mod sliding_counter;
 mod sliding_window;
 mod turn_budget;
 
 pub(crate) use fixed_window::FixedWindow;
 pub(crate) use gcra::{Fast, Gcra};
+pub(crate) use sliding_counter::SlidingCounter;
 pub(crate) use sliding_window::SlidingWindow;
 pub(crate) use turn_budget::TurnBudget;
 

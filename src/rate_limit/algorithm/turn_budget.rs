@@ -133,9 +133,11 @@ impl Meter for TurnBudget {
                 used: spent,
                 stale_at: now.saturating_add(self.stale_after),
             };
-        } else {
+        } else if turn.started <= now {
             turn.used = turn.used.max(spent);
         }
+        // A turn booked ahead (by a waiter, or filled for one) means the
+        // running one is full already; what was spent now is not its.
     }
 
     fn fill_until(&self, turn: &mut Turn, at: Nanos) {
@@ -177,5 +179,20 @@ mod tests {
         let mut turn = Turn::default();
         budget.book(&mut turn, 1_000, 1_000, 1);
         assert_eq!(budget.remaining(&turn, 4_000), (2, 7_000));
+    }
+
+    #[test]
+    fn what_was_spent_before_a_turn_booked_ahead_stays_out_of_it() {
+        // A retune carries what a key spent (at 0) and fills the turn its
+        // waiter opened (at 10 s): carried again, the spending belongs to
+        // the turn that ran at 0, not to the waiter's.
+        let budget = TurnBudget::new(2, 10_000);
+        let mut turn = Turn::default();
+        budget.hold_spent(&mut turn, 0, 4);
+        budget.fill_until(&mut turn, 10_000);
+        let filled = turn;
+        budget.hold_spent(&mut turn, 0, 4);
+        assert_eq!(turn, filled);
+        assert_eq!(turn.used, 2);
     }
 }

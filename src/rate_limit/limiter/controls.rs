@@ -89,7 +89,7 @@ impl Limiter {
         for (key, floor, raised) in self.lines.hold_back(now) {
             if first || raised {
                 for table in fresh {
-                    table.fill_until(key, floor);
+                    table.fill_until(key, now, floor);
                 }
             }
         }

@@ -86,8 +86,9 @@ impl QuotaArgs {
             ),
             Algorithm::SlidingWindow => ('s', limit, micros_up(period)),
             Algorithm::FixedWindow => ('f', limit, micros_up(period)),
-            // `TurnBudget` and any algorithm added later.
-            _ => ('t', limit, micros_up(period)),
+            Algorithm::TurnBudget => ('t', limit, micros_up(period)),
+            // Refused by `check_quota` before any script runs.
+            Algorithm::SlidingWindowCounter => ('a', limit, micros_up(period)),
         };
         Self {
             kind,
@@ -100,6 +101,13 @@ impl QuotaArgs {
 
 /// Whether `quota` can be kept in Redis as it is in process.
 pub(crate) fn check_quota(quota: &Quota) -> Result<(), ConfigError> {
+    if quota.algorithm() == Algorithm::SlidingWindowCounter {
+        return Err(ConfigError::new(
+            "quota",
+            "an approximate sliding window is kept in process only, not yet in a Redis store; \
+             use a token bucket or an exact sliding window there",
+        ));
+    }
     if quota.algorithm() == Algorithm::TokenBucket {
         let emission = saturating_nanos(quota.period()) / u64::from(quota.limit().max(1));
         if emission < FINEST_EMISSION_NS {
@@ -399,6 +407,13 @@ impl Admission {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sliding_window_counter_is_refused_until_redis_keeps_one() {
+        let counter = Quota::per_minute(10).unwrap().sliding_window_counter();
+        let err = check_quota(&counter).expect_err("not kept in Redis");
+        assert!(err.to_string().contains("in process only"), "{err}");
+    }
 
     #[test]
     fn a_sliding_window_beyond_what_redis_keeps_exactly_is_refused_by_name() {
