@@ -4,9 +4,10 @@
 //!   next to the floor: the least any GCRA on Redis must do, a script of
 //!   our own that reads the clock, reads the state, decides and writes it
 //!   back with its TTL (`TIME`, `GET`, `SET PX`), the shape of
-//!   go-redis/redis_rate's `allow_n`. Ours for one token bucket, and for a
+//!   go-redis/redis_rate's `allow_n`. Ours for one token bucket, for a
 //!   sliding window of 1,000 (bookings kept, one leaving and one coming per
-//!   admission), in rounds alternated on the same server.
+//!   admission) and for a sliding window counter of 1,000 (three numbers),
+//!   in rounds alternated on the same server.
 //! - Latency one request at a time next to a `PING` (criterion's median,
 //!   and p50/p99 from a histogram).
 //! - Throughput with 64 requests in flight on one multiplexed connection,
@@ -36,7 +37,7 @@ use hdrhistogram::Histogram;
 use http::{Request, Response};
 use tower::{Layer, ServiceExt};
 use tower_throttle::key::GlobalKey;
-use tower_throttle::rate_limit::{Quota, RateLimit, RateLimitLayer, Unit};
+use tower_throttle::rate_limit::{Algorithm, Quota, RateLimit, RateLimitLayer, Unit};
 use tower_throttle::redis::RedisStore;
 
 type Inner = tower::util::ServiceFn<fn(Request<()>) -> Ready<Result<Response<()>, Infallible>>>;
@@ -222,11 +223,12 @@ fn reset_stats(conn: &mut redis::Connection) {
         .expect("CONFIG RESETSTAT");
 }
 
-/// A limiter on `url` with one sliding window of 1,000 per second,
-/// counting requests, on a clock that moves a millisecond per admission:
-/// the window always holds 1,000 bookings, one leaves and one comes per
-/// admission.
-fn sliding(url: &str) -> (Arc<AtomicU64>, Svc) {
+/// A limiter on `url` with one `quota` of 1,000 per second, counting
+/// requests, on a clock that moves a millisecond per admission: a sliding
+/// window always holds 1,000 bookings, one leaves and one comes per
+/// admission; a sliding window counter turns its windows over as traffic
+/// does.
+fn sliding(url: &str, prefix: &str, algorithm: Algorithm) -> (Arc<AtomicU64>, Svc) {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("after 1970")
@@ -234,13 +236,13 @@ fn sliding(url: &str) -> (Arc<AtomicU64>, Svc) {
     let clock = Arc::new(AtomicU64::new(now));
     let store = RedisStore::new(url)
         .expect("valid URL")
-        .with_prefix("bench-sliding:")
+        .with_prefix(prefix)
         .expect("a prefix without braces")
         .with_timeout(Duration::from_secs(5))
         .with_test_clock(clock.clone());
     let quota = Quota::per_second(1_000)
         .expect("valid quota")
-        .sliding_window()
+        .with_algorithm(algorithm)
         .with_unit(Unit::Requests);
     let svc = RateLimitLayer::new(quota, GlobalKey)
         .with_store(store)
@@ -249,8 +251,9 @@ fn sliding(url: &str) -> (Arc<AtomicU64>, Svc) {
     (clock, svc)
 }
 
-/// Redis time per call of the floor, of our token bucket and of our
-/// sliding window, in alternated rounds of `n` calls each.
+/// Redis time per call of the floor, of our token bucket, of our sliding
+/// window and of our sliding window counter, in alternated rounds of `n`
+/// calls each.
 async fn redis_time(url: &str, conn: &mut redis::Connection, svc: &Svc, rounds: usize, n: usize) {
     let client = redis::Client::open(url).expect("valid URL");
     let mut floor_conn = client
@@ -261,10 +264,15 @@ async fn redis_time(url: &str, conn: &mut redis::Connection, svc: &Svc, rounds: 
     // 6 µs a unit, a minute's burst: it always admits.
     let mut invocation = floor.key("bench-floor");
     invocation.arg(6).arg(60_000_000);
-    let (clock, window) = sliding(url);
+    let (clock, window) = sliding(url, "bench-sliding:", Algorithm::SlidingWindow);
     let slide = || {
         clock.fetch_add(1_000, Ordering::SeqCst);
         admit(&window)
+    };
+    let (counter_clock, counter) = sliding(url, "bench-counter:", Algorithm::SlidingWindowCounter);
+    let count = || {
+        counter_clock.fetch_add(1_000, Ordering::SeqCst);
+        admit(&counter)
     };
     // Warm: the scripts loaded, the window full.
     for _ in 0..1_000 {
@@ -273,10 +281,13 @@ async fn redis_time(url: &str, conn: &mut redis::Connection, svc: &Svc, rounds: 
             .await
             .expect("the floor script");
         slide().await;
+        count().await;
     }
     println!("Redis time per admission (INFO commandstats, µs per call; {n} calls a round):");
-    println!("  round   floor   token bucket   ratio   sliding 1,000   ratio");
-    let mut ratios = (Vec::new(), Vec::new());
+    println!(
+        "  round   floor   token bucket   ratio   sliding 1,000   ratio   counter 1,000   ratio"
+    );
+    let mut ratios = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=rounds {
         reset_stats(conn);
         for _ in 0..n {
@@ -296,19 +307,34 @@ async fn redis_time(url: &str, conn: &mut redis::Connection, svc: &Svc, rounds: 
             slide().await;
         }
         let sliding_us = usec_per_call(conn);
-        let (b, w) = (bucket_us / floor_us, sliding_us / floor_us);
-        println!("  {round:5} {floor_us:7.2} {bucket_us:14.2} {b:6.2}× {sliding_us:15.2} {w:6.2}×");
+        reset_stats(conn);
+        for _ in 0..n {
+            count().await;
+        }
+        let counter_us = usec_per_call(conn);
+        let (b, w, a) = (
+            bucket_us / floor_us,
+            sliding_us / floor_us,
+            counter_us / floor_us,
+        );
+        println!(
+            "  {round:5} {floor_us:7.2} {bucket_us:14.2} {b:6.2}× {sliding_us:15.2} {w:6.2}× \
+             {counter_us:15.2} {a:6.2}×"
+        );
         ratios.0.push(b);
         ratios.1.push(w);
+        ratios.2.push(a);
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
     println!(
-        "  median ratio: token bucket {:.2}×, sliding window of 1,000 {:.2}×",
+        "  median ratio: token bucket {:.2}×, sliding window of 1,000 {:.2}×, \
+         sliding window counter of 1,000 {:.2}×",
         median(&mut ratios.0),
-        median(&mut ratios.1)
+        median(&mut ratios.1),
+        median(&mut ratios.2)
     );
 }
 

@@ -48,6 +48,15 @@ use tokio::time::Instant;
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// The current instant.
     fn now(&self) -> Instant;
+
+    /// The wall-clock time now, since the Unix epoch, read once when a
+    /// limiter is made to line its fixed windows (and sliding window
+    /// counters) up with wall-clock multiples of their length. `None`
+    /// (the default): the system's clock. A test clock that says it makes
+    /// those boundaries fall where the test chooses.
+    fn unix_time(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// [`tokio::time::Instant::now`]: follows paused tokio time. The default
@@ -196,6 +205,8 @@ impl Clock for FastClock {
 pub struct ManualClock {
     origin: Instant,
     offset_nanos: Arc<AtomicI64>,
+    /// The wall-clock time at `origin`, when set.
+    unix_origin: Option<Duration>,
 }
 
 impl ManualClock {
@@ -204,7 +215,26 @@ impl ManualClock {
         Self {
             origin: Instant::now(),
             offset_nanos: Arc::new(AtomicI64::new(0)),
+            unix_origin: None,
         }
+    }
+
+    /// The same clock, whose wall-clock time (since the Unix epoch) is
+    /// `at` where it started, and moves with it (see
+    /// [`Clock::unix_time`]): windows aligned to the wall clock then turn
+    /// over where a test expects.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_throttle::clock::{Clock, ManualClock};
+    ///
+    /// let clock = ManualClock::new().with_unix_time(Duration::from_secs(1_700_000_000));
+    /// clock.advance(Duration::from_secs(1));
+    /// assert_eq!(clock.unix_time(), Some(Duration::from_secs(1_700_000_001)));
+    /// ```
+    pub fn with_unix_time(mut self, at: Duration) -> Self {
+        self.unix_origin = Some(at);
+        self
     }
 
     /// Move the clock forward.
@@ -235,6 +265,17 @@ impl Default for ManualClock {
 }
 
 impl Clock for ManualClock {
+    fn unix_time(&self) -> Option<Duration> {
+        let origin = self.unix_origin?;
+        let offset = self.offset_nanos.load(Ordering::SeqCst);
+        let magnitude = Duration::from_nanos(offset.unsigned_abs());
+        Some(if offset >= 0 {
+            origin.saturating_add(magnitude)
+        } else {
+            origin.saturating_sub(magnitude)
+        })
+    }
+
     fn now(&self) -> Instant {
         let offset = self.offset_nanos.load(Ordering::SeqCst);
         let magnitude = Duration::from_nanos(offset.unsigned_abs());
@@ -315,9 +356,18 @@ impl Timeline {
             ClockSource::Fast(fast) => fast.elapsed_nanos(),
             _ => 0,
         };
-        let epoch_offset = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
+        let told = match &clock {
+            ClockSource::Custom(custom) => custom.unix_time(),
+            _ => None,
+        };
+        let epoch_offset = told
             .map(saturating_nanos)
+            .or_else(|| {
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .ok()
+                    .map(saturating_nanos)
+            })
             .unwrap_or(0);
         Self {
             clock,

@@ -202,9 +202,17 @@ async fn long_run_admits_within_ideal_plus_burst() {
             admitted <= ideal + burst,
             "{algorithm:?}: {admitted} > {ideal} + {burst}"
         );
+        // A sliding window counter under steady overload admits a unit
+        // less than the limit in some windows: the previous window still
+        // weighs a little when the next unit would fit.
+        let least = if algorithm == Algorithm::SlidingWindowCounter {
+            ideal * (1.0 - 1.0 / f64::from(q.limit()))
+        } else {
+            0.999 * ideal
+        };
         assert!(
-            admitted >= 0.999 * ideal,
-            "{algorithm:?}: {admitted} < 0.999 × {ideal}"
+            admitted >= least,
+            "{algorithm:?}: {admitted} < {least} of {ideal}"
         );
     }
 }

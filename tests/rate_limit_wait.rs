@@ -192,7 +192,12 @@ async fn dropped_waiters_never_let_the_rest_through_faster_than_the_limit() {
         for _ in 0..=limit {
             if let Err(err) = probe.ready().await.unwrap().call(request("probe", 0)).await {
                 let wait = err.downcast_ref::<RateLimited>().unwrap().retry_after;
-                boundary = Some(Instant::now() + wait);
+                boundary = Some(support::boundary_of(
+                    algorithm,
+                    limit,
+                    SECOND,
+                    Instant::now() + wait,
+                ));
                 break;
             }
         }

@@ -132,13 +132,12 @@ async fn boundary(layer: &RateLimitLayer<HeaderKey>, probe: &str, quota: &Quota)
                 .downcast_ref::<RateLimited>()
                 .expect("refused")
                 .retry_after;
-            let into = if quota.algorithm() == Algorithm::SlidingWindowCounter {
-                let period = quota.period().as_nanos();
-                Duration::from_nanos(period.div_ceil(u128::from(quota.limit())) as u64)
-            } else {
-                Duration::ZERO
-            };
-            return Instant::now() + wait - into;
+            return support::boundary_of(
+                quota.algorithm(),
+                quota.limit(),
+                quota.period(),
+                Instant::now() + wait,
+            );
         }
     }
 }

@@ -243,6 +243,9 @@ async fn an_underestimate_settled_in_redis_is_charged_the_difference() {
         Quota::per_minute(100).expect("valid").sliding_window(),
         Quota::per_minute(100).expect("valid").fixed_window(),
         Quota::per_turn(100).expect("valid"),
+        Quota::per_minute(100)
+            .expect("valid")
+            .sliding_window_counter(),
     ]
     .into_iter()
     .enumerate()

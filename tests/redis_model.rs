@@ -6,7 +6,10 @@
 //!   them out), costs of one (which Redis counts by itself) and of several
 //!   (which are read);
 //! - a token bucket and a window counting requests, each through both
-//!   admission scripts: the short one for a lone quota, and the whole one.
+//!   admission scripts: the short one for a lone quota, and the whole one;
+//! - a sliding window counter through both scripts, its windows lined up
+//!   alike on both sides (the in-process clock told the wall-clock time
+//!   the Redis clock starts at).
 
 #![cfg(feature = "redis")]
 
@@ -83,7 +86,9 @@ fn answer(_req: http::Request<()>) -> Ready {
 }
 
 /// Admitted with its `RateLimit` field (what remains), or refused with
-/// its `retry_after`.
+/// its `retry_after` rounded up to the microsecond: Redis keeps time in
+/// microseconds, and an instant a sliding window counter works out in
+/// nanoseconds in process is the same rounded up.
 async fn outcome(svc: &mut Svc, cost: u32) -> Result<Option<http::HeaderValue>, Duration> {
     let req = http::Request::builder()
         .header("x-cost", cost.to_string())
@@ -91,10 +96,13 @@ async fn outcome(svc: &mut Svc, cost: u32) -> Result<Option<http::HeaderValue>, 
         .expect("valid request");
     match svc.ready().await.expect("ready").call(req).await {
         Ok(response) => Ok(response.headers().get("ratelimit").cloned()),
-        Err(e) => Err(e
-            .downcast_ref::<RateLimited>()
-            .unwrap_or_else(|| panic!("not a refusal: {e}"))
-            .retry_after),
+        Err(e) => {
+            let wait = e
+                .downcast_ref::<RateLimited>()
+                .unwrap_or_else(|| panic!("not a refusal: {e}"))
+                .retry_after;
+            Err(Duration::from_micros(wait.as_nanos().div_ceil(1_000) as u64))
+        }
     }
 }
 
@@ -119,13 +127,15 @@ async fn agree_on(
     history: &[Step],
     both_scripts: bool,
 ) {
-    let manual = ManualClock::new();
-    let mut local = service(layer(quota).with_clock(manual.clone()));
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("after 1970")
         .as_micros() as u64;
     let micros = Arc::new(AtomicU64::new(now / 1_000 * 1_000));
+    // Both sides see the same wall clock, so aligned windows agree.
+    let manual =
+        ManualClock::new().with_unix_time(Duration::from_micros(micros.load(Ordering::SeqCst)));
+    let mut local = service(layer(quota).with_clock(manual.clone()));
     let mut remotes = vec![service(
         layer(quota)
             .with_store(store(server, prefix, &micros))
@@ -185,6 +195,22 @@ proptest! {
             // Counting cost: bookings of several units, read one by one
             // (and of one, while every cost is one).
             agree(&server, "cost:", window(RedisStore::MOST_SLIDING_COST), &history).await;
+        });
+    }
+
+    #[test]
+    fn a_sliding_window_counter_in_redis_decides_as_in_process(
+        history in prop::collection::vec(step(), 1..14),
+    ) {
+        let Some(server) = RedisServer::start("a_sliding_window_counter_in_redis_decides_as_in_process") else {
+            return Ok(());
+        };
+        redis_server::runtime().block_on(async {
+            let counter = |limit| Quota::new(limit, WINDOW).expect("valid").sliding_window_counter();
+            // Through the short script for a lone counter and the whole one.
+            agree_on(&server, "counter:", counter(300), &history, true).await;
+            let requests = counter(200).with_unit(Unit::Requests);
+            agree_on(&server, "counter-requests:", requests, &history, true).await;
         });
     }
 

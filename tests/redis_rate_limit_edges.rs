@@ -503,6 +503,7 @@ async fn a_key_that_spent_its_quota_stays_refused_when_the_algorithm_changes() {
         Algorithm::SlidingWindow,
         Algorithm::FixedWindow,
         Algorithm::TurnBudget,
+        Algorithm::SlidingWindowCounter,
     ];
     for from in algorithms {
         for to in algorithms.into_iter().filter(|&a| a != from) {

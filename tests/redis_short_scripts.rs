@@ -1,7 +1,8 @@
 //! The short admission scripts (one token bucket, one window counting
-//! requests) decide as the whole one where the generated histories of
-//! `redis_model.rs` do not reach: a waiter booked ahead when the quota
-//! loosens, and a state the short script leaves to the whole one.
+//! requests, one sliding window counter) decide as the whole one where the
+//! generated histories of `redis_model.rs` do not reach: a waiter booked
+//! ahead when the quota loosens, and a state the short script leaves to
+//! the whole one.
 
 #![cfg(feature = "redis")]
 
@@ -191,4 +192,64 @@ async fn a_window_counting_requests_without_its_figures_is_counted_again() {
         .query(&mut redis)
         .expect("ZCOUNT");
     assert_eq!(figures, 5, "the figures are written back");
+}
+
+/// A counter retuned to another window on another replica: its state is
+/// the whole script's to convert (the short one answers `{2}`), and what
+/// the old windows counted stays counted.
+#[tokio::test]
+async fn a_counter_kept_under_another_window_is_converted_by_the_whole_script() {
+    let Some(server) = RedisServer::start("short_counter_retuned") else {
+        return;
+    };
+    // On a boundary of two minutes.
+    let clock = Arc::new(AtomicU64::new(
+        1_800_000_000_000_000 / 120_000_000 * 120_000_000,
+    ));
+    let per_minute = |limit| {
+        Quota::per_minute(limit)
+            .expect("valid")
+            .sliding_window_counter()
+    };
+    let replica = |quota| {
+        RateLimitLayer::new(quota, GlobalKey)
+            .with_store(store(&server, "counter:", &clock, false))
+            .expect("a quota Redis keeps")
+            .layer(Inner::new())
+    };
+    let mut svc = replica(per_minute(3));
+    for i in 0..3 {
+        send(&mut svc, i).await.expect("within the quota");
+    }
+    let counter_hash =
+        redis::Script::new(include_str!("../src/rate_limit/redis/admit_counter.lua"))
+            .get_hash()
+            .to_owned();
+    let mut redis = server.connection();
+    let loaded = |redis: &mut redis::Connection| -> Vec<bool> {
+        redis::cmd("SCRIPT")
+            .arg("EXISTS")
+            .arg(&[counter_hash.clone(), whole_script_hash()])
+            .query(redis)
+            .expect("SCRIPT EXISTS")
+    };
+    assert_eq!(loaded(&mut redis), [true, false]);
+    // Six every two minutes, on a replica that starts with it: the three
+    // counted stay in the new window, and the minute before them, which
+    // the state forgot, is taken as full (three) in the window before:
+    // 3 × 119/120 + 3 + 1 > 6, so the next fits 40 s into the window.
+    clock.fetch_add(1_000_000, Ordering::SeqCst);
+    let two_minutes = Quota::new(6, Duration::from_secs(120))
+        .expect("valid")
+        .sliding_window_counter();
+    let mut slower = replica(two_minutes);
+    assert_eq!(
+        retry_after(send(&mut slower, 3).await),
+        Duration::from_secs(39)
+    );
+    assert_eq!(
+        loaded(&mut redis),
+        [true, true],
+        "the whole script converted it"
+    );
 }

@@ -37,13 +37,16 @@ pub enum Algorithm {
     /// Approximate sliding window: two fixed windows of `period`, aligned as
     /// [`FixedWindow`](Self::FixedWindow)'s, the previous one counted by
     /// the share of it the rolling window still covers, as if its
-    /// admissions were spread evenly over it. Three numbers per key at any
+    /// admissions were spread evenly over it. A few numbers per key at any
     /// limit, where [`SlidingWindow`](Self::SlidingWindow) keeps every
     /// admission. Never more than `limit` in an aligned window; in a rolling
     /// one, about `limit` when traffic is steady and at worst twice it (the
     /// previous window's admissions all at its end). A refusal's wait can
     /// be up to two periods, as the previous window weighs until a whole
-    /// period after it ended. Chosen by name only:
+    /// period after it ended. A retune to another period counts, as a fixed
+    /// window's does, what the windows the state forgot may have held (at
+    /// the old limit), in the new window and the one before it: a busy key
+    /// can stay refused up to two new periods. Chosen by name only:
     /// nothing turns an exact window into this one.
     SlidingWindowCounter,
 }

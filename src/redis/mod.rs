@@ -84,9 +84,10 @@
 //!   whose bookings are read one by one. Redis runs one script at a time,
 //!   so this keeps every call of every key well under a millisecond of
 //!   Redis time (`tests/redis_slow_log.rs`). A larger window is a
-//!   [`ConfigError`](crate::error::ConfigError) naming both, never an
-//!   approximation nobody asked for; a token bucket keeps any limit in one
-//!   value.
+//!   [`ConfigError`](crate::error::ConfigError) naming both and offering
+//!   the [sliding window counter](crate::rate_limit::Algorithm::SlidingWindowCounter)
+//!   by name, never an approximation nobody asked for; a token bucket and
+//!   a sliding window counter keep any limit in one value.
 //! - Stats count per replica: each replica's handle sees its own requests.
 //! - A token bucket whose arrival time is more than a burst ahead (waiters
 //!   booked, or a debt a [`Settlement`](crate::rate_limit::Settlement)

@@ -162,12 +162,16 @@ pub fn conforms(quota: &Quota, boundary: Instant, instants: &[Instant]) -> Resul
     sorted.sort();
     let limit = limit as usize;
     // A sliding window counter holds an aligned window to the limit, as a
-    // fixed window, and a rolling one to twice it.
+    // fixed window, and a rolling one to twice it; and at each admission,
+    // the window before weighed by the share of it still covered.
     let rolling_limit = if algorithm == Algorithm::SlidingWindowCounter {
         2 * limit
     } else {
         limit
     };
+    if algorithm == Algorithm::SlidingWindowCounter {
+        weighed_conforms(quota, boundary, &sorted)?;
+    }
     match algorithm {
         Algorithm::SlidingWindow | Algorithm::SlidingWindowCounter => {
             for i in 0..sorted.len() {
@@ -234,4 +238,57 @@ pub fn conforms(quota: &Quota, boundary: Instant, instants: &[Instant]) -> Resul
         }
     }
     Ok(())
+}
+
+/// A sliding window counter's own promise, at each admission `t` (sorted):
+/// `previous × (end − t) + current × period ≤ limit × period`, with
+/// `previous` what the aligned window before admitted and `current` what
+/// this one admitted up to `t`.
+fn weighed_conforms(quota: &Quota, boundary: Instant, sorted: &[Instant]) -> Result<(), String> {
+    let period = quota.period().as_nanos() as i128;
+    let offset = |t: Instant| -> i128 {
+        if t >= boundary {
+            (t - boundary).as_nanos() as i128
+        } else {
+            -((boundary - t).as_nanos() as i128)
+        }
+    };
+    for (i, &t) in sorted.iter().enumerate() {
+        let w = offset(t).div_euclid(period);
+        let count = |index: i128| {
+            sorted[..=i]
+                .iter()
+                .filter(|&&a| offset(a).div_euclid(period) == index)
+                .count() as i128
+        };
+        let end = (w + 1) * period;
+        let weighed = count(w - 1) * (end - offset(t)) + count(w) * period;
+        if weighed > i128::from(quota.limit()) * period {
+            return Err(format!(
+                "admission #{i} over the weighted count: {} before, {} in its window",
+                count(w - 1),
+                count(w)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The window boundary a key filled at once from nothing says it is
+/// refused until (`refused_until`, now plus its `retry_after`): that
+/// instant itself, but for a sliding window counter, which admits again
+/// `ceil(period / limit)` into the next window (its previous window then
+/// weighing one unit less than the limit).
+pub fn boundary_of(
+    algorithm: Algorithm,
+    limit: u32,
+    period: Duration,
+    refused_until: Instant,
+) -> Instant {
+    if algorithm == Algorithm::SlidingWindowCounter {
+        let into = period.as_nanos().div_ceil(u128::from(limit));
+        refused_until - Duration::from_nanos(into as u64)
+    } else {
+        refused_until
+    }
 }

@@ -425,10 +425,11 @@ impl State {
                 }
             }
             State::Counter { log, latest } => {
-                // The current window's count takes what was spent, unless
-                // a later window is booked (this one is full then).
+                // Now's window counts at least what was spent, as long as
+                // it weighs in the latest window booked (that one, or the
+                // one before it).
                 let period = spec.period();
-                if windows.index(period, *latest) <= windows.index(period, now) {
+                if windows.index(period, *latest) <= windows.index(period, now) + 1 {
                     let (_, current, _) = counter_windows(spec, windows, log, now);
                     let missing = u64::from(spent).saturating_sub(current);
                     if missing > 0 {
@@ -1062,14 +1063,30 @@ pub fn check_limits(
                         let from = windows.start(spec.period(), w);
                         return breach(spec, format!("{sum} in the window from {from} ns"));
                     }
-                    for &(from, _) in &charged {
-                        let sum: u64 = charged
-                            .iter()
-                            .filter(|&&(at, _)| at >= from && at < from + spec.period())
-                            .map(|&(_, c)| c)
-                            .sum();
-                        if sum > 2 * limit {
-                            return breach(spec, format!("{sum} from {from} ns"));
+                    // And at each admission the weighted count held: the
+                    // window before, by the share of it still covered, and
+                    // this one's admissions up to that instant.
+                    let period = spec.period();
+                    for &(t, _) in &charged {
+                        let w = windows.index(period, t);
+                        let sum = |index: u64, upto: u64| -> u64 {
+                            charged
+                                .iter()
+                                .filter(|&&(at, _)| {
+                                    at <= upto && windows.index(period, at) == index
+                                })
+                                .map(|&(_, c)| c)
+                                .sum()
+                        };
+                        let previous = if w == 0 { 0 } else { sum(w - 1, t) };
+                        let end = windows.start(period, w + 1);
+                        let weighed = u128::from(previous) * u128::from(end - t)
+                            + u128::from(sum(w, t)) * u128::from(period);
+                        if weighed > u128::from(limit) * u128::from(period) {
+                            return breach(
+                                spec,
+                                format!("a weighted count over the limit at {t} ns"),
+                            );
                         }
                     }
                 }

@@ -3,7 +3,7 @@
 //!
 //! The count at `t`, in the aligned window `[end - window, end)`, is
 //! `previous × (end - t) / window + current`: the previous window's
-//! admissions are taken to be spread evenly over it. Its state is three
+//! admissions are taken to be spread evenly over it. Its state is a few
 //! numbers whatever the limit, where the exact window keeps every
 //! admission; the price is the assumption. Never more than `limit` in an
 //! aligned window (as a fixed window), never more than twice `limit` in a
@@ -11,8 +11,10 @@
 //! about `limit` when traffic is steady.
 //!
 //! Decisions compare `previous × (end - t) + (current + cost) × window`
-//! with `limit × window` in 128 bits: exact, so replicas and the Redis
-//! script agree to the nanosecond.
+//! with `limit × window` in 128 bits: exact. The Redis script does the
+//! same sums in microseconds, exactly too (`mul_div` in `admit.lua`), so
+//! the two decide alike and an instant one works out is the other's
+//! rounded up to the microsecond.
 
 use super::fixed_window::FixedWindow;
 use super::{Grant, Meter};
@@ -72,6 +74,36 @@ impl SlidingCounter {
         counts.current = 0;
         counts.end = end;
         counts.idle_at = end.saturating_add(self.window);
+    }
+
+    /// What `counts`, kept under these parameters, may have counted in
+    /// `[from, to)`: the two windows it knows, where they overlap it, and
+    /// every older window overlapping it at the whole limit.
+    fn counted_in(&self, counts: &Counts, from: Nanos, to: Nanos) -> u64 {
+        let (end, w) = (counts.end, self.window);
+        // Window `j` back from the counts' own (0) is
+        // `[end - (j + 1)·w, end - j·w)`.
+        let overlaps = |j: u64| {
+            end.saturating_sub(j.saturating_mul(w)) > from
+                && end.saturating_sub((j + 1).saturating_mul(w)) < to
+        };
+        let mut sum = 0u64;
+        if overlaps(0) {
+            sum += u64::from(counts.current);
+        }
+        if overlaps(1) {
+            sum += u64::from(counts.previous);
+        }
+        if end > from {
+            // j from the first whose end is past `from`... back to the
+            // last whose start is before `to`, from 2 on.
+            let last = (end - from).div_ceil(w) - 1;
+            let first = (end.saturating_sub(to) / w).max(2);
+            if last >= first {
+                sum = sum.saturating_add(u64::from(self.limit).saturating_mul(last - first + 1));
+            }
+        }
+        sum
     }
 
     /// The count at `t` in `counts`' window, rounded up.
@@ -178,27 +210,34 @@ impl Meter for SlidingCounter {
             // new limit.
             return;
         }
-        // New boundaries. Everything the old counts hold goes into the new
-        // window holding the latest instant booked (or now), as a fixed
-        // window's retune does; and each earlier old window overlapping
-        // the new one, which the counts forgot, may have used its whole
-        // limit. So nothing is freed that the old windows still counted.
+        // New boundaries: the new window holding the latest instant booked
+        // (or now), and the one before it, which weighs in it, each take
+        // what the old windows overlapping them counted: the two the
+        // counts know, and every older one at its whole limit (forgotten,
+        // so perhaps full), as a fixed window's retune does. So nothing is
+        // freed now, nor at any instant booked, that the old windows
+        // counted, and the old admissions and the new ones together keep
+        // the new quota (later, shorter new windows let them go sooner:
+        // the new quota's pace).
+        // And at least what the old count is then, which only falls
+        // after it: a shorter new window can hold less of the old ones
+        // than still weighs under the old.
         let latest = now.max(counts.latest);
         let end = self.windows.end_of(latest);
         let start = end.saturating_sub(self.window);
-        let old_previous_start = counts.end.saturating_sub(old.window.saturating_mul(2));
-        let earlier = old_previous_start
-            .saturating_sub(start)
-            .div_ceil(old.window);
-        let used = u64::from(counts.previous)
-            .saturating_add(u64::from(counts.current))
-            .saturating_add(u64::from(old.limit).saturating_mul(earlier));
+        let before = start.saturating_sub(self.window);
+        let mut then = *counts;
+        old.roll(&mut then, latest);
+        let current = old
+            .counted_in(counts, start, end)
+            .max(old.count_at(&then, latest));
+        let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
         *counts = Counts {
             end,
             idle_at: end.saturating_add(self.window),
             latest: counts.latest,
-            previous: 0,
-            current: u32::try_from(used).unwrap_or(u32::MAX),
+            previous: clamp(old.counted_in(counts, before, start)),
+            current: clamp(current),
         };
     }
 
@@ -228,11 +267,16 @@ impl Meter for SlidingCounter {
 
     fn hold_spent(&self, counts: &mut Counts, now: Nanos, spent: u32) {
         self.roll(counts, now);
-        if counts.end == self.windows.end_of(now) {
+        let end = self.windows.end_of(now);
+        if counts.end == end {
             // The count now is at least the current window's.
             counts.current = counts.current.max(spent);
+        } else if counts.end == end.saturating_add(self.window) {
+            // The next window is booked (a waiter): now's window is its
+            // previous, and still weighs there.
+            counts.previous = counts.previous.max(spent);
         }
-        // A window booked ahead means the current one is full already.
+        // Booked further ahead, now's window weighs nothing there.
     }
 
     fn fill_until(&self, counts: &mut Counts, at: Nanos) {
@@ -394,20 +438,65 @@ mod tests {
         let new = SlidingCounter::new(10, 4_000, 0);
         new.retune(&old, &mut counts, 1_200);
         assert_eq!(new.remaining(&counts, 1_200).0, 7);
-        // Windows of 100 ms: everything counted in the one holding now.
+        // Windows of 100 ms: the one holding now keeps the old count then
+        // (the two of the old previous window weighed 0.85, rounded up,
+        // and one), and the one before it holds the old window holding it.
         let mut counts = Counts::default();
         for t in [100, 200, 1_100] {
             meter_book(&old, &mut counts, t);
         }
         let short = SlidingCounter::new(10, 100, 0);
         short.retune(&old, &mut counts, 1_150);
-        assert_eq!(short.remaining(&counts, 1_150).0, 7);
+        assert_eq!((counts.previous, counts.current), (1, 3));
+        assert_eq!(short.remaining(&counts, 1_150).0, 6);
+        // From 1 s windows to 4 s ones after four full windows: the two
+        // it knows and the two before them, forgotten, at their limit.
+        let mut counts = Counts {
+            end: 4_000,
+            idle_at: 5_000,
+            latest: 3_900,
+            previous: 10,
+            current: 10,
+        };
+        let long = SlidingCounter::new(100, 4_000, 0);
+        long.retune(&old, &mut counts, 3_950);
+        assert_eq!((counts.previous, counts.current), (0, 40));
+        // As admit.lua converts it (tests/redis_short_scripts.rs): three a
+        // minute, all at 600 s, to six every two minutes at 601 s: three
+        // in the new window, the forgotten minute before as full in the
+        // one before, and the next fits 40 s in.
+        let minute = SlidingCounter::new(3, 60_000, 0);
+        let mut counts = Counts::default();
+        for _ in 0..3 {
+            meter_book(&minute, &mut counts, 600_000);
+        }
+        let two = SlidingCounter::new(6, 120_000, 0);
+        two.retune(&minute, &mut counts, 601_000);
+        assert_eq!((counts.previous, counts.current), (3, 3));
+        assert_eq!(two.earliest(&mut counts, 601_000, 1, 0), 640_000);
     }
 
     fn meter_book(meter: &SlidingCounter, counts: &mut Counts, t: Nanos) {
         let at = meter.earliest(counts, t, 1, 0);
         assert_eq!(at, t);
         meter.book(counts, t, at, 1);
+    }
+
+    #[test]
+    fn what_was_spent_still_weighs_in_a_next_window_a_waiter_booked() {
+        // 4 carried, a waiter of 7 booked into the next window at 1,250:
+        // then the key turns out to have spent 10 now (admitted under the
+        // old quota meanwhile). Counted in the previous window, the
+        // waiter's instant would not fit; a newcomer goes after 1,700.
+        let meter = SlidingCounter::new(10, 1_000, 0);
+        let mut counts = Counts::default();
+        meter.hold_spent(&mut counts, 100, 4);
+        let at = meter.earliest(&mut counts, 100, 7, 10_000);
+        assert_eq!(at, 1_250);
+        meter.book(&mut counts, 100, at, 7);
+        meter.hold_spent(&mut counts, 100, 10);
+        assert_eq!(counts.previous, 10);
+        assert_eq!(meter.earliest(&mut counts, 100, 1, 10_000), 1_800);
     }
 
     #[test]

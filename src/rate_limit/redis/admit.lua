@@ -20,11 +20,12 @@
 -- ARGV         cost, max_wait, horizon, info (0/1), waits (0/1), rule
 --              (empty: no rules), marker_ttl (ms), now (empty: Redis's
 --              TIME; a number: a clock a test sets), probe (0/1), then per
---              quota: kind (g, s, f, t; upper case: counting one per
+--              quota: kind (g, s, f, t, a; upper case: counting one per
 --              request, whatever the cost), a, b, then the kind, a and b of
 --              the quota of another algorithm it replaced ('-': none)
 --                g: emission, burst      s: limit, window
 --                f: limit, window        t: limit, stale_after
+--                a: limit, window
 --
 -- Per quota, the state (and its TTL, a second past the moment it goes
 -- idle), in strings where it can be, which Redis reads and writes with one
@@ -41,6 +42,9 @@
 --      read with one command, written with the booking's own ZADD, and
 --      evicted, if ever, whole.
 --   t  "s,u,x": the turn's start, its use, and when it goes stale
+--   a  "e,p,u,l,w,n": a sliding window counter's window end, the
+--      previous window's count and this one's, the latest instant booked,
+--      and the window and limit it was kept under
 --
 -- Returns {0, wait, slowest} when refused (nothing booked), else
 -- {1, at, now, left, reset, tightest, mark...}: the instant booked, Redis's
@@ -66,6 +70,31 @@ local function fmt_member(seq, c)
 end
 local function cost_of(member)
   return tonumber(string.match(member, ':(%d+)$'))
+end
+-- floor(x * y / d), exact for whole x < 2^32, y < 2^48 and 0 < d < 2^45,
+-- where x * y can pass 2^53 (a limit times a window in microseconds): the
+-- long division of y in bytes keeps every step under 2^53. A double's
+-- quotient is corrected by its remainder, as it can round up.
+local function div_floor(n, d)
+  local q = floor(n / d)
+  local r = n - q * d
+  if r < 0 then return q - 1 elseif r >= d then return q + 1 end
+  return q
+end
+-- Also returns the remainder.
+local function mul_div(x, y, d)
+  if x * y < 9007199254740992 then
+    local q = div_floor(x * y, d)
+    return q, x * y - q * d
+  end
+  local q, r = 0, 0
+  for shift = 40, 0, -8 do
+    local acc = r * 256 + x * (floor(y / 2 ^ shift) % 256)
+    local digit = div_floor(acc, d)
+    r = acc - digit * d
+    q = q * 256 + digit
+  end
+  return q, r
 end
 -- How many figures a sliding window's set holds before its bookings.
 local META = 5
@@ -183,6 +212,53 @@ while ARGV[i] do
       end
     end
     q.fresh = not q.last
+  elseif kind == 'a' then
+    local v = redis.call('GET', q.key)
+    q.fresh = not v
+    local e, p, u, l, ow, ol
+    if v then
+      e, p, u, l, ow, ol = string.match(v, '^([^,]+),([^,]+),([^,]+),([^,]+),([^,]+),([^,]+)$')
+    end
+    q.e = tonumber(e) or 0
+    q.p = tonumber(p) or 0
+    q.u = tonumber(u) or 0
+    q.l = tonumber(l) or 0
+    ow, ol = tonumber(ow), tonumber(ol)
+    if ow and ol and ow ~= q.b and q.e + ow > now then
+      -- New boundaries, as SlidingCounter::retune: the new window holding
+      -- the latest instant booked (or now), and the one before it, take
+      -- what the old windows overlapping them counted (the two known, and
+      -- every older one at its whole limit); the first at least the old
+      -- count then. A retune is rare: a function here costs nothing else.
+      local function counted(from, to)
+        local sum = 0
+        if q.e > from and q.e - ow < to then sum = sum + q.u end
+        if q.e - ow > from and q.e - 2 * ow < to then sum = sum + q.p end
+        if q.e > from then
+          local last = ceil((q.e - from) / ow) - 1
+          local first = max(floor(max(q.e - to, 0) / ow), 2)
+          if last >= first then sum = sum + ol * (last - first + 1) end
+        end
+        return sum
+      end
+      local t0 = max(now, q.l)
+      local e2 = (floor(t0 / q.b) + 1) * q.b
+      local s2 = max(e2 - q.b, 0)
+      -- The old count at t0.
+      local oe, op, ou = q.e, q.p, q.u
+      local en = (floor(t0 / ow) + 1) * ow
+      if oe < en then
+        if oe + ow == en then op = ou else op = 0 end
+        ou = 0; oe = en
+      end
+      local weighed, rest = mul_div(op, oe - t0, ow)
+      if rest > 0 then weighed = weighed + 1 end
+      local current = max(counted(s2, e2), weighed + ou)
+      q.p = counted(max(s2 - q.b, 0), s2)
+      q.u = current
+      q.e = e2
+      q.converted = true
+    end
   else
     local v = redis.call('GET', q.key)
     q.fresh = not v
@@ -248,6 +324,27 @@ for _, q in ipairs(quotas) do
         used = live_from_newest(q.pkey, cut, q.pa)
       end
       used = min(used, q.pa)
+    elseif pk == 'a' then
+      -- What the counter counts now, rounded up (or the limit, when a
+      -- later window is booked), as SlidingCounter::remaining.
+      local v = redis.call('GET', q.pkey)
+      local e, p, u, l, w
+      if v then e, p, u, l, w = string.match(v, '^([^,]+),([^,]+),([^,]+),([^,]+),([^,]+),') end
+      e, p, u, w = tonumber(e), tonumber(p), tonumber(u), tonumber(w)
+      if e and p and u and w and w > 0 and e + w > now then
+        local en = (floor(now / w) + 1) * w
+        if e < en then
+          if e + w == en then p = u else p = 0 end
+          u = 0; e = en
+        end
+        if e == en then
+          local weighed, rest = mul_div(p, e - now, w)
+          if rest > 0 then weighed = weighed + 1 end
+          used = min(weighed + u, q.pa)
+        else
+          used = q.pa
+        end
+      end
     else
       local v = redis.call('GET', q.pkey)
       local st, u, x
@@ -271,6 +368,9 @@ for _, q in ipairs(quotas) do
         q.sum = q.sum + take
         q.card = q.card + 1
         q.last = now
+      elseif kind == 'a' then
+        q.e = (floor(now / q.b) + 1) * q.b
+        q.u = used
       else
         q.s = now; q.u = used; q.x = now + q.b
       end
@@ -308,6 +408,10 @@ if was and was ~= rule then
         q.sum = q.sum + q.a
         q.card = q.card + 1
         q.last = now
+      elseif kind == 'a' then
+        q.e = (floor(now / q.b) + 1) * q.b
+        q.u = q.a
+        q.l = max(q.l, now)
       else
         q.s = now; q.u = q.a; q.x = now + q.b
       end
@@ -423,6 +527,32 @@ for n, q in ipairs(quotas) do
         from = from + 32
       end
     end
+  elseif kind == 'a' then
+    -- Booked further ahead than any wait allows: the clock ran backwards.
+    if q.l > now + horizon or q.e > (floor((now + horizon) / q.b) + 1) * q.b then
+      q.e = 0; q.p = 0; q.u = 0; q.l = 0
+    end
+    -- Moved on to the window holding now.
+    local en = (floor(now / q.b) + 1) * q.b
+    if q.e < en then
+      if q.e + q.b == en then q.p = q.u else q.p = 0 end
+      q.u = 0; q.e = en
+    end
+    -- The first instant, not before the latest booking, at which
+    -- previous * (end - t) + (current + cost) * window <= limit * window:
+    -- in this window, or else in the next.
+    local from = max(now, q.l, q.e - q.b)
+    if q.u + q.c <= q.a then
+      if q.p == 0 or q.a - q.u - q.c >= q.p then
+        earliest = from
+      else
+        earliest = max(from, q.e - mul_div(q.a - q.u - q.c, q.b, q.p))
+      end
+    elseif q.u == 0 or q.a - q.c >= q.u then
+      earliest = q.e
+    else
+      earliest = max(q.e, q.e + q.b - mul_div(q.a - q.c, q.b, q.u))
+    end
   else
     -- A turn a dropped waiter opened ahead holds the key until it starts
     -- (the turn before it was full).
@@ -472,6 +602,15 @@ if not refused then
       q.card = q.card + 1
       q.last = max(q.last or at, at)
       reply[#reply + 1] = member
+    elseif kind == 'a' then
+      local e = (floor(at / q.b) + 1) * q.b
+      if q.e < e then
+        if q.e + q.b == e then q.p = q.u else q.p = 0 end
+        q.u = 0; q.e = e
+      end
+      q.u = q.u + q.c
+      q.l = max(q.l, at)
+      reply[#reply + 1] = q.e
     else
       if q.u == 0 or at >= q.x then
         q.s = at; q.u = q.c; q.x = at + q.b
@@ -519,6 +658,22 @@ if not refused and ARGV[4] == '1' then
         live = live_from_newest(q.key, goes - q.b, q.a) + q.c
       end
       l = max(q.a - live, 0); r = max((q.last or 0) + q.b - goes, 0)
+    elseif kind == 'a' then
+      local e, p, u = q.e, q.p, q.u
+      local eg = (floor(goes / q.b) + 1) * q.b
+      if e < eg then
+        if e + q.b == eg then p = u else p = 0 end
+        u = 0; e = eg
+      end
+      if e == eg then
+        local weighed, rest = mul_div(p, e - goes, q.b)
+        if rest > 0 then weighed = weighed + 1 end
+        l = max(q.a - weighed - u, 0)
+      else
+        -- A later window booked: this one is full.
+        l = 0
+      end
+      if u > 0 then r = e + q.b - goes elseif p > 0 then r = e - goes else r = 0 end
     else
       if (q.u == 0 and q.s <= goes) or q.x <= goes then
         l = q.a; r = 0
@@ -563,6 +718,10 @@ for _, q in ipairs(quotas) do
     end
     redis.call('ZADD', q.key, unpack(figures))
     if ttl then redis.call('PEXPIRE', q.key, ceil((q.ttl - now) / 1000)) end
+  elseif kind == 'a' then
+    -- Idle a window after its window ends.
+    redis.call('SET', q.key, fmt('%d,%d,%d,%d,%d,%d', q.e, q.p, q.u, q.l, q.b, q.a),
+      'PX', max(ceil((q.e + q.b - now) / 1000), 0) + 1000)
   else
     redis.call('SET', q.key, fmt('%d,%d,%d', q.s, q.u, q.x),
       'PX', max(ceil((q.x - now) / 1000), 0) + 1000)

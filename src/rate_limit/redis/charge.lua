@@ -49,6 +49,20 @@ while ARGV[i] do
       if v and tonumber(e) == tonumber(mark) and tonumber(w) == b then
         redis.call('SET', key, fmt('%d,%d,%s,%s', tonumber(e), tonumber(u) + extra, w, l), 'KEEPTTL')
       end
+    elseif kind == 'a' then
+      -- In the count of the window it was counted in, as a refund.
+      local v = redis.call('GET', key)
+      local e, p, u, l, w, n
+      if v then e, p, u, l, w, n = string.match(v, '^([^,]+),([^,]+),([^,]+),([^,]+),([^,]+),([^,]+)$') end
+      e, p, u, w = tonumber(e), tonumber(p), tonumber(u), tonumber(w)
+      if e and p and u and w == b then
+        if e == tonumber(mark) then
+          u = u + extra
+        elseif e == tonumber(mark) + w then
+          p = p + extra
+        end
+        redis.call('SET', key, fmt('%d,%d,%d,%s,%d,%s', e, p, u, l, w, n), 'KEEPTTL')
+      end
     elseif kind == 't' then
       local v = redis.call('GET', key)
       local s, u, x

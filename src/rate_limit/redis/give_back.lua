@@ -108,6 +108,21 @@ while ARGV[i] do
         local used = max((tonumber(u) or 0) - cost, 0)
         redis.call('SET', key, fmt('%d,%d,%s,%s', tonumber(e), used, w, l), 'KEEPTTL')
       end
+    elseif kind == 'a' and v then
+      -- The window's end marks the booking; it counts in that window's
+      -- count, which is the previous one's once a window has passed (its
+      -- remaining weight is what comes back). Newcomers still go after
+      -- the latest booking, kept.
+      local e, p, u, l, w, n = string.match(v, '^([^,]+),([^,]+),([^,]+),([^,]+),([^,]+),([^,]+)$')
+      e, p, u, w = tonumber(e), tonumber(p), tonumber(u), tonumber(w)
+      if e and p and u and w == b then
+        if e == tonumber(mark) then
+          u = max(u - cost, 0)
+        elseif e == tonumber(mark) + w then
+          p = max(p - cost, 0)
+        end
+        redis.call('SET', key, fmt('%d,%d,%d,%s,%d,%s', e, p, u, l, w, n), 'KEEPTTL')
+      end
     elseif kind == 't' and v then
       -- The turn's start marks the booking.
       local s, u, x = string.match(v, '^([^,]+),([^,]+),([^,]+)$')

@@ -28,6 +28,11 @@ static ADMIT_BUCKET: LazyLock<Script> =
 /// loops. It answers `{2}` for a state it leaves to the whole script.
 static ADMIT_WINDOW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("admit_window.lua")));
+/// `admit.lua` for one sliding window counter, no rules and nothing
+/// replaced: at about what a token bucket's short script costs. It answers
+/// `{2}` for a state kept under another window, left to the whole script.
+static ADMIT_COUNTER: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("admit_counter.lua")));
 static GIVE_BACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("give_back.lua")));
 static CHARGE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("charge.lua")));
 static DELETE: LazyLock<Script> =
@@ -87,7 +92,6 @@ impl QuotaArgs {
             Algorithm::SlidingWindow => ('s', limit, micros_up(period)),
             Algorithm::FixedWindow => ('f', limit, micros_up(period)),
             Algorithm::TurnBudget => ('t', limit, micros_up(period)),
-            // Refused by `check_quota` before any script runs.
             Algorithm::SlidingWindowCounter => ('a', limit, micros_up(period)),
         };
         Self {
@@ -101,13 +105,6 @@ impl QuotaArgs {
 
 /// Whether `quota` can be kept in Redis as it is in process.
 pub(crate) fn check_quota(quota: &Quota) -> Result<(), ConfigError> {
-    if quota.algorithm() == Algorithm::SlidingWindowCounter {
-        return Err(ConfigError::new(
-            "quota",
-            "an approximate sliding window is kept in process only, not yet in a Redis store; \
-             use a token bucket or an exact sliding window there",
-        ));
-    }
     if quota.algorithm() == Algorithm::TokenBucket {
         let emission = saturating_nanos(quota.period()) / u64::from(quota.limit().max(1));
         if emission < FINEST_EMISSION_NS {
@@ -145,8 +142,11 @@ pub(crate) fn check_quota(quota: &Quota) -> Result<(), ConfigError> {
                 "quota",
                 format!(
                     "a sliding window counting {counting}, {} per {:?}, is more than a Redis \
-                     store keeps exactly ({most}: {why}); {instead}use a token bucket (the \
-                     default algorithm, one value in Redis), or keep this limiter in process",
+                     store keeps exactly ({most}: {why}); {instead}use a sliding window \
+                     counter (algorithm = \"sliding_window_counter\", \
+                     Quota::sliding_window_counter(): approximate, one value at any \
+                     limit), a token bucket (the default algorithm, one value in Redis), or \
+                     keep this limiter in process",
                     quota.limit(),
                     quota.period(),
                 ),
@@ -358,7 +358,8 @@ impl Admission {
             }
         }
         // One quota, no rules, nothing replaced: a short form of the
-        // whole script, for a token bucket or a window counting requests.
+        // whole script, for a token bucket, a window counting requests or
+        // a sliding window counter.
         let lone = ask.rule.is_none()
             && !probed
             && replaced_keys == 0
@@ -367,6 +368,7 @@ impl Admission {
         let short = match quotas.first() {
             Some(q) if lone && q.kind == 'g' => Some(&*ADMIT_BUCKET),
             Some(q) if lone && q.kind == 's' && q.per_request => Some(&*ADMIT_WINDOW),
+            Some(q) if lone && q.kind == 'a' => Some(&*ADMIT_COUNTER),
             _ => None,
         };
         Self {
@@ -409,13 +411,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_sliding_window_counter_is_refused_until_redis_keeps_one() {
-        let counter = Quota::per_minute(10).unwrap().sliding_window_counter();
-        let err = check_quota(&counter).expect_err("not kept in Redis");
-        assert!(err.to_string().contains("in process only"), "{err}");
-    }
-
-    #[test]
     fn a_sliding_window_beyond_what_redis_keeps_exactly_is_refused_by_name() {
         let window = |limit| Quota::per_minute(limit).unwrap().sliding_window();
         assert!(check_quota(&window(RedisStore::MOST_SLIDING_COST)).is_ok());
@@ -433,6 +428,15 @@ mod tests {
             .to_string();
         assert!(err.contains("counting requests, 10001 per 60s"), "{err}");
         assert!(!err.contains("unit ="), "{err}");
+        // The approximate window is offered by name, and kept at any limit.
+        assert!(
+            err.contains(r#"algorithm = "sliding_window_counter""#),
+            "{err}"
+        );
+        let counter = Quota::per_minute(1_000_000)
+            .unwrap()
+            .sliding_window_counter();
+        assert!(check_quota(&counter).is_ok());
         // Other algorithms keep one value per key, at any limit.
         assert!(check_quota(&Quota::per_hour(1_000_000).unwrap().fixed_window()).is_ok());
     }
