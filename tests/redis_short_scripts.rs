@@ -253,3 +253,64 @@ async fn a_counter_kept_under_another_window_is_converted_by_the_whole_script() 
         "the whole script converted it"
     );
 }
+
+/// A counter's state no script of ours wrote (not whole numbers, a window
+/// of zero, a field too many) is taken as none, by either script: the
+/// admission neither fails nor trusts it, and the state is written anew.
+#[tokio::test]
+async fn a_counter_state_no_script_wrote_is_taken_as_none() {
+    let Some(server) = RedisServer::start("short_counter_hostile") else {
+        return;
+    };
+    let clock = Arc::new(AtomicU64::new(1_800_000_000_000_000));
+    let quota = Quota::per_minute(2)
+        .expect("valid")
+        .sliding_window_counter();
+    let mut redis = server.connection();
+    for (n, hostile) in [
+        "nan,0,0,0,60000000,2",
+        "1e300,0,5,0,60000000,2",
+        "1800000060000000,9,9,0,0,2",
+        "1800000060000000,9,9,0,60000000,2,junk",
+        "-5,9,9,0,60000000,2",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for whole in [false, true] {
+            let prefix = format!("hostile{n}{whole}:");
+            let mut svc = RateLimitLayer::new(quota, GlobalKey)
+                .with_store(store(&server, &prefix, &clock, whole))
+                .expect("a quota Redis keeps")
+                .layer(Inner::new());
+            send(&mut svc, 0).await.expect("a fresh key");
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(format!("{prefix}*"))
+                .query(&mut redis)
+                .expect("KEYS");
+            assert_eq!(keys.len(), 1, "{keys:?}");
+            let () = redis::cmd("SET")
+                .arg(&keys[0])
+                .arg(hostile)
+                .query(&mut redis)
+                .expect("SET");
+            for i in 1..3 {
+                send(&mut svc, i)
+                    .await
+                    .unwrap_or_else(|e| panic!("{hostile} (whole: {whole}): {e}"));
+            }
+            assert!(send(&mut svc, 3).await.is_err(), "{hostile}: two a minute");
+            let state: String = redis::cmd("GET")
+                .arg(&keys[0])
+                .query(&mut redis)
+                .expect("GET");
+            assert!(
+                state.split(',').count() == 6
+                    && state
+                        .split(',')
+                        .all(|f| f.bytes().all(|b| b.is_ascii_digit())),
+                "{hostile}: written anew as {state}"
+            );
+        }
+    }
+}

@@ -71,9 +71,11 @@ end
 local function cost_of(member)
   return tonumber(string.match(member, ':(%d+)$'))
 end
--- floor(x * y / d), exact for whole x < 2^32, y < 2^48 and 0 < d < 2^45,
--- where x * y can pass 2^53 (a limit times a window in microseconds): the
--- long division of y in bytes keeps every step under 2^53. A double's
+-- floor(x * y / d), exact for whole x < 2^32, y < 2^48 and
+-- 0 < d <= 2^45 - 2^32, where x * y can pass 2^53 (a limit times a window
+-- in microseconds): the long division of y in bytes keeps every step
+-- under 2^53. Counts stay under 2^32 and windows under 400 days
+-- (MAX_PERIOD, 3.5e13 µs), inside those bounds. A double's
 -- quotient is corrected by its remainder, as it can round up.
 local function div_floor(n, d)
   local q = floor(n / d)
@@ -217,13 +219,16 @@ while ARGV[i] do
     q.fresh = not v
     local e, p, u, l, ow, ol
     if v then
-      e, p, u, l, ow, ol = string.match(v, '^([^,]+),([^,]+),([^,]+),([^,]+),([^,]+),([^,]+)$')
+      -- Only what a script of ours writes, whole numbers: anything else
+      -- (a state no script left) is taken as none.
+      e, p, u, l, ow, ol = string.match(v, '^(%d+),(%d+),(%d+),(%d+),(%d+),(%d+)$')
     end
     q.e = tonumber(e) or 0
     q.p = tonumber(p) or 0
     q.u = tonumber(u) or 0
     q.l = tonumber(l) or 0
     ow, ol = tonumber(ow), tonumber(ol)
+    if not (ow and ow > 0) then q.e = 0; q.p = 0; q.u = 0; q.l = 0; ow = nil end
     if ow and ol and ow ~= q.b and q.e + ow > now then
       -- New boundaries, as SlidingCounter::retune: the new window holding
       -- the latest instant booked (or now), and the one before it, take
@@ -254,8 +259,9 @@ while ARGV[i] do
       local weighed, rest = mul_div(op, oe - t0, ow)
       if rest > 0 then weighed = weighed + 1 end
       local current = max(counted(s2, e2), weighed + ou)
-      q.p = counted(max(s2 - q.b, 0), s2)
-      q.u = current
+      -- Counts as in process: at most 2^32 - 1.
+      q.p = min(counted(max(s2 - q.b, 0), s2), 4294967295)
+      q.u = min(current, 4294967295)
       q.e = e2
       q.converted = true
     end
@@ -329,7 +335,7 @@ for _, q in ipairs(quotas) do
       -- later window is booked), as SlidingCounter::remaining.
       local v = redis.call('GET', q.pkey)
       local e, p, u, l, w
-      if v then e, p, u, l, w = string.match(v, '^([^,]+),([^,]+),([^,]+),([^,]+),([^,]+),') end
+      if v then e, p, u, l, w = string.match(v, '^(%d+),(%d+),(%d+),(%d+),(%d+),(%d+)$') end
       e, p, u, w = tonumber(e), tonumber(p), tonumber(u), tonumber(w)
       if e and p and u and w and w > 0 and e + w > now then
         local en = (floor(now / w) + 1) * w
@@ -608,7 +614,7 @@ if not refused then
         if q.e + q.b == e then q.p = q.u else q.p = 0 end
         q.u = 0; q.e = e
       end
-      q.u = q.u + q.c
+      q.u = min(q.u + q.c, 4294967295)
       q.l = max(q.l, at)
       reply[#reply + 1] = q.e
     else

@@ -28,7 +28,8 @@ local key = KEYS[2]
 local e, p, u, l = 0, 0, 0, 0
 local v = redis.call('GET', key)
 if v then
-  local se, sp, su, sl, sw = string.match(v, '^([^,]+),([^,]+),([^,]+),([^,]+),([^,]+),')
+  -- As admit.lua reads it: whole numbers only, else the whole script's.
+  local se, sp, su, sl, sw = string.match(v, '^(%d+),(%d+),(%d+),(%d+),(%d+),(%d+)$')
   if tonumber(sw) ~= b then return { 2 } end
   e, p, u, l = tonumber(se) or 0, tonumber(sp) or 0, tonumber(su) or 0, tonumber(sl) or 0
 end
@@ -84,7 +85,7 @@ if e < eb then
   if e + b == eb then p = u else p = 0 end
   u = 0; e = eb
 end
-u = u + c
+u = math.min(u + c, 4294967295)
 l = max(l, at)
 local reply = { 1, at, now, 0, 0, 0, e }
 if ARGV[4] == '1' then

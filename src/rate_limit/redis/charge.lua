@@ -53,13 +53,14 @@ while ARGV[i] do
       -- In the count of the window it was counted in, as a refund.
       local v = redis.call('GET', key)
       local e, p, u, l, w, n
-      if v then e, p, u, l, w, n = string.match(v, '^([^,]+),([^,]+),([^,]+),([^,]+),([^,]+),([^,]+)$') end
+      if v then e, p, u, l, w, n = string.match(v, '^(%d+),(%d+),(%d+),(%d+),(%d+),(%d+)$') end
       e, p, u, w = tonumber(e), tonumber(p), tonumber(u), tonumber(w)
       if e and p and u and w == b then
+        -- Counts as in process: at most 2^32 - 1.
         if e == tonumber(mark) then
-          u = u + extra
+          u = min(u + extra, 4294967295)
         elseif e == tonumber(mark) + w then
-          p = p + extra
+          p = min(p + extra, 4294967295)
         end
         redis.call('SET', key, fmt('%d,%d,%d,%s,%d,%s', e, p, u, l, w, n), 'KEEPTTL')
       end

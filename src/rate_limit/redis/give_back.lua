@@ -113,7 +113,7 @@ while ARGV[i] do
       -- count, which is the previous one's once a window has passed (its
       -- remaining weight is what comes back). Newcomers still go after
       -- the latest booking, kept.
-      local e, p, u, l, w, n = string.match(v, '^([^,]+),([^,]+),([^,]+),([^,]+),([^,]+),([^,]+)$')
+      local e, p, u, l, w, n = string.match(v, '^(%d+),(%d+),(%d+),(%d+),(%d+),(%d+)$')
       e, p, u, w = tonumber(e), tonumber(p), tonumber(u), tonumber(w)
       if e and p and u and w == b then
         if e == tonumber(mark) then
