@@ -234,6 +234,42 @@ proptest! {
     }
 }
 
+/// A counter whose limit times its window passes 2^53 (in microseconds):
+/// both scripts' long division agrees with in process, to the
+/// microsecond.
+#[tokio::test]
+async fn a_counter_past_two_to_the_53_decides_as_in_process() {
+    let Some(server) = RedisServer::start("a_counter_past_two_to_the_53") else {
+        return;
+    };
+    let days = |n: u64| Duration::from_secs(n * 86_400);
+    let counter = Quota::new(4_000_000_000, days(300))
+        .expect("valid")
+        .sliding_window_counter();
+    let day_ms = 86_400_000;
+    let history = [
+        Step::Burst {
+            n: 1,
+            cost: 3_999_999_999,
+        },
+        Step::Wait(299 * day_ms),
+        Step::Burst { n: 2, cost: 1 },
+        Step::Wait(2 * day_ms),
+        // The previous window weighs about 299/300 of its 4e9: refused,
+        // and the instant it fits is past 2^53 to work out.
+        Step::Burst {
+            n: 2,
+            cost: 900_000_000,
+        },
+        Step::Wait(150 * day_ms + 12_345),
+        Step::Burst {
+            n: 3,
+            cost: 1_500_000_000,
+        },
+    ];
+    agree_on(&server, "huge:", counter, &history, true).await;
+}
+
 /// Most of a window of ones expires at once, and a call leaves most of
 /// the expired bookings for later calls to remove: a costly request right
 /// after is judged on the live ones only, as in process.
