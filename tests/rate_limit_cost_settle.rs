@@ -22,11 +22,12 @@ use tower_throttle::rate_limit::{
 const MINUTE: Duration = Duration::from_secs(60);
 
 /// Every algorithm, the turn budget included.
-const ALL: [Algorithm; 4] = [
+const ALL: [Algorithm; 5] = [
     Algorithm::TokenBucket,
     Algorithm::SlidingWindow,
     Algorithm::FixedWindow,
     Algorithm::TurnBudget,
+    Algorithm::SlidingWindowCounter,
 ];
 
 fn quota(algorithm: Algorithm, limit: u32, period: Duration) -> Quota {
@@ -76,10 +77,14 @@ async fn send(svc: &mut Svc, key: &str, cost: u32) -> Result<Settlement, BoxErro
 }
 
 /// Move paused time to the start of a fixed window (they are aligned to the
-/// wall clock): fill key `align` and wait out its refusal. Other algorithms
-/// need nothing.
+/// wall clock): fill key `align` and wait out its refusal (a sliding window
+/// counter's, filled at once, ends a window later, on a boundary too).
+/// Other algorithms need nothing.
 async fn align(svc: &mut Svc, algorithm: Algorithm, limit: u32) {
-    if algorithm != Algorithm::FixedWindow {
+    if !matches!(
+        algorithm,
+        Algorithm::FixedWindow | Algorithm::SlidingWindowCounter
+    ) {
         return;
     }
     let _ = send(svc, "align", limit).await;
@@ -299,6 +304,7 @@ async fn nothing_is_settled_across_a_retune() {
         Algorithm::TokenBucket,
         Algorithm::SlidingWindow,
         Algorithm::FixedWindow,
+        Algorithm::SlidingWindowCounter,
     ] {
         let twin = || {
             let layer = RateLimitLayer::new(
@@ -329,7 +335,10 @@ async fn nothing_is_settled_across_a_retune() {
             let wait = |r: Result<Settlement, BoxError>| {
                 r.err().map(|e| {
                     let wait = e.downcast_ref::<RateLimited>().unwrap().retry_after;
-                    if algorithm == Algorithm::FixedWindow {
+                    if matches!(
+                        algorithm,
+                        Algorithm::FixedWindow | Algorithm::SlidingWindowCounter
+                    ) {
                         Duration::from_secs(wait.as_secs_f64().round() as u64)
                     } else {
                         wait
@@ -426,7 +435,8 @@ fn overrun(algorithm: Algorithm, history: &[Step], max_wait: Duration) -> Option
                 Algorithm::TurnBudget => {
                     (admitted.iter().map(|&(_, c)| u64::from(c)).sum(), "turn")
                 }
-                Algorithm::FixedWindow => (
+                // A counter holds an aligned second to the limit too.
+                Algorithm::FixedWindow | Algorithm::SlidingWindowCounter => (
                     admitted
                         .iter()
                         .filter(|&&(u, _)| u / second == t / second)

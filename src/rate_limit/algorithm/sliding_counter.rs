@@ -505,5 +505,48 @@ mod tests {
         let mut counts = Counts::default();
         meter.book(&mut counts, 50_000, 50_000, 1);
         assert_eq!(meter.earliest(&mut counts, 10_000, 1, 500), 10_000);
+        // A window far ahead with nothing booked in it (what was spent,
+        // carried there by a clock since stepped back) says the same.
+        let mut counts = Counts::default();
+        meter.hold_spent(&mut counts, 50_000, 1);
+        assert_eq!(counts.latest, 0);
+        assert_eq!(meter.earliest(&mut counts, 10_000, 1, 500), 10_000);
+    }
+
+    #[test]
+    fn what_remains_is_all_back_when_both_windows_weigh_nothing() {
+        let meter = SlidingCounter::new(4, 1_000, 0);
+        let mut counts = Counts::default();
+        meter.book(&mut counts, 100, 100, 2);
+        // In its window: back a window after it ends.
+        assert_eq!(meter.remaining(&counts, 500), (2, 1_500));
+        // The next window, nothing in it: back when it ends; 2 × 0.5 weighs.
+        assert_eq!(meter.remaining(&counts, 1_500), (3, 500));
+        // Two windows on: all back now.
+        assert_eq!(meter.remaining(&counts, 2_500), (4, 0));
+    }
+
+    #[test]
+    fn a_settlement_reaches_a_booking_counted_in_the_previous_window() {
+        // Booked for 3 in [0, 1000), settled at 0 once a booking in
+        // [1000, 2000) moved the counts on: the previous window's count
+        // takes it, so 1 × 0.5 weighs at 1,500, not 4 × 0.5.
+        let meter = SlidingCounter::new(4, 1_000, 0);
+        let mut counts = Counts::default();
+        let first = meter.book(&mut counts, 100, 100, 3);
+        meter.book(&mut counts, 1_200, 1_200, 1);
+        assert_eq!(meter.remaining(&counts, 1_500).0, 1);
+        meter.settle(&mut counts, 1_500, &first, 0, false);
+        assert_eq!(counts.previous, 0);
+        assert_eq!(meter.remaining(&counts, 1_500).0, 3);
+    }
+
+    #[test]
+    fn nothing_is_counted_from_the_end_of_the_counts_on() {
+        let meter = SlidingCounter::new(5, 1_000, 0);
+        let mut counts = Counts::default();
+        meter.book(&mut counts, 100, 100, 3);
+        assert_eq!(meter.counted_in(&counts, 1_000, 2_000), 0);
+        assert_eq!(meter.counted_in(&counts, 999, 2_000), 3);
     }
 }
