@@ -178,11 +178,35 @@ async fn two_gateways_on_one_redis_hold_one_token_quota() {
     let Some(redis) = RedisServer::start("two_gateways_one_token_quota") else {
         return;
     };
-    let sim_port = free_port();
-    let file = config_with(
-        sim_port,
-        r#"quotas = [{ limit = 150, period = "1m", unit = "tokens", algorithm = "sliding_window" }]"#,
+    let quotas = r#"quotas = [{ limit = 150, period = "1m", unit = "tokens", algorithm = "sliding_window" }]"#;
+    let admitted = token_quota_on_two_gateways(&redis, quotas, 150).await;
+    assert_eq!(admitted.0, admitted.1, "estimate and usage: {admitted:?}");
+}
+
+/// The same with a provider's rolling tokens a minute past what Redis keeps
+/// of an exact window: a sliding window counter, one value per key. Within
+/// one minute it counts as a fixed window does; a run that crosses a
+/// minute's boundary may let one more through (the minute before weighs a
+/// little less than whole).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_one_redis_hold_one_rolling_token_counter() {
+    let Some(redis) = RedisServer::start("two_gateways_one_token_counter") else {
+        return;
+    };
+    let quotas = r#"quotas = [{ limit = 1500, period = "1m", unit = "tokens", algorithm = "sliding_window_counter" }]"#;
+    let (admitted, expected) = token_quota_on_two_gateways(&redis, quotas, 1_500).await;
+    assert!(
+        admitted == expected || admitted == expected + 1,
+        "{admitted} admitted, {expected} expected"
     );
+}
+
+/// Requests through two gateways on `redis`, alternately, with `quotas`
+/// holding `limit` tokens a minute, until one is refused: how many were
+/// admitted, and how many the estimates and the usage reported allow.
+async fn token_quota_on_two_gateways(redis: &RedisServer, quotas: &str, limit: u64) -> (u64, u64) {
+    let sim_port = free_port();
+    let file = config_with(sim_port, quotas);
     let config = file.0.display().to_string();
     let mut sim = start(&format!(
         "--config {config} --simulator-only --listen 127.0.0.1:{sim_port}"
@@ -208,10 +232,10 @@ async fn two_gateways_on_one_redis_hold_one_token_quota() {
     assert!(used < estimate, "{used} {estimate}");
     // Each is admitted while its estimate fits on top of what the ones
     // before really used: one quota, wherever they come through.
-    let expected = (150 - estimate) / used + 1;
+    let expected = (limit - estimate) / used + 1;
     assert!(expected > 2, "estimate {estimate}, used {used}");
     let mut admitted = 0;
-    for i in 0..200 {
+    for i in 0..400 {
         let response = post_body(&client, &urls[i % 2], body).await;
         let status = response.status().as_u16();
         // Read to its end: the answer settles its charge there.
@@ -222,9 +246,8 @@ async fn two_gateways_on_one_redis_hold_one_token_quota() {
         assert_eq!(status, 200);
         admitted += 1;
     }
-    assert_eq!(admitted, expected, "estimate {estimate}, used {used}");
-
     stop(&mut a).await;
     stop(&mut b).await;
     stop(&mut sim).await;
+    (admitted, expected)
 }
