@@ -441,10 +441,11 @@ impl State {
                 if in_use == 0 && (*used == 0 || *started + spec.period() <= now) {
                     *started = now;
                     *used = spent;
-                } else if *started <= now {
+                } else if *started < now + spec.period() {
                     *used = (*used).max(spent);
                 }
-                // A turn booked ahead: the running one is full already.
+                // A turn booked past a turn's length from now: not the
+                // spending's.
             }
         }
     }

@@ -133,11 +133,13 @@ impl Meter for TurnBudget {
                 used: spent,
                 stale_at: now.saturating_add(self.stale_after),
             };
-        } else if turn.started <= now {
+        } else if turn.started < now.saturating_add(self.stale_after) {
+            // The running turn, or one booked ahead within a turn's length
+            // of now: the turn the spending would have opened now holds it.
             turn.used = turn.used.max(spent);
         }
-        // A turn booked ahead (by a waiter, or filled for one) means the
-        // running one is full already; what was spent now is not its.
+        // A turn booked further ahead starts after the spending's turn
+        // would have gone stale (a fill behind a full turn): not its.
     }
 
     fn fill_until(&self, turn: &mut Turn, at: Nanos) {
@@ -194,5 +196,17 @@ mod tests {
         budget.hold_spent(&mut turn, 0, 4);
         assert_eq!(turn, filled);
         assert_eq!(turn.used, 2);
+    }
+
+    #[test]
+    fn what_was_spent_is_held_by_a_turn_booked_ahead_within_a_turn() {
+        // No turn ran; a waiter (held back by another quota) opened one at
+        // 2 s. What the key spent now, carried, would have opened a turn
+        // now that the waiter's falls in: that turn holds it.
+        let budget = TurnBudget::new(3, 10_000);
+        let mut turn = Turn::default();
+        budget.book(&mut turn, 0, 2_000, 1);
+        budget.hold_spent(&mut turn, 0, 3);
+        assert_eq!(turn.used, 3);
     }
 }

@@ -68,7 +68,8 @@ pub struct QuotaInfo {
     pub period_seconds: f64,
     /// The most admitted at once (a token bucket's burst).
     pub burst: u32,
-    /// `token_bucket`, `sliding_window`, `fixed_window` or `turn_budget`.
+    /// `token_bucket`, `sliding_window`, `fixed_window`, `turn_budget` or
+    /// `sliding_window_counter` ([`Algorithm::as_str`](tower_throttle::rate_limit::Algorithm::as_str)).
     pub algorithm: &'static str,
     /// `requests` or `cost` (tokens, on the gateway).
     pub unit: &'static str,
