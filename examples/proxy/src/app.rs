@@ -129,7 +129,10 @@ pub async fn run(
                 if cli.tls {
                     bench_tls::run(cli.requests, &cli.connections).await
                 } else {
-                    bench::run(cli.requests, &cli.connections).await
+                    match cli.path {
+                        Some(path) => bench::run_one(path, cli.requests, &cli.connections).await,
+                        None => bench::run(cli.requests, &cli.connections).await,
+                    }
                 }
             } => match result {
                 Ok(report) => {

@@ -249,83 +249,176 @@ async fn health_under_saturation(client: &LoadClient) -> Result<String, BoxError
     ))
 }
 
-/// Run the comparison and return the report.
-pub async fn run(requests: u64, connections: &[usize]) -> Result<String, BoxError> {
-    let settings = Settings::from_toml(BENCH_CONFIG, &process_env)?;
-    let running = gateway::start(settings, ([127, 0, 0, 1], 0).into(), "bench")
-        .await
-        .map_err(|e| e.to_string())?;
-    let direct = format!(
-        "{}/v1/chat/completions",
-        running
+/// One of the paths the load test compares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchPath {
+    /// The simulator, straight.
+    Direct,
+    /// Through the plain forwarding proxy.
+    Plain,
+    /// Through the gateway.
+    Gateway,
+    /// Through the gateway writing an access log.
+    Logged,
+}
+
+/// What the load test runs against: the gateway, its simulator, a plain
+/// hop and a gateway that logs, with a client for them.
+struct Paths {
+    running: gateway::Running,
+    logging: gateway::Running,
+    log_path: std::path::PathBuf,
+    client: LoadClient,
+    direct: String,
+    plain: String,
+    through: String,
+    logged: String,
+}
+
+impl Paths {
+    async fn start(connections: &[usize]) -> Result<Self, BoxError> {
+        let settings = Settings::from_toml(BENCH_CONFIG, &process_env)?;
+        let running = gateway::start(settings, ([127, 0, 0, 1], 0).into(), "bench")
+            .await
+            .map_err(|e| e.to_string())?;
+        let simulator = running
             .simulator
             .as_ref()
             .map(|s| s.url())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        let direct = format!("{simulator}/v1/chat/completions");
+        let through = format!("{}/v1/chat/completions", running.url());
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let most = connections.iter().copied().max().unwrap_or(1);
+        let client: LoadClient = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(most * 2)
+            .build(connector);
+        let plain = format!(
+            "{}/v1/chat/completions",
+            plain_proxy(simulator.clone(), client.clone()).await?
+        );
+        // The same gateway writing an access log (JSON lines, every request,
+        // to a file): what the log costs.
+        let log_path = std::env::temp_dir().join(format!("proxy-bench-{}.log", std::process::id()));
+        let logged_config = format!(
+            "[gateway]\naccess_log = {:?}\n\n[[providers]]\nname = \"sim\"\nbase_url = {:?}\n{}",
+            log_path.display().to_string(),
+            simulator,
+            bench_layers!()
+        );
+        let logging = gateway::start(
+            Settings::from_toml(&logged_config, &process_env)?,
+            ([127, 0, 0, 1], 0).into(),
+            "bench",
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let logged = format!("{}/v1/chat/completions", logging.url());
+        Ok(Self {
+            running,
+            logging,
+            log_path,
+            client,
+            direct,
+            plain,
+            through,
+            logged,
+        })
+    }
+
+    fn url(&self, path: BenchPath) -> &str {
+        match path {
+            BenchPath::Direct => &self.direct,
+            BenchPath::Plain => &self.plain,
+            BenchPath::Gateway => &self.through,
+            BenchPath::Logged => &self.logged,
+        }
+    }
+
+    async fn stop(self) {
+        self.logging.shutdown().await;
+        let _ = std::fs::remove_file(&self.log_path);
+        self.running.shutdown().await;
+    }
+}
+
+/// The report's name of a path.
+fn path_name(path: BenchPath) -> &'static str {
+    match path {
+        BenchPath::Direct => "simulator direct",
+        BenchPath::Plain => "plain proxy, no layers",
+        BenchPath::Gateway => "the gateway, four layers",
+        BenchPath::Logged => "the gateway with an access log",
+    }
+}
+
+const TABLE_HEAD: &str =
+    "| connections | path | req/s | p50 µs | p99 µs | errors |\n|---:|---|---:|---:|---:|---:|";
+
+fn row(out: &mut String, connections: usize, path: BenchPath, r: &Run) {
+    let _ = writeln!(
+        out,
+        "| {connections} | {} | {:.0} | {} | {} | {} |",
+        path_name(path),
+        r.throughput,
+        r.p50,
+        r.p99,
+        r.errors
     );
-    let through = format!("{}/v1/chat/completions", running.url());
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    let most = connections.iter().copied().max().unwrap_or(1);
-    let client: LoadClient = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(most * 2)
-        .build(connector);
-    let simulator = running
-        .simulator
-        .as_ref()
-        .map(|s| s.url())
-        .unwrap_or_default();
-    let plain = format!(
-        "{}/v1/chat/completions",
-        plain_proxy(simulator.clone(), client.clone()).await?
-    );
-    // The same gateway writing an access log (JSON lines, every request,
-    // to a file): what the log costs.
-    let log_path = std::env::temp_dir().join(format!("proxy-bench-{}.log", std::process::id()));
-    let logged_config = format!(
-        "[gateway]\naccess_log = {:?}\n\n[[providers]]\nname = \"sim\"\nbase_url = {:?}\n{}",
-        log_path.display().to_string(),
-        simulator,
-        bench_layers!()
-    );
-    let logging = gateway::start(
-        Settings::from_toml(&logged_config, &process_env)?,
-        ([127, 0, 0, 1], 0).into(),
-        "bench",
-    )
-    .await
-    .map_err(|e| e.to_string())?;
-    let logged = format!("{}/v1/chat/completions", logging.url());
+}
+
+/// `--path`: load one path alone, after a warm-up of 500 requests, and
+/// report its rows. Two runs of different `--requests` under callgrind
+/// give that path's instructions per request by their difference.
+pub async fn run_one(
+    path: BenchPath,
+    requests: u64,
+    connections: &[usize],
+) -> Result<String, BoxError> {
+    let paths = Paths::start(connections).await?;
+    let url = paths.url(path).to_owned();
+    let mut out = format!("load test: {requests} requests per run, loopback, no limit hit\n");
+    out.push_str(TABLE_HEAD);
+    out.push('\n');
+    for &c in connections {
+        load(&paths.client, &url, 500.min(requests), c).await?;
+        let r = load(&paths.client, &url, requests, c).await?;
+        row(&mut out, c, path, &r);
+    }
+    paths.stop().await;
+    Ok(out)
+}
+
+/// Run the comparison and return the report.
+pub async fn run(requests: u64, connections: &[usize]) -> Result<String, BoxError> {
+    let paths = Paths::start(connections).await?;
+    let client = &paths.client;
     let mut out = String::new();
     let _ = writeln!(
         out,
         "load test: {requests} requests per run, loopback, no limit hit"
     );
-    let _ = writeln!(
-        out,
-        "| connections | path | req/s | p50 µs | p99 µs | errors |\n|---:|---|---:|---:|---:|---:|"
-    );
+    out.push_str(TABLE_HEAD);
+    out.push('\n');
     let mut summary = String::new();
     for &c in connections {
         // Warm every path up: connections, pools, caches.
-        for url in [&direct, &plain, &through, &logged] {
-            load(&client, url, 500.min(requests), c).await?;
+        let all = [
+            BenchPath::Direct,
+            BenchPath::Plain,
+            BenchPath::Gateway,
+            BenchPath::Logged,
+        ];
+        for path in all {
+            load(client, paths.url(path), 500.min(requests), c).await?;
         }
-        let d = load(&client, &direct, requests, c).await?;
-        let p = load(&client, &plain, requests, c).await?;
-        let g = load(&client, &through, requests, c).await?;
-        let l = load(&client, &logged, requests, c).await?;
-        for (name, r) in [
-            ("simulator direct", &d),
-            ("plain proxy, no layers", &p),
-            ("the gateway, four layers", &g),
-            ("the gateway with an access log", &l),
-        ] {
-            let _ = writeln!(
-                out,
-                "| {c} | {name} | {:.0} | {} | {} | {} |",
-                r.throughput, r.p50, r.p99, r.errors
-            );
+        let d = load(client, &paths.direct, requests, c).await?;
+        let p = load(client, &paths.plain, requests, c).await?;
+        let g = load(client, &paths.through, requests, c).await?;
+        let l = load(client, &paths.logged, requests, c).await?;
+        for (path, r) in all.into_iter().zip([&d, &p, &g, &l]) {
+            row(&mut out, c, path, r);
         }
         let share = |a: &Run, b: &Run| 100.0 * a.throughput / b.throughput.max(f64::MIN_POSITIVE);
         let _ = writeln!(
@@ -348,9 +441,7 @@ pub async fn run(requests: u64, connections: &[usize]) -> Result<String, BoxErro
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     out.push_str(&summary);
-    out.push_str(&health_under_saturation(&client).await?);
-    logging.shutdown().await;
-    let _ = std::fs::remove_file(&log_path);
-    running.shutdown().await;
+    out.push_str(&health_under_saturation(client).await?);
+    paths.stop().await;
     Ok(out)
 }

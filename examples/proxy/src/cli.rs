@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+pub use crate::bench::BenchPath;
+
 /// An LLM API gateway: per-(provider, model) rate limits, concurrency caps
 /// and upstream-429 cooldowns in front of OpenAI-compatible upstreams, with
 /// live stats. Without --config it runs examples/proxy/proxy.toml from the
@@ -53,6 +55,12 @@ pub struct Cli {
         requires = "bench"
     )]
     pub connections: Vec<usize>,
+
+    /// Load-test one path alone (warmed up, then --requests over each
+    /// --connections): to count a path's instructions per request under
+    /// callgrind, as the difference of two runs of different sizes.
+    #[arg(long, value_enum, requires = "bench", conflicts_with = "tls")]
+    pub path: Option<BenchPath>,
 
     /// Keep the rate limits and the cooldowns in Redis at URL, shared by
     /// every gateway given the same URL (as `[store] redis_url`; needs the

@@ -8,6 +8,7 @@
 //! cargo run -p proxy -- --config examples/proxy/proxy.toml --listen 127.0.0.1:8080
 //! cargo run --release -p proxy -- --bench # gateway vs simulator alone, on loopback
 //! cargo run --release -p proxy -- --bench --tls # gateway vs direct TLS to an HTTPS upstream
+//! cargo run --release -p proxy -- --bench --path gateway --requests 2000 --connections 1 # one path alone (for callgrind)
 //! ```
 //!
 //! Requests to `/PROVIDER/...` (or to unprefixed paths, for the default

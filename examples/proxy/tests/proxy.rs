@@ -1005,3 +1005,23 @@ async fn the_simulator_refuses_over_its_limit_and_streams_openai_chunks() {
 fn the_load_test_config_is_valid() {
     Settings::from_toml(bench::BENCH_CONFIG, &no_env).unwrap();
 }
+
+/// `--bench --path`: one path alone, each request answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_load_test_runs_one_path_alone() {
+    for path in [bench::BenchPath::Plain, bench::BenchPath::Gateway] {
+        let report = bench::run_one(path, 20, &[1, 2]).await.unwrap();
+        let rows: Vec<&str> = report.lines().filter(|l| l.starts_with("| ")).collect();
+        assert_eq!(rows.len(), 3, "{report}");
+        for row in &rows[1..] {
+            assert!(row.ends_with("| 0 |"), "errors in {row}");
+        }
+        assert!(
+            rows[1..].iter().all(|r| r.contains(match path {
+                bench::BenchPath::Plain => "plain proxy",
+                _ => "the gateway, four layers",
+            })),
+            "{report}"
+        );
+    }
+}

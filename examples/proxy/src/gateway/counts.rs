@@ -1,11 +1,11 @@
 //! What upstreams answered, per route and in all, and the wake-up the stats
 //! hub waits on.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use axum::http::StatusCode;
+use foldhash::HashMap;
 use parking_lot::Mutex;
 use serde::Serialize;
 use tokio::sync::Notify;
@@ -147,11 +147,16 @@ impl UpstreamCounters {
 
     pub(super) fn record(&self, route: Option<&Route>, status: Option<StatusCode>) {
         let name = route.map(|route| {
+            let name = route.to_string();
             // A route the upstream serves is real: counted by name from now.
             if status.is_some_and(|s| s.is_success()) {
-                self.tracked.answered(route);
+                self.tracked.answered(&name);
             }
-            self.name(route)
+            if self.tracked.contains(&name) {
+                name
+            } else {
+                OTHER.to_owned()
+            }
         });
         {
             let mut table = self.table.lock();

@@ -1,9 +1,9 @@
 //! Which routes are counted by name: [`TrackedRoutes`].
 
-use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use foldhash::{HashMap, HashSet};
 use parking_lot::RwLock;
 
 use crate::config::{Settings, Upstream};
@@ -110,18 +110,17 @@ impl TrackedRoutes {
         }
     }
 
-    /// The upstream answered `route` with a 2xx: it is real. Tracked if
+    /// The upstream answered the route named `name` with a 2xx: it is real. Tracked if
     /// the configured routes leave room, or an answered name idle for
     /// `route_idle` gives its place.
-    pub fn answered(&self, route: &Route) {
-        let name = route.to_string();
+    pub fn answered(&self, name: &str) {
         let now = self.now();
         {
             let names = self.names.read();
-            if names.configured.contains(&name) {
+            if names.configured.contains(name) {
                 return;
             }
-            if let Some(seen) = names.answered.get(&name) {
+            if let Some(seen) = names.answered.get(name) {
                 seen.store(now, Ordering::Relaxed);
                 return;
             }
@@ -147,7 +146,7 @@ impl TrackedRoutes {
         }
         names
             .answered
-            .entry(name)
+            .entry(name.to_owned())
             .or_insert_with(|| AtomicU64::new(now));
     }
 }
