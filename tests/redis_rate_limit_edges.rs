@@ -708,3 +708,52 @@ async fn the_documented_acl_is_enough() {
     assert!(is_refused(&send(&mut svc, "k", 3).await));
     send(&mut svc, "other", 4).await.expect("a turn");
 }
+
+#[tokio::test]
+async fn a_long_fixed_window_retuned_shorter_keeps_its_waiter_ahead_of_newcomers() {
+    let Some(server) = RedisServer::start("a_long_fixed_window_retuned_shorter") else {
+        return;
+    };
+    // Half a minute before a whole week (the windows' boundaries are
+    // multiples of the week since the epoch).
+    let week = Duration::from_secs(7 * 86_400);
+    let clock = clock();
+    let week_us = week.as_micros() as u64;
+    clock.store(
+        (clock.load(Ordering::SeqCst) / week_us + 1) * week_us - 30_000_000,
+        Ordering::SeqCst,
+    );
+    let layer = RateLimitLayer::new(
+        Quota::new(2, week).expect("valid").fixed_window(),
+        header_key(),
+    )
+    .with_max_wait(MINUTE)
+    .with_store(store(&server, "long-fixed:", &clock))
+    .expect("a quota Redis keeps");
+    let handle = layer.handle();
+    let mut svc = layer.layer(Inner::new());
+    for i in 0..2 {
+        send(&mut svc, "k", i).await.expect("the week's two");
+    }
+    // The third waits for the next week, 30 s on (its task sleeps that
+    // long on tokio's clock; the scripts' clock is the test's).
+    let waiter = svc.ready().await.expect("ready").call(request("k", 2));
+    let waiter = tokio::spawn(waiter);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "the third waits for the next week");
+    // One a second from now on: the waiter's unit still counts, and a
+    // newcomer goes after it. Counted at the end of the next week, the
+    // state lay further ahead than the script's horizon (a day), was taken
+    // for a clock that ran backwards and started afresh: the newcomer went
+    // at once, before the waiter, and the week's count was lost.
+    handle.set_default(vec![Quota::per_second(1).expect("valid").fixed_window()]);
+    let err = send(&mut svc, "k", 3)
+        .await
+        .expect_err("not before the waiter");
+    let wait = err
+        .downcast_ref::<RateLimited>()
+        .expect("refused")
+        .retry_after;
+    assert!(wait > Duration::from_secs(30), "{wait:?}");
+    waiter.abort();
+}

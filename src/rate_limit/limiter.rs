@@ -285,7 +285,7 @@ impl Limiter {
             timeline.epoch_offset(),
             0,
             seed.global(),
-            &|_| {},
+            &|_| 0,
         );
         Self {
             timeline,

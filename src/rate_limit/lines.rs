@@ -198,19 +198,22 @@ impl Lines {
     }
 
     /// For a retune: give `key`, if its waiters are booked beyond `now`, a
-    /// floor at its last waiter's instant. The caller holds the key's state,
-    /// under which waiters join, so no waiter is missed.
-    pub(crate) fn hold_back_key(&self, key: KeyHash, now: Nanos) {
+    /// floor at its last waiter's instant, and return its floor (0: none
+    /// beyond `now`). The caller holds the key's state, under which waiters
+    /// join, so no waiter is missed.
+    pub(crate) fn hold_back_key(&self, key: KeyHash, now: Nanos) -> Nanos {
         let shard = self.shard(key);
         if shard.waiting.load(Ordering::Relaxed) == 0 {
-            return;
+            return 0;
         }
         let mut queues = shard.queues.lock();
-        if let Some(line) = queues.keys.get_mut(&key.0) {
-            if line.hold_back(now) {
-                self.raise_floors(line.floor);
-            }
+        let Some(line) = queues.keys.get_mut(&key.0) else {
+            return 0;
+        };
+        if line.hold_back(now) {
+            self.raise_floors(line.floor);
         }
+        line.floor.filter(|&floor| floor > now).unwrap_or(0)
     }
 
     /// For a retune: give every key whose waiters are booked beyond `now`

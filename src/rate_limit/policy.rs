@@ -84,7 +84,7 @@ impl Policy {
         epoch_offset: Nanos,
         now: Nanos,
         global: KeyHash,
-        hold: &dyn Fn(KeyHash),
+        hold: &dyn Fn(KeyHash) -> Nanos,
     ) -> Self {
         let mut compiled = Vec::with_capacity(rules.len() + 1);
         let named = std::iter::once((DEFAULT_POLICY, default, false)).chain(

@@ -177,35 +177,36 @@ impl Table {
 
     /// Apply new parameters of the same algorithm, converting every key's
     /// state without minting capacity. `hold(key)` runs for each key as it
-    /// is converted, under its lock (see [`Lines::hold_back_key`]).
-    pub(crate) fn retune(&self, params: &Params, now: Nanos, hold: &dyn Fn(KeyHash)) {
+    /// is converted, under its lock, and says its last waiter's instant
+    /// (see [`Lines::hold_back_key`]).
+    pub(crate) fn retune(&self, params: &Params, now: Nanos, hold: &dyn Fn(KeyHash) -> Nanos) {
         match (self, params) {
             (Self::TokenBucket(s), Params::TokenBucket(p)) => {
                 s.retune(p, |old, new, key, state| {
-                    hold(key);
-                    new.retune(old, state, now)
+                    let booked = hold(key);
+                    new.retune(old, state, now, booked)
                 })
             }
             (Self::SlidingWindow(s), Params::SlidingWindow(p)) => {
                 s.retune(p, |old, new, key, state| {
-                    hold(key);
-                    new.retune(old, state, now)
+                    let booked = hold(key);
+                    new.retune(old, state, now, booked)
                 })
             }
             (Self::FixedWindow(s), Params::FixedWindow(p)) => {
                 s.retune(p, |old, new, key, state| {
-                    hold(key);
-                    new.retune(old, state, now)
+                    let booked = hold(key);
+                    new.retune(old, state, now, booked)
                 })
             }
             (Self::TurnBudget(s), Params::TurnBudget(p)) => s.retune(p, |old, new, key, state| {
-                hold(key);
-                new.retune(old, state, now)
+                let booked = hold(key);
+                new.retune(old, state, now, booked)
             }),
             (Self::SlidingCounter(s), Params::SlidingCounter(p)) => {
                 s.retune(p, |old, new, key, state| {
-                    hold(key);
-                    new.retune(old, state, now)
+                    let booked = hold(key);
+                    new.retune(old, state, now, booked)
                 })
             }
             _ => {}

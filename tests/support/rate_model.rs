@@ -103,7 +103,7 @@ impl Spec {
 
     /// The token bucket's emission interval: the period over the limit,
     /// rounded up.
-    fn emission(&self) -> u64 {
+    pub fn emission(&self) -> u64 {
         self.period().div_ceil(u64::from(self.limit))
     }
 
@@ -151,14 +151,14 @@ pub struct Windows {
 
 impl Windows {
     /// The index of the window of `period` holding `t`.
-    fn index(&self, period: u64, t: u64) -> u64 {
+    pub fn index(&self, period: u64, t: u64) -> u64 {
         let shift = (period - self.anchor % period) % period;
         (t + shift) / period
     }
 
     /// When window `index` of `period` starts (0 for the first, which may
     /// have started before the limiter).
-    fn start(&self, period: u64, index: u64) -> u64 {
+    pub fn start(&self, period: u64, index: u64) -> u64 {
         let shift = (period - self.anchor % period) % period;
         (index * period).saturating_sub(shift)
     }

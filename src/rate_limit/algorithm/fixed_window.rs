@@ -118,18 +118,26 @@ impl Meter for FixedWindow {
         self.refund(state, now, grant, false);
     }
 
-    fn retune(&self, old: &Self, state: &mut WindowCount, now: Nanos) {
+    fn retune(&self, old: &Self, state: &mut WindowCount, now: Nanos, booked: Nanos) {
         if old.window == self.window || state.end <= now {
             // Same boundaries: what was used stays used under the new limit.
             return;
         }
         // New boundaries. The state's bookings lie in its window, at or
-        // before now when that window holds now, else somewhere ahead in it
-        // (waiters): count them in the new window holding the latest instant
-        // they can have, so none is passed.
+        // before now when that window holds now, else ahead in it
+        // (waiters, at its start or behind the key's last waiter): count
+        // them in the new window holding the latest instant they can have,
+        // so none is passed. Not later: counted at the old window's end, a
+        // long old window's count would lie further ahead than any wait
+        // allows, and `earliest` would take the key for one whose clock ran
+        // backwards and start it afresh.
         // The first window on a limiter's timeline may start before 0.
         let start = state.end.saturating_sub(old.window);
-        let latest = if start > now { state.end - 1 } else { now };
+        let latest = if start > now {
+            (state.end - 1).min(booked.max(start))
+        } else {
+            now
+        };
         let end = self.end_of(latest);
         // Earlier old windows overlapping the new one may each have used
         // their whole limit; counting them so never frees anything.
@@ -203,7 +211,7 @@ mod tests {
         // its count with it.
         let (old, new) = (FixedWindow::new(2, 1_000, 0), FixedWindow::new(2, 2_000, 0));
         let mut state = booked(&old, &[100, 200], 1);
-        new.retune(&old, &mut state, 5_000);
+        new.retune(&old, &mut state, 5_000, 0);
         assert_eq!(new.remaining(&state, 5_000).0, 2);
         let mut copy = state;
         assert_eq!(new.earliest(&mut copy, 5_000, 2, 0), 5_000);
@@ -217,9 +225,35 @@ mod tests {
         let (old, new) = (FixedWindow::new(2, 1_000, 0), FixedWindow::new(2, 500, 0));
         let mut state = WindowCount::default();
         old.book(&mut state, 500, 2_500, 1);
-        new.retune(&old, &mut state, 500);
+        new.retune(&old, &mut state, 500, 2_500);
         assert_eq!(state.end, 3_000);
         assert_eq!(new.earliest(&mut state, 500, 1, 10_000), 2_500);
+    }
+
+    #[test]
+    fn a_long_window_retuned_shorter_keeps_its_waiters_count_within_reach() {
+        // A minute's window full, a waiter booked at the next minute's
+        // start; retuned to one a second at 59.5 s. The waiter's unit
+        // counts in the second it goes in, [60 s, 61 s): counted at the end
+        // of the old window instead (120 s), the state would lie further
+        // ahead than a newcomer may wait, be taken for a clock that ran
+        // backwards and start afresh, and the newcomer would go in the
+        // waiter's second too.
+        let (old, new) = (
+            FixedWindow::new(2, 60_000, 0),
+            FixedWindow::new(1, 1_000, 0),
+        );
+        let mut state = booked(&old, &[100, 200], 1);
+        old.book(&mut state, 59_500, 60_000, 1);
+        new.retune(&old, &mut state, 59_500, 60_000);
+        assert_eq!(
+            state,
+            WindowCount {
+                end: 61_000,
+                used: 1
+            }
+        );
+        assert_eq!(new.earliest(&mut state, 59_500, 1, 2_000), 61_000);
     }
 
     #[test]

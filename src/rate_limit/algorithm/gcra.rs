@@ -205,7 +205,7 @@ impl Meter for Gcra {
         }
     }
 
-    fn retune(&self, old: &Self, tat: &mut Tat, now: Nanos) {
+    fn retune(&self, old: &Self, tat: &mut Tat, now: Nanos, _booked: Nanos) {
         if tat.0 <= now || old == self {
             return;
         }

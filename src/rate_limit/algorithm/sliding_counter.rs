@@ -204,7 +204,7 @@ impl Meter for SlidingCounter {
         self.refund(counts, now, grant, false);
     }
 
-    fn retune(&self, old: &Self, counts: &mut Counts, now: Nanos) {
+    fn retune(&self, old: &Self, counts: &mut Counts, now: Nanos, _booked: Nanos) {
         if old.window == self.window || counts.is_idle(now) {
             // Same boundaries: what was counted stays counted under the
             // new limit.
@@ -436,7 +436,7 @@ mod tests {
         }
         // Windows of 4 s hold [0, 4 s): both old windows' three admissions.
         let new = SlidingCounter::new(10, 4_000, 0);
-        new.retune(&old, &mut counts, 1_200);
+        new.retune(&old, &mut counts, 1_200, 0);
         assert_eq!(new.remaining(&counts, 1_200).0, 7);
         // Windows of 100 ms: the one holding now keeps the old count then
         // (the two of the old previous window weighed 0.85, rounded up,
@@ -446,7 +446,7 @@ mod tests {
             meter_book(&old, &mut counts, t);
         }
         let short = SlidingCounter::new(10, 100, 0);
-        short.retune(&old, &mut counts, 1_150);
+        short.retune(&old, &mut counts, 1_150, 0);
         assert_eq!((counts.previous, counts.current), (1, 3));
         assert_eq!(short.remaining(&counts, 1_150).0, 6);
         // From 1 s windows to 4 s ones after four full windows: the two
@@ -459,7 +459,7 @@ mod tests {
             current: 10,
         };
         let long = SlidingCounter::new(100, 4_000, 0);
-        long.retune(&old, &mut counts, 3_950);
+        long.retune(&old, &mut counts, 3_950, 0);
         assert_eq!((counts.previous, counts.current), (0, 40));
         // As admit.lua converts it (tests/redis_short_scripts.rs): three a
         // minute, all at 600 s, to six every two minutes at 601 s: three
@@ -471,7 +471,7 @@ mod tests {
             meter_book(&minute, &mut counts, 600_000);
         }
         let two = SlidingCounter::new(6, 120_000, 0);
-        two.retune(&minute, &mut counts, 601_000);
+        two.retune(&minute, &mut counts, 601_000, 0);
         assert_eq!((counts.previous, counts.current), (3, 3));
         assert_eq!(two.earliest(&mut counts, 601_000, 1, 0), 640_000);
     }

@@ -140,7 +140,7 @@ impl Meter for SlidingWindow {
         self.refund(log, now, grant, false);
     }
 
-    fn retune(&self, old: &Self, log: &mut Log, _now: Nanos) {
+    fn retune(&self, old: &Self, log: &mut Log, _now: Nanos, _booked: Nanos) {
         // The log holds real instants, so a new limit or window applies to it
         // as it is; only the idle deadline moves with the window.
         if old.window != self.window {
@@ -257,7 +257,7 @@ mod tests {
         let (short, long) = (SlidingWindow::new(1, 100), SlidingWindow::new(1, 1_000));
         let mut log = booked(&short, &[0], 1);
         assert!(log.is_idle(100));
-        long.retune(&short, &mut log, 50);
+        long.retune(&short, &mut log, 50, 0);
         assert!(
             !log.is_idle(100),
             "idle before its booking left the new window"

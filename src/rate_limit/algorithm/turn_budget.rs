@@ -108,7 +108,7 @@ impl Meter for TurnBudget {
         self.refund(turn, now, grant, false);
     }
 
-    fn retune(&self, _old: &Self, _turn: &mut Turn, _now: Nanos) {
+    fn retune(&self, _old: &Self, _turn: &mut Turn, _now: Nanos, _booked: Nanos) {
         // What was used stays used; a new stale period applies to new turns.
     }
 

@@ -184,10 +184,14 @@ while ARGV[i] do
     if ow and ol and ow ~= q.b and q.e > now then
       -- New boundaries: count the bookings in the new window holding the
       -- latest instant they can have, plus every earlier old window that
-      -- overlaps it at its full limit.
+      -- overlaps it at its full limit. Bookings ahead are waiters, none
+      -- later than a wait reaches: counted at the old window's end, a long
+      -- old window's count would lie beyond it, and the check below would
+      -- take it for a clock that ran backwards and start the key afresh
+      -- (as FixedWindow::retune).
       local start = max(q.e - ow, 0)
       local latest = now
-      if start > now then latest = q.e - 1 end
+      if start > now then latest = min(q.e - 1, now + horizon) end
       local e = (floor(latest / q.b) + 1) * q.b
       q.u = q.u + ol * ceil(max(start - max(e - q.b, 0), 0) / ow)
       q.e = e
