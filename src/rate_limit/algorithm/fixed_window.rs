@@ -123,21 +123,17 @@ impl Meter for FixedWindow {
             // Same boundaries: what was used stays used under the new limit.
             return;
         }
-        // New boundaries. The state's bookings lie in its window, at or
-        // before now when that window holds now, else ahead in it
-        // (waiters, at its start or behind the key's last waiter): count
-        // them in the new window holding the latest instant they can have,
-        // so none is passed. Not later: counted at the old window's end, a
-        // long old window's count would lie further ahead than any wait
-        // allows, and `earliest` would take the key for one whose clock ran
-        // backwards and start it afresh.
+        // New boundaries. The state's bookings lie in its window, none
+        // after the key's last waiter (a booking behind another quota's
+        // wait or a floor can lie ahead of now in the window holding now):
+        // count them in the new window holding the latest instant they can
+        // have, so none is passed. Not later: counted at the old window's
+        // end, a long old window's count would lie further ahead than any
+        // wait allows, and `earliest` would take the key for one whose
+        // clock ran backwards and start it afresh.
         // The first window on a limiter's timeline may start before 0.
         let start = state.end.saturating_sub(old.window);
-        let latest = if start > now {
-            (state.end - 1).min(booked.max(start))
-        } else {
-            now
-        };
+        let latest = (state.end - 1).min(booked.max(start).max(now));
         let end = self.end_of(latest);
         // Earlier old windows overlapping the new one may each have used
         // their whole limit; counting them so never frees anything.
@@ -228,6 +224,27 @@ mod tests {
         new.retune(&old, &mut state, 500, 2_500);
         assert_eq!(state.end, 3_000);
         assert_eq!(new.earliest(&mut state, 500, 1, 10_000), 2_500);
+    }
+
+    #[test]
+    fn a_waiter_booked_ahead_in_the_window_of_now_is_counted_where_it_goes() {
+        // [0, 60 s) holds two units, the second booked at 5 s behind
+        // another quota's wait; retuned at 2 s to one a second, the two
+        // count in [5 s, 6 s), where the waiter goes, not in [2 s, 3 s).
+        let (old, new) = (
+            FixedWindow::new(2, 60_000, 0),
+            FixedWindow::new(1, 1_000, 0),
+        );
+        let mut state = booked(&old, &[0, 5_000], 1);
+        new.retune(&old, &mut state, 2_000, 5_000);
+        assert_eq!(
+            state,
+            WindowCount {
+                end: 6_000,
+                used: 2
+            }
+        );
+        assert_eq!(new.earliest(&mut state, 4_000, 1, 2_000), 6_000);
     }
 
     #[test]

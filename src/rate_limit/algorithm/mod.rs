@@ -80,9 +80,9 @@ pub(crate) trait Meter: Clone + Send + Sync + 'static {
     /// Carry `state`, kept under `old`'s parameters, over to this algorithm's
     /// without making more capacity available than it had, now or at any
     /// instant a request is already booked at: nothing booked after the
-    /// retune may pass what was booked before it. `booked` is the latest
-    /// instant any of the key's bookings goes at, under any quota: its last
-    /// waiter's (0 when none waits).
+    /// retune may pass what was booked before it. `booked` is the key's
+    /// floor in the wait lines: none of its bookings, under any quota, goes
+    /// later (0 when none waits).
     fn retune(&self, old: &Self, state: &mut Self::State, now: Nanos, booked: Nanos);
 
     /// How many units are available now, and how long until all are
