@@ -141,8 +141,10 @@ pub fn holds(
             // emission), replayed from the key's admissions under it; a
             // full bucket is a fresh one, the new burst.
             let old_emission = old.emission();
+            // (Seen up to `slack` after booked: taken as booked that much
+            // sooner, which leaves the old bucket no emptier than it was.)
             let tat = mine().filter(|a| !a.after).fold(0u64, |tat, a| {
-                tat.max(a.at) + u64::from(a.cost) * old_emission
+                tat.max(a.at.saturating_sub(slack)) + u64::from(a.cost) * old_emission
             });
             let emission = new.emission();
             let burst = u128::from(new.burst);
