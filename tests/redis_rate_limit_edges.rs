@@ -727,7 +727,8 @@ async fn a_long_fixed_window_retuned_shorter_keeps_its_waiter_ahead_of_newcomers
         Quota::new(2, week).expect("valid").fixed_window(),
         header_key(),
     )
-    .with_max_wait(MINUTE)
+    // The waiter's 30 s, not the newcomer's 31.
+    .with_max_wait(Duration::from_secs(30))
     .with_store(store(&server, "long-fixed:", &clock))
     .expect("a quota Redis keeps");
     let handle = layer.handle();
@@ -745,10 +746,9 @@ async fn a_long_fixed_window_retuned_shorter_keeps_its_waiter_ahead_of_newcomers
     // newcomer goes after it. Counted at the end of the next week, the
     // state lay further ahead than the script's horizon (a day), was taken
     // for a clock that ran backwards and started afresh: the newcomer went
-    // at once, before the waiter, and the week's count was lost. Redis
-    // keeps no waiter's instant for a fixed window, so the unit counts at
-    // the horizon, the latest any wait reaches: the key waits up to a day,
-    // where in process it waits for the waiter's second.
+    // at once, before the waiter, and the week's count was lost. The state
+    // keeps its latest booking's instant: the unit counts in the waiter's
+    // second, and the newcomer waits for the next.
     handle.set_default(vec![Quota::per_second(1).expect("valid").fixed_window()]);
     let err = send(&mut svc, "k", 3)
         .await
@@ -757,7 +757,68 @@ async fn a_long_fixed_window_retuned_shorter_keeps_its_waiter_ahead_of_newcomers
         .downcast_ref::<RateLimited>()
         .expect("refused")
         .retry_after;
-    assert!(wait > Duration::from_secs(30), "{wait:?}");
-    assert!(wait <= Duration::from_secs(86_400 + 3), "{wait:?}");
+    assert_eq!(wait, Duration::from_secs(31));
+    waiter.abort();
+}
+
+#[tokio::test]
+async fn a_waiter_behind_another_quota_keeps_its_window_when_the_fixed_window_shortens() {
+    let Some(server) = RedisServer::start("a_waiter_behind_another_quota_keeps_its_window") else {
+        return;
+    };
+    let clock = clock();
+    let minute = clock.load(Ordering::SeqCst);
+    let quotas = || {
+        vec![
+            Quota::per_minute(2).expect("valid").fixed_window(),
+            Quota::new(1, Duration::from_secs(5)).expect("valid"),
+        ]
+    };
+    let replica = |max_wait: Duration| {
+        let layer = RateLimitLayer::new(quotas()[0], header_key())
+            .with_quota(quotas()[1])
+            .with_max_wait(max_wait)
+            .with_store(store(&server, "behind:", &clock))
+            .expect("quotas Redis keeps");
+        let handle = layer.handle();
+        (layer.layer(Inner::new()), handle)
+    };
+    let (mut waiting, waiting_handle) = replica(Duration::from_secs(10));
+    send(&mut waiting, "k", 0)
+        .await
+        .expect("the first of the minute");
+    // A second later the bucket books the next at 5 s, inside the minute
+    // (whose window counts it too): it waits, on tokio's clock.
+    clock.store(minute + 1_000_000, Ordering::SeqCst);
+    let waiter = waiting.ready().await.expect("ready").call(request("k", 1));
+    let waiter = tokio::spawn(waiter);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "the second waits for the bucket");
+    // At 2 s, one a second, the bucket dropped. The two units count in the
+    // second the waiter goes in, [5 s, 6 s): counted at now instead, in
+    // [4 s, 5 s), a newcomer at 5 s went in the waiter's second.
+    clock.store(minute + 2_000_000, Ordering::SeqCst);
+    let per_second = || vec![Quota::per_second(1).expect("valid").fixed_window()];
+    waiting_handle.set_default(per_second());
+    let (mut rejecting, rejecting_handle) = replica(Duration::ZERO);
+    rejecting_handle.set_default(per_second());
+    clock.store(minute + 4_000_000, Ordering::SeqCst);
+    let err = send(&mut rejecting, "k", 2)
+        .await
+        .expect_err("the minute's two count");
+    let wait = err
+        .downcast_ref::<RateLimited>()
+        .expect("refused")
+        .retry_after;
+    assert_eq!(wait, Duration::from_secs(2), "after the waiter's second");
+    // A replica that has refused nothing (no refusal of its own to
+    // remember) asks Redis in the waiter's second.
+    let (mut other, other_handle) = replica(Duration::ZERO);
+    other_handle.set_default(per_second());
+    clock.store(minute + 5_000_000, Ordering::SeqCst);
+    assert!(
+        is_refused(&send(&mut other, "k", 3).await),
+        "a newcomer in the waiter's second"
+    );
     waiter.abort();
 }

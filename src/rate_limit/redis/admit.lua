@@ -32,8 +32,12 @@
 -- command each (GET, SET PX):
 --   g  "tat,e,b": the theoretical arrival time, and the parameters it was
 --      kept under, so that a retune converts it as Gcra::retune does
---   f  "e,u,w,l": the end of the latest window with bookings, its use, and
---      the window and limit it was kept under
+--   f  "e,u,w,l;t": the end of the latest window with bookings, its use,
+--      the window and limit it was kept under, and the latest instant
+--      booked in it (a retune to another window counts its bookings in the
+--      new window holding that instant; a state without it, as scripts
+--      before it wrote, is converted as they did, which its readers there
+--      keep reading: `l;t` is not a number to them, so they do not convert)
 --   s  one sorted set: the bookings (score: instant; member: a sequence
 --      number and the cost, so each is unique) and, before them at
 --      negative scores (-1 - value), the window's figures: #s (the
@@ -176,10 +180,15 @@ while ARGV[i] do
   elseif kind == 'f' then
     local v = redis.call('GET', q.key)
     q.fresh = not v
-    local e, u, ow, ol
+    local e, u, ow, ol, t
     if v then e, u, ow, ol = string.match(v, '^([^,]+),([^,]+),([^,]+),([^,]+)$') end
+    if ol then
+      local limit, latest = string.match(ol, '^([^;]+);(%d+)$')
+      if limit then ol, t = limit, latest end
+    end
     q.e = tonumber(e) or 0
     q.u = tonumber(u) or 0
+    q.t = tonumber(t)
     ow, ol = tonumber(ow), tonumber(ol)
     if ow and ol and ow ~= q.b and q.e > now then
       -- New boundaries: count the bookings in the new window holding the
@@ -191,7 +200,13 @@ while ARGV[i] do
       -- (as FixedWindow::retune).
       local start = max(q.e - ow, 0)
       local latest = now
-      if start > now then latest = min(q.e - 1, now + horizon) end
+      if q.t then
+        -- No booking of the window goes later (one behind another
+        -- quota's wait can lie ahead of now in the window holding now).
+        latest = min(q.e - 1, max(start, now, q.t))
+      elseif start > now then
+        latest = min(q.e - 1, now + horizon)
+      end
       local e = (floor(latest / q.b) + 1) * q.b
       q.u = q.u + ol * ceil(max(start - max(e - q.b, 0), 0) / ow)
       q.e = e
@@ -319,7 +334,10 @@ for _, q in ipairs(quotas) do
     elseif pk == 'f' then
       local v = redis.call('GET', q.pkey)
       local e, u, w, l
-      if v then e, u, w, l = string.match(v, '^([^,]+),([^,]+),([^,]+),([^,]+)$') end
+      if v then
+        e, u, w, l = string.match(v, '^([^,]+),([^,]+),([^,]+),([^,;]+);%d+$')
+        if not e then e, u, w, l = string.match(v, '^([^,]+),([^,]+),([^,]+),([^,]+)$') end
+      end
       e, u, w, l = tonumber(e), tonumber(u), tonumber(w), tonumber(l)
       if e and u and w and l and w > 0 and e > now then
         used = l
@@ -447,9 +465,9 @@ for n, q in ipairs(quotas) do
     if q.tat > now + 2 * q.tol + horizon then q.tat = 0 end
     earliest = max(max(q.tat, now) + q.a * q.c - q.tol, now)
   elseif kind == 'f' then
-    if q.e > (floor((now + horizon) / q.b) + 1) * q.b then q.e = 0; q.u = 0 end
+    if q.e > (floor((now + horizon) / q.b) + 1) * q.b then q.e = 0; q.u = 0; q.t = nil end
     if q.e <= now then
-      q.e = 0; q.u = 0
+      q.e = 0; q.u = 0; q.t = nil
       earliest = now
     elseif q.u + q.c <= q.a then
       earliest = max(q.e - q.b, now)
@@ -607,7 +625,12 @@ if not refused then
       reply[#reply + 1] = q.tat
     elseif kind == 'f' then
       local e = (floor(at / q.b) + 1) * q.b
-      if e == q.e then q.u = q.u + q.c else q.e = e; q.u = q.c end
+      if e == q.e then
+        q.u = q.u + q.c
+        q.t = max(q.t or at, at)
+      else
+        q.e = e; q.u = q.c; q.t = at
+      end
       reply[#reply + 1] = e
     elseif kind == 's' then
       q.seq = q.seq + 1
@@ -718,7 +741,8 @@ for _, q in ipairs(quotas) do
     redis.call('SET', q.key, fmt('%d,%d,%d', q.tat, q.a, q.b),
       'PX', max(ceil((q.tat - now) / 1000), 0) + 1000)
   elseif kind == 'f' then
-    redis.call('SET', q.key, fmt('%d,%d,%d,%d', q.e, q.u, q.b, q.a),
+    -- A window filled or carried without a booking holds none after now.
+    redis.call('SET', q.key, fmt('%d,%d,%d,%d;%d', q.e, q.u, q.b, q.a, q.t or now),
       'PX', max(ceil((q.e - now) / 1000), 0) + 1000)
   elseif kind == 's' then
     -- The TTL holds a second past the latest booking's expiry; set a
