@@ -822,3 +822,57 @@ async fn a_waiter_behind_another_quota_keeps_its_window_when_the_fixed_window_sh
     );
     waiter.abort();
 }
+
+#[tokio::test]
+async fn a_fixed_window_state_no_script_wrote_converts_to_nothing_worse() {
+    let Some(server) = RedisServer::start("fixed_window_hostile_latest") else {
+        return;
+    };
+    let mut redis = server.connection();
+    for (n, latest) in ["1e300", "", "99999999999999999999", "-5"]
+        .into_iter()
+        .enumerate()
+    {
+        let clock = clock();
+        let now = clock.load(Ordering::SeqCst);
+        let prefix = format!("hostile-fixed{n}:");
+        let layer = RateLimitLayer::new(
+            Quota::per_minute(2).expect("valid").fixed_window(),
+            header_key(),
+        )
+        .with_store(store(&server, &prefix, &clock))
+        .expect("a quota Redis keeps");
+        let handle = layer.handle();
+        let mut svc = layer.layer(Inner::new());
+        send(&mut svc, "k", 0).await.expect("a fresh key");
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}*"))
+            .query(&mut redis)
+            .expect("KEYS");
+        let state = keys.iter().find(|k| !k.ends_with(":r")).expect("the state");
+        // The minute's window, one used, its latest instant unreadable.
+        let hostile = format!("{},1,60000000,2;{latest}", now + 60_000_000);
+        let () = redis::cmd("SET")
+            .arg(state)
+            .arg(&hostile)
+            .query(&mut redis)
+            .expect("SET");
+        handle.set_default(vec![Quota::per_second(1).expect("valid").fixed_window()]);
+        // Converted as a state without the instant (at now: no waiter), or
+        // not at all (the old window then counts under the new limit
+        // until it ends): a refusal, not an error, and never a fresh key.
+        let refused = send(&mut svc, "k", 1).await.expect_err(&hostile);
+        assert!(refused.is::<RateLimited>(), "{hostile}: {refused}");
+        // Past the old window, the key goes, and its state is written anew.
+        clock.fetch_add(61_000_000, Ordering::SeqCst);
+        send(&mut svc, "k", 2)
+            .await
+            .unwrap_or_else(|e| panic!("{hostile}: past the old window: {e}"));
+        let written: String = redis::cmd("GET").arg(state).query(&mut redis).expect("GET");
+        let fields: Vec<&str> = written.split([',', ';']).collect();
+        assert!(
+            fields.len() == 5 && fields.iter().all(|f| f.bytes().all(|b| b.is_ascii_digit())),
+            "{hostile}: written anew as {written}"
+        );
+    }
+}

@@ -188,7 +188,9 @@ while ARGV[i] do
     end
     q.e = tonumber(e) or 0
     q.u = tonumber(u) or 0
+    -- A booking lies in its window; anything else no script wrote.
     q.t = tonumber(t)
+    if q.t and q.t >= q.e then q.t = nil end
     ow, ol = tonumber(ow), tonumber(ol)
     if ow and ol and ow ~= q.b and q.e > now then
       -- New boundaries: count the bookings in the new window holding the
