@@ -709,6 +709,33 @@ async fn the_documented_acl_is_enough() {
     send(&mut svc, "other", 4).await.expect("a turn");
 }
 
+/// Wait (up to 5 s) until a fixed-window state under `prefix` holds `used`
+/// units: a spawned waiter's admission has run in Redis.
+async fn fixed_state_holds(server: &RedisServer, prefix: &str, used: u64) {
+    let mut redis = server.connection();
+    for _ in 0..500 {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}*"))
+            .query(&mut redis)
+            .expect("KEYS");
+        for key in keys {
+            let state: Option<String> = redis::cmd("GET")
+                .arg(&key)
+                .query(&mut redis)
+                .unwrap_or(None);
+            let held = state
+                .as_deref()
+                .and_then(|s| s.split(',').nth(1))
+                .and_then(|u| u.parse::<u64>().ok());
+            if held == Some(used) {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no state under {prefix} came to hold {used}");
+}
+
 #[tokio::test]
 async fn a_long_fixed_window_retuned_shorter_keeps_its_waiter_ahead_of_newcomers() {
     let Some(server) = RedisServer::start("a_long_fixed_window_retuned_shorter") else {
@@ -740,7 +767,8 @@ async fn a_long_fixed_window_retuned_shorter_keeps_its_waiter_ahead_of_newcomers
     // long on tokio's clock; the scripts' clock is the test's).
     let waiter = svc.ready().await.expect("ready").call(request("k", 2));
     let waiter = tokio::spawn(waiter);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Booked when the next week's window holds one.
+    fixed_state_holds(&server, "long-fixed:", 1).await;
     assert!(!waiter.is_finished(), "the third waits for the next week");
     // One a second from now on: the waiter's unit still counts, and a
     // newcomer goes after it. Counted at the end of the next week, the
@@ -792,11 +820,13 @@ async fn a_waiter_behind_another_quota_keeps_its_window_when_the_fixed_window_sh
     clock.store(minute + 1_000_000, Ordering::SeqCst);
     let waiter = waiting.ready().await.expect("ready").call(request("k", 1));
     let waiter = tokio::spawn(waiter);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Booked when the minute's window holds two.
+    fixed_state_holds(&server, "behind:", 2).await;
     assert!(!waiter.is_finished(), "the second waits for the bucket");
-    // At 2 s, one a second, the bucket dropped. The two units count in the
-    // second the waiter goes in, [5 s, 6 s): counted at now instead, in
-    // [4 s, 5 s), a newcomer at 5 s went in the waiter's second.
+    // At 2 s, one a second, the bucket dropped (converted in Redis at the
+    // key's next request, at 4 s). The two units count in the second the
+    // waiter goes in, [5 s, 6 s): counted at now instead, in [4 s, 5 s), a
+    // newcomer at 5 s went in the waiter's second.
     clock.store(minute + 2_000_000, Ordering::SeqCst);
     let per_second = || vec![Quota::per_second(1).expect("valid").fixed_window()];
     waiting_handle.set_default(per_second());
@@ -862,7 +892,11 @@ async fn a_fixed_window_state_no_script_wrote_converts_to_nothing_worse() {
         // not at all (the old window then counts under the new limit
         // until it ends): a refusal, not an error, and never a fresh key.
         let refused = send(&mut svc, "k", 1).await.expect_err(&hostile);
-        assert!(refused.is::<RateLimited>(), "{hostile}: {refused}");
+        let wait = refused
+            .downcast_ref::<RateLimited>()
+            .unwrap_or_else(|| panic!("{hostile}: {refused}"))
+            .retry_after;
+        assert!(wait <= MINUTE, "{hostile}: {wait:?}");
         // Past the old window, the key goes, and its state is written anew.
         clock.fetch_add(61_000_000, Ordering::SeqCst);
         send(&mut svc, "k", 2)
@@ -875,4 +909,113 @@ async fn a_fixed_window_state_no_script_wrote_converts_to_nothing_worse() {
             "{hostile}: written anew as {written}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_fixed_window_latest_booking_past_the_horizon_is_held_to_it() {
+    let Some(server) = RedisServer::start("fixed_window_latest_past_horizon") else {
+        return;
+    };
+    let mut redis = server.connection();
+    // Three days before a week's window ends, its latest booking said to
+    // be at its last instant (no wait here reaches that far: a replica
+    // waiting longer than a day, or no script's state).
+    let week = Duration::from_secs(7 * 86_400);
+    let week_us = week.as_micros() as u64;
+    let clock = clock();
+    let end = (clock.load(Ordering::SeqCst) / week_us + 1) * week_us;
+    clock.store(end - 3 * 86_400_000_000, Ordering::SeqCst);
+    let layer = RateLimitLayer::new(
+        Quota::new(2, week).expect("valid").fixed_window(),
+        header_key(),
+    )
+    .with_store(store(&server, "past-horizon:", &clock))
+    .expect("a quota Redis keeps");
+    let handle = layer.handle();
+    let mut svc = layer.layer(Inner::new());
+    send(&mut svc, "k", 0).await.expect("a fresh key");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("past-horizon:*")
+        .query(&mut redis)
+        .expect("KEYS");
+    let state = keys.iter().find(|k| !k.ends_with(":r")).expect("the state");
+    let () = redis::cmd("SET")
+        .arg(state)
+        .arg(format!("{end},2,{week_us},2;{}", end - 1))
+        .query(&mut redis)
+        .expect("SET");
+    // One a second: the two units count at the horizon (a day on), not at
+    // the window's end, which lies past it and would be taken for a clock
+    // that ran backwards, the key started afresh and let through.
+    handle.set_default(vec![Quota::per_second(1).expect("valid").fixed_window()]);
+    let refused = send(&mut svc, "k", 1).await.expect_err("the week's two");
+    let wait = refused
+        .downcast_ref::<RateLimited>()
+        .expect("refused")
+        .retry_after;
+    assert!(
+        wait > Duration::from_secs(86_000) && wait <= Duration::from_secs(86_400 + 3),
+        "{wait:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_window_booked_ahead_by_an_earlier_version_keeps_its_waiters_unseen_instants() {
+    let Some(server) = RedisServer::start("fixed_window_from_an_earlier_version") else {
+        return;
+    };
+    let mut redis = server.connection();
+    let clock = clock();
+    let minute = clock.load(Ordering::SeqCst);
+    let replica = |max_wait: Duration| {
+        let layer = RateLimitLayer::new(
+            Quota::per_minute(3).expect("valid").fixed_window(),
+            header_key(),
+        )
+        .with_max_wait(max_wait)
+        .with_store(store(&server, "earlier:", &clock))
+        .expect("a quota Redis keeps");
+        let handle = layer.handle();
+        (layer.layer(Inner::new()), handle)
+    };
+    let (mut waiting, waiting_handle) = replica(Duration::from_secs(120));
+    send(&mut waiting, "k", 0).await.expect("a fresh key");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("earlier:*")
+        .query(&mut redis)
+        .expect("KEYS");
+    let state = keys.iter().find(|k| !k.ends_with(":r")).expect("the state");
+    // As a script before the latest instant wrote it: the next minute's
+    // window, one unit booked in it by a waiter somewhere (behind another
+    // quota's wait, it could be near the window's end).
+    let () = redis::cmd("SET")
+        .arg(state)
+        .arg(format!("{},1,60000000,3", minute + 120_000_000))
+        .query(&mut redis)
+        .expect("SET");
+    // A waiter booked here at the window's start must not hide that one.
+    let waiter = waiting.ready().await.expect("ready").call(request("k", 1));
+    let waiter = tokio::spawn(waiter);
+    fixed_state_holds(&server, "earlier:", 2).await;
+    // One per 10 s: the two count in the last 10 s of that minute, where
+    // the unseen one may go; counted where this one goes, a newcomer could
+    // go before the other.
+    let per_ten = || {
+        vec![
+            Quota::new(1, Duration::from_secs(10))
+                .expect("valid")
+                .fixed_window(),
+        ]
+    };
+    waiting_handle.set_default(per_ten());
+    let (mut rejecting, rejecting_handle) = replica(Duration::ZERO);
+    rejecting_handle.set_default(per_ten());
+    clock.store(minute + 1_000_000, Ordering::SeqCst);
+    let refused = send(&mut rejecting, "k", 2).await.expect_err("after both");
+    let wait = refused
+        .downcast_ref::<RateLimited>()
+        .expect("refused")
+        .retry_after;
+    assert_eq!(wait, Duration::from_secs(119));
+    waiter.abort();
 }

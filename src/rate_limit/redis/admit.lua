@@ -192,26 +192,28 @@ while ARGV[i] do
     q.t = tonumber(t)
     if q.t and q.t >= q.e then q.t = nil end
     ow, ol = tonumber(ow), tonumber(ol)
-    if ow and ol and ow ~= q.b and q.e > now then
+    if not q.t and ow and ow > 0 and q.e - ow > now then
+      -- Written without it (by a script before it) and booked ahead: its
+      -- bookings are waiters, none later than a wait reaches. Kept as the
+      -- window's latest, so that a booking added here cannot hide them.
+      q.t = min(q.e - 1, now + horizon)
+    end
+    if ow and ol and ow > 0 and ow ~= q.b and q.e > now then
       -- New boundaries: count the bookings in the new window holding the
-      -- latest instant they can have, plus every earlier old window that
-      -- overlaps it at its full limit. Bookings ahead are waiters, none
-      -- later than a wait reaches: counted at the old window's end, a long
-      -- old window's count would lie beyond it, and the check below would
-      -- take it for a clock that ran backwards and start the key afresh
-      -- (as FixedWindow::retune).
+      -- latest instant they can have (none goes after the window's latest
+      -- booking; one behind another quota's wait can lie ahead of now in
+      -- the window holding now), plus every earlier old window that
+      -- overlaps it at its full limit. Never past the horizon: counted at
+      -- a long old window's end, the count would lie beyond it, and the
+      -- check below would take it for a clock that ran backwards and start
+      -- the key afresh (as FixedWindow::retune).
       local start = max(q.e - ow, 0)
-      local latest = now
-      if q.t then
-        -- No booking of the window goes later (one behind another
-        -- quota's wait can lie ahead of now in the window holding now).
-        latest = min(q.e - 1, max(start, now, q.t))
-      elseif start > now then
-        latest = min(q.e - 1, now + horizon)
-      end
+      local latest = min(q.e - 1, now + horizon, max(start, now, q.t or 0))
       local e = (floor(latest / q.b) + 1) * q.b
-      q.u = q.u + ol * ceil(max(start - max(e - q.b, 0), 0) / ow)
+      -- Counts as in process: at most 2^32 - 1.
+      q.u = min(q.u + ol * ceil(max(start - max(e - q.b, 0), 0) / ow), 4294967295)
       q.e = e
+      q.t = latest
       q.converted = true
     end
   elseif kind == 's' then
@@ -744,7 +746,7 @@ for _, q in ipairs(quotas) do
       'PX', max(ceil((q.tat - now) / 1000), 0) + 1000)
   elseif kind == 'f' then
     -- A window filled or carried without a booking holds none after now.
-    redis.call('SET', q.key, fmt('%d,%d,%d,%d;%d', q.e, q.u, q.b, q.a, q.t or now),
+    redis.call('SET', q.key, fmt('%d,%d,%d,%d;%d', q.e, q.u, q.b, q.a, min(q.t or now, max(q.e - 1, 0))),
       'PX', max(ceil((q.e - now) / 1000), 0) + 1000)
   elseif kind == 's' then
     -- The TTL holds a second past the latest booking's expiry; set a

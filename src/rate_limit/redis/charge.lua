@@ -47,7 +47,7 @@ while ARGV[i] do
       local e, u, w, l
       if v then e, u, w, l = string.match(v, '^([^,]+),([^,]+),([^,]+),([^,]+)$') end
       if v and tonumber(e) == tonumber(mark) and tonumber(w) == b then
-        redis.call('SET', key, fmt('%d,%d,%s,%s', tonumber(e), tonumber(u) + extra, w, l), 'KEEPTTL')
+        redis.call('SET', key, fmt('%d,%d,%s,%s', tonumber(e), (tonumber(u) or 0) + extra, w, l), 'KEEPTTL')
       end
     elseif kind == 'a' then
       -- In the count of the window it was counted in, as a refund.
