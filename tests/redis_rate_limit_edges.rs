@@ -709,6 +709,17 @@ async fn the_documented_acl_is_enough() {
     send(&mut svc, "other", 4).await.expect("a turn");
 }
 
+/// The one rate-limit state under `prefix` (not a rule marker).
+fn state_key(redis: &mut redis::Connection, prefix: &str) -> String {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query(redis)
+        .expect("KEYS");
+    keys.into_iter()
+        .find(|k| !k.ends_with(":r"))
+        .expect("the state")
+}
+
 /// Wait (up to 5 s) until a fixed-window state under `prefix` holds `used`
 /// units: a spawned waiter's admission has run in Redis.
 async fn fixed_state_holds(server: &RedisServer, prefix: &str, used: u64) {
@@ -875,11 +886,7 @@ async fn a_fixed_window_state_no_script_wrote_converts_to_nothing_worse() {
         let handle = layer.handle();
         let mut svc = layer.layer(Inner::new());
         send(&mut svc, "k", 0).await.expect("a fresh key");
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{prefix}*"))
-            .query(&mut redis)
-            .expect("KEYS");
-        let state = keys.iter().find(|k| !k.ends_with(":r")).expect("the state");
+        let state = &state_key(&mut redis, &prefix);
         // The minute's window, one used, its latest instant unreadable.
         let hostile = format!("{},1,60000000,2;{latest}", now + 60_000_000);
         let () = redis::cmd("SET")
@@ -934,11 +941,7 @@ async fn a_fixed_window_latest_booking_past_the_horizon_is_held_to_it() {
     let handle = layer.handle();
     let mut svc = layer.layer(Inner::new());
     send(&mut svc, "k", 0).await.expect("a fresh key");
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("past-horizon:*")
-        .query(&mut redis)
-        .expect("KEYS");
-    let state = keys.iter().find(|k| !k.ends_with(":r")).expect("the state");
+    let state = &state_key(&mut redis, "past-horizon:");
     let () = redis::cmd("SET")
         .arg(state)
         .arg(format!("{end},2,{week_us},2;{}", end - 1))
@@ -980,11 +983,7 @@ async fn a_window_booked_ahead_by_an_earlier_version_keeps_its_waiters_unseen_in
     };
     let (mut waiting, waiting_handle) = replica(Duration::from_secs(120));
     send(&mut waiting, "k", 0).await.expect("a fresh key");
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("earlier:*")
-        .query(&mut redis)
-        .expect("KEYS");
-    let state = keys.iter().find(|k| !k.ends_with(":r")).expect("the state");
+    let state = &state_key(&mut redis, "earlier:");
     // As a script before the latest instant wrote it: the next minute's
     // window, one unit booked in it by a waiter somewhere (behind another
     // quota's wait, it could be near the window's end).
