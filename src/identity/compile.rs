@@ -35,7 +35,10 @@ impl PathMatch {
     #[inline]
     pub(super) fn matches(&self, path: &str) -> bool {
         match self {
-            PathMatch::Prefix(prefix) => path.starts_with(&**prefix),
+            PathMatch::Prefix(prefix) => path
+                .as_bytes()
+                .get(..prefix.len())
+                .is_some_and(|start| super::matching::same_bytes(start, prefix.as_bytes())),
             PathMatch::Glob(glob) => glob.matches(path),
         }
     }
