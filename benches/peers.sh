@@ -5,7 +5,7 @@
 # a shared, noisy machine, unlike time. One command for the whole table, so
 # that anyone can repeat it:
 #
-#   bash benches/peers.sh            # about 3 minutes after the build
+#   bash benches/peers.sh            # about a minute after the build
 #
 # Needs valgrind. Counts are for this machine's compiler and this bench
 # source; compare them within one run, not across builds.
@@ -18,11 +18,16 @@
 #   contender n times; the count at 40,000 less the count at 20,000, over
 #   20,000, is one request's, start-up excluded.
 set -euo pipefail
+shopt -s inherit_errexit # a failed count inside $(...) stops the script
 cd "$(dirname "$0")/.."
-command -v valgrind >/dev/null || {
-  echo "peers.sh: valgrind is needed (apt-get install valgrind)" >&2
+# The rate-limit bench's request would change with it.
+unset TT_HEADERS
+fail() {
+  echo "peers.sh: $*" >&2
   exit 1
 }
+
+command -v valgrind >/dev/null || fail "valgrind is needed (apt-get install valgrind)"
 
 N=20000
 work=$(mktemp -d "${TMPDIR:-/tmp}/peers.XXXXXX")
@@ -32,16 +37,24 @@ echo "building the benches..." >&2
 cargo bench --no-run --message-format=json \
   --bench rate_limit --bench concurrency --bench identity >"$work/build.json"
 binary() {
-  grep -o "\"executable\":\"[^\"]*/deps/$1-[^\"]*\"" "$work/build.json" |
-    tail -1 | cut -d'"' -f4
+  local path
+  path=$(grep -o "\"executable\":\"[^\"]*/deps/$1-[^\"]*\"" "$work/build.json" |
+    tail -1 | cut -d'"' -f4) || true
+  [[ -x $path ]] || fail "no $1 bench binary in cargo's output"
+  echo "$path"
 }
 rate_limit=$(binary rate_limit)
 concurrency=$(binary concurrency)
 identity=$(binary identity)
 
-# The total a callgrind run collected.
+# The total a callgrind run collected; a run that failed, or counted
+# nothing (a pattern that matched no function), stops the script rather
+# than print a plausible wrong number.
 collected() {
-  awk '/^(summary|totals):/ { print $2; exit }' "$1"
+  local total
+  total=$(awk '/^(summary|totals):/ { print $2; exit }' "$1")
+  [[ $total =~ ^[0-9]+$ && $total -gt 0 ]] || fail "no count in $1"
+  echo "$total"
 }
 
 # Instructions per request of one rate-limit contender, counted in `$2`.
@@ -49,18 +62,22 @@ in_loop() {
   local out="$work/$1.out"
   TT_LOOP=$1 TT_LOOP_N=$N valgrind --tool=callgrind --callgrind-out-file="$out" \
     --collect-atstart=no --toggle-collect="rate_limit::$2*" "$rate_limit" \
-    >/dev/null 2>&1
-  echo $(($(collected "$out") / N))
+    >/dev/null 2>"$out.log" || fail "$1 failed: $(grep -m1 -A1 panicked "$out.log" || tail -3 "$out.log")"
+  local total
+  total=$(collected "$out")
+  echo $((total / N))
 }
 
 # Instructions per request of one contender of a bench with a count mode.
 by_difference() {
-  local bin=$1 env=$2 name=$3 totals=()
+  local bin=$1 env=$2 name=$3 total totals=()
   for iters in $N $((2 * N)); do
     local out="$work/$env-$name-$iters.out"
     env "${env}_COUNT=$name" "${env}_ITERS=$iters" \
-      valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" >/dev/null 2>&1
-    totals+=("$(collected "$out")")
+      valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" \
+      >/dev/null 2>"$out.log" || fail "$name failed: $(grep -m1 -A1 panicked "$out.log" || tail -3 "$out.log")"
+    total=$(collected "$out")
+    totals+=("$total")
   done
   echo $(((totals[1] - totals[0]) / N))
 }
@@ -107,12 +124,12 @@ cat <<EOF
 
 Instructions added per request over the bare service ($N requests a count).
 
-| layer, shape | ours | natural peer | ours / peer | floor | peer or floor / goal's base | goal |
+| layer, shape | ours | natural peer | ours / peer | floor | floor / peer | goal |
 | --- | ---: | ---: | ---: | ---: | ---: | ---: |
 | \`RateLimitLayer\` + \`GlobalKey\`, reject | $gl | governor direct \`check()\` $gov; tower \`RateLimit\` $gl_tower | $(ratio $gl $gov) | $gl_floor | floor $(ratio $gl_floor $gov) | ≤ 1.0× governor |
 | \`RateLimitLayer\` + header key | $hk | tower_governor $hk_peer | $(ratio $hk $hk_peer) | $hk_floor | floor $(ratio $hk_floor $hk_peer) | ≤ 0.6× |
 | \`ConcurrencyLayer\` + \`GlobalKey\` | $cg | tower \`ConcurrencyLimit\` $tcl | $(ratio $cg $tcl) | | | ≤ 1.0× |
 | \`ConcurrencyLayer\` + header key | $ch | tower \`ConcurrencyLimit\` $tcl | $(ratio $ch $tcl) | $ch_floor | floor $(ratio $ch_floor $tcl) | ≤ 1.3× |
 | \`IdentityHeaderLayer\`, one rule | $ir | tower-http \`SetRequestHeader\` $ir_peer; the rule as a closure $ir_closure | $(ratio $ir $ir_peer) | | | ≤ 2.0× |
-| response headers (IETF), their part | $rh | tower-http, the value formatted $rh_formatted | $(ratio $rh $rh_formatted) | | two constant headers $rh_fixed | ≤ 800 |
+| response headers (IETF), their part | $rh | tower-http, the value formatted $rh_formatted | $(ratio $rh $rh_formatted) | tower-http, two constant headers: $rh_fixed | | ≤ 800 |
 EOF

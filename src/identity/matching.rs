@@ -193,10 +193,12 @@ pub(super) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// The `N` bytes of `s` from `at` (`None` past its end, which the callers'
-/// lengths rule out).
+/// lengths rule out: two `None`s would compare equal).
 #[inline]
 fn word<const N: usize>(s: &[u8], at: usize) -> Option<[u8; N]> {
-    s.get(at..)?.first_chunk::<N>().copied()
+    let word = s.get(at..).and_then(|s| s.first_chunk::<N>()).copied();
+    debug_assert!(word.is_some(), "a word past the end of {} bytes", s.len());
+    word
 }
 
 /// Whether `host` (no trailing dot) is a subdomain of `suffix`
@@ -325,6 +327,26 @@ mod tests {
                 b.push(0);
             }
             prop_assert_eq!(same_bytes(&a, &b), a == b);
+        }
+
+        /// A path prefix matches as `str::starts_with` does.
+        #[test]
+        fn a_path_prefix_matches_as_starts_with(
+            path in "[/ab]{0,24}",
+            cut in 0..30usize,
+            tail in "[/ab]?",
+            other in "[/ab]{0,20}",
+            own in any::<bool>(),
+        ) {
+            // Mostly the path's own start, cut anywhere, sometimes with a
+            // byte more; else any other string.
+            let prefix = if own {
+                format!("{}{tail}", &path[..cut.min(path.len())])
+            } else {
+                other
+            };
+            let rule = super::super::compile::PathMatch::Prefix(prefix.clone().into());
+            prop_assert_eq!(rule.matches(&path), path.starts_with(&prefix));
         }
 
         /// Trying the rules in order finds the rule the index finds.
