@@ -217,3 +217,21 @@ async fn a_charge_settled_on_a_replica_is_not_answered_from_its_memory_of_a_refu
     let bucket = Quota::new(150, Duration::from_secs(15)).expect("valid");
     agree(&server, "bucket:", bucket, &history, false).await;
 }
+
+/// Found by the property above (2,000 cases): a request of 57 refused and
+/// remembered by a replica, then one of 1 admitted there; the next of 57
+/// waits for both (2.2 s), not for what the memory of the refusal says
+/// (2.1 s).
+#[tokio::test]
+async fn a_cheaper_request_admitted_on_a_replica_lengthens_its_memory_of_a_refusal() {
+    let Some(server) = RedisServer::start("a_cheaper_request_admitted") else {
+        return;
+    };
+    let history = [
+        Step::Burst { n: 3, cost: 57 },
+        Step::Burst { n: 1, cost: 1 },
+        Step::Burst { n: 1, cost: 57 },
+    ];
+    let bucket = Quota::new(150, Duration::from_secs(15)).expect("valid");
+    agree(&server, "bucket:", bucket, &history, false).await;
+}

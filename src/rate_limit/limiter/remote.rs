@@ -271,6 +271,8 @@ impl Limiter {
                 tightest,
                 grant,
             }) => {
+                // What it took lengthens any refusal of the key remembered here.
+                remote.refused.booked(key);
                 let at = now.saturating_add(saturating_nanos(wait));
                 let dry_run = rule.dry_run || self.dry_run.load(Ordering::Relaxed);
                 let line = (max_wait > 0 && !dry_run).then_some(&self.lines);

@@ -130,6 +130,19 @@ impl Refused {
             .or_insert(refusal);
     }
 
+    /// A request of `key` was booked: what it took makes a refusal of the
+    /// key remembered here answer too short a wait (a request of 1 admitted
+    /// after one of 57 was refused; the next of 57 waits for both), so it
+    /// is forgotten and the next such request asks Redis. Not counted as a
+    /// forget: refusals of other keys heard meanwhile still hold, so a
+    /// flood on one key stays cached while others are admitted.
+    pub(crate) fn booked(&self, key: KeyHash) {
+        let mut keys = self.keys.lock();
+        if !keys.is_empty() {
+            keys.remove(&key.0);
+        }
+    }
+
     /// Forget `key` (a reset), or every key (`None`: a retune).
     pub(crate) fn forget(&self, key: Option<KeyHash>) {
         let mut keys = self.keys.lock();
@@ -187,6 +200,30 @@ mod tests {
         // At the instant: asked again, and forgotten.
         assert_eq!(refused.check(key, 2, 0, 1_500, 1), None);
         assert!(refused.keys.lock().is_empty());
+    }
+
+    #[test]
+    fn a_booking_of_the_key_forgets_its_refusal_and_no_other() {
+        let refused = Refused::default();
+        for k in [1, 2] {
+            refused.insert(
+                KeyHash(k),
+                57,
+                0,
+                Duration::from_secs(2),
+                0,
+                1,
+                refused.epoch(),
+            );
+        }
+        let asked = refused.epoch();
+        refused.booked(KeyHash(1));
+        assert_eq!(refused.check(KeyHash(1), 57, 0, 1, 1), None);
+        assert!(refused.check(KeyHash(2), 57, 0, 1, 1).is_some());
+        // A refusal asked before the booking is still remembered: the
+        // booking voids no other key's.
+        refused.insert(KeyHash(3), 57, 0, Duration::from_secs(2), 0, 1, asked);
+        assert!(refused.check(KeyHash(3), 57, 0, 1, 1).is_some());
     }
 
     #[test]
