@@ -17,7 +17,7 @@ use crate::rate_limit::lines::turn_for;
 use crate::rate_limit::policy::Policy;
 use crate::rate_limit::quota::Quota;
 pub(crate) use crate::rate_limit::redis::RemoteGrant;
-use crate::rate_limit::redis::{self as rate, Admission, Refused, RemoteAsk, Reply};
+use crate::rate_limit::redis::{self as rate, Admission, Epoch, Refused, RemoteAsk, Reply};
 use crate::rate_limit::rule::Rule;
 use crate::redis::{OnError, RedisStore, StoreError};
 use crate::stats::{Event, StoreCounters};
@@ -100,8 +100,8 @@ struct Question<'a> {
     want: Want,
     /// When it was sent, on the store's local clock.
     sent: u64,
-    /// The refusal cache's epoch then (see `Refused::epoch`).
-    asked: u64,
+    /// Where the refusal cache was then (see `Refused::epoch`).
+    asked: Epoch,
 }
 
 /// Whether every quota can be kept on Redis as in process.
@@ -251,6 +251,8 @@ impl Limiter {
         // spent), not a request asleep for years.
         let reply = reply.and_then(|reply| match reply {
             Reply::Booked { wait, .. } if saturating_nanos(wait) > max_wait => {
+                // Booked all the same: what it took stays spent.
+                remote.refused.booked(key);
                 remote.store.bad_reply("rate limit");
                 Err(StoreError::Reply)
             }

@@ -15,7 +15,7 @@ use crate::redis::{RedisStore, StoreError};
 mod refused;
 mod reply;
 
-pub(crate) use refused::Refused;
+pub(crate) use refused::{Epoch, Refused};
 pub(crate) use reply::{RemoteGrant, Reply};
 
 static ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("admit.lua")));

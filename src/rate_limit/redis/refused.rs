@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -13,11 +14,36 @@ use crate::store::PassThrough;
 /// Keys Redis refused, until they could be admitted again: a flood of
 /// requests on a refused key costs no round trips.
 pub(crate) struct Refused {
-    keys: Mutex<HashMap<u64, Refusal, BuildHasherDefault<PassThrough>>>,
+    inner: Mutex<Inner>,
     /// Moves on at every forget, under the lock: a refusal asked before a
     /// reset and heard after it (the reset's deletion raced its reply) is
     /// not remembered, or the key would stay refused here past the reset.
-    forgets: std::sync::atomic::AtomicU64,
+    forgets: AtomicU64,
+    /// Numbers the questions asked of Redis, in the order they are sent.
+    asks: AtomicU64,
+}
+
+struct Inner {
+    keys: HashMap<u64, Refusal, BuildHasherDefault<PassThrough>>,
+    /// The latest booking heard of a key, by the key's slot: the key and
+    /// the question number then. A refusal of the key asked before it and
+    /// heard after it (Redis may have run it first) is not remembered, or
+    /// its wait would leave that booking out. Slots are shared by keys: a
+    /// collision only misses that check, for a wait short by at most what
+    /// the key booked meanwhile, for at most a second.
+    booked: [(u64, u64); BOOKED_SLOTS],
+}
+
+/// Slots of [`Inner::booked`]: enough for the keys booked while a refusal
+/// of theirs is in flight, which are few.
+const BOOKED_SLOTS: usize = 256;
+
+/// What the cache was at when a question was sent, given back to
+/// [`Refused::insert`] with Redis's refusal.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Epoch {
+    forgets: u64,
+    number: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -49,10 +75,20 @@ const CACHED_FOR: u64 = 1_000_000;
 impl Default for Refused {
     fn default() -> Self {
         Self {
-            keys: Mutex::new(HashMap::default()),
-            forgets: std::sync::atomic::AtomicU64::new(0),
+            inner: Mutex::new(Inner {
+                keys: HashMap::default(),
+                booked: [(0, 0); BOOKED_SLOTS],
+            }),
+            forgets: AtomicU64::new(0),
+            asks: AtomicU64::new(1),
         }
     }
+}
+
+/// The slot of `key` in [`Inner::booked`].
+fn slot(key: u64) -> usize {
+    // Key hashes are uniform already (seeded): their low bits will do.
+    (key % BOOKED_SLOTS as u64) as usize
 }
 
 impl Refused {
@@ -69,7 +105,7 @@ impl Refused {
         now: u64,
         generation: u32,
     ) -> Option<(Duration, usize)> {
-        let mut keys = self.keys.lock();
+        let keys = &mut self.inner.lock().keys;
         let refusal = *keys.get(&key.0)?;
         if refusal.expires <= now || refusal.generation != generation {
             keys.remove(&key.0);
@@ -80,15 +116,18 @@ impl Refused {
             .then_some((wait, refusal.slowest))
     }
 
-    /// Where the forgets are: taken before asking Redis, given back to
+    /// Where the cache is: taken before asking Redis, given back to
     /// [`insert`](Self::insert).
-    pub(crate) fn epoch(&self) -> u64 {
-        self.forgets.load(std::sync::atomic::Ordering::Acquire)
+    pub(crate) fn epoch(&self) -> Epoch {
+        Epoch {
+            forgets: self.forgets.load(Ordering::Acquire),
+            number: self.asks.fetch_add(1, Ordering::AcqRel),
+        }
     }
 
     /// Remember at `now` that a request of `cost` on `key` cannot go for
-    /// `wait` under policy `generation`, unless something was forgotten
-    /// since [`epoch`](Self::epoch) said `asked`.
+    /// `wait` under policy `generation`, unless something was forgotten,
+    /// or the key booked, since [`epoch`](Self::epoch) said `asked`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn insert(
         &self,
@@ -98,13 +137,17 @@ impl Refused {
         wait: Duration,
         slowest: usize,
         generation: u32,
-        asked: u64,
+        asked: Epoch,
     ) {
         let until = now.saturating_add(u64::try_from(wait.as_micros()).unwrap_or(u64::MAX));
-        let mut keys = self.keys.lock();
-        if self.forgets.load(std::sync::atomic::Ordering::Acquire) != asked {
+        let mut inner = self.inner.lock();
+        if self.forgets.load(Ordering::Acquire) != asked.forgets {
             return;
         }
+        if matches!(inner.booked[slot(key.0)], (k, at) if k == key.0 && at > asked.number) {
+            return;
+        }
+        let keys = &mut inner.keys;
         if keys.len() >= MAX_REFUSED && !keys.contains_key(&key.0) {
             keys.retain(|_, r| r.expires > now);
             if keys.len() >= MAX_REFUSED {
@@ -137,17 +180,17 @@ impl Refused {
     /// forget: refusals of other keys heard meanwhile still hold, so a
     /// flood on one key stays cached while others are admitted.
     pub(crate) fn booked(&self, key: KeyHash) {
-        let mut keys = self.keys.lock();
-        if !keys.is_empty() {
-            keys.remove(&key.0);
-        }
+        let number = self.asks.load(Ordering::Acquire);
+        let mut inner = self.inner.lock();
+        inner.keys.remove(&key.0);
+        // A refusal of the key still in flight was asked before this.
+        inner.booked[slot(key.0)] = (key.0, number);
     }
 
     /// Forget `key` (a reset), or every key (`None`: a retune).
     pub(crate) fn forget(&self, key: Option<KeyHash>) {
-        let mut keys = self.keys.lock();
-        self.forgets
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        let keys = &mut self.inner.lock().keys;
+        self.forgets.fetch_add(1, Ordering::AcqRel);
         match key {
             Some(key) => {
                 keys.remove(&key.0);
@@ -199,7 +242,7 @@ mod tests {
         assert_eq!(refused.check(key, 2, 400_000, 1_100, 1), None);
         // At the instant: asked again, and forgotten.
         assert_eq!(refused.check(key, 2, 0, 1_500, 1), None);
-        assert!(refused.keys.lock().is_empty());
+        assert!(refused.inner.lock().keys.is_empty());
     }
 
     #[test]
@@ -224,6 +267,24 @@ mod tests {
         // booking voids no other key's.
         refused.insert(KeyHash(3), 57, 0, Duration::from_secs(2), 0, 1, asked);
         assert!(refused.check(KeyHash(3), 57, 0, 1, 1).is_some());
+    }
+
+    #[test]
+    fn a_refusal_asked_before_a_booking_of_its_key_is_not_remembered() {
+        // Redis may have run the refusal first: its wait leaves the
+        // booking out.
+        let refused = Refused::default();
+        let two = Duration::from_secs(2);
+        let before = refused.epoch();
+        refused.booked(KeyHash(1));
+        refused.insert(KeyHash(1), 57, 0, two, 0, 1, before);
+        assert_eq!(refused.check(KeyHash(1), 57, 0, 1, 1), None);
+        // Another key's, asked as early: remembered.
+        refused.insert(KeyHash(2), 57, 0, two, 0, 1, before);
+        assert!(refused.check(KeyHash(2), 57, 0, 1, 1).is_some());
+        // The key's, asked after the booking: remembered.
+        refused.insert(KeyHash(1), 57, 0, two, 0, 1, refused.epoch());
+        assert!(refused.check(KeyHash(1), 57, 0, 1, 1).is_some());
     }
 
     #[test]
@@ -256,7 +317,7 @@ mod tests {
                 refused.epoch(),
             );
         }
-        assert_eq!(refused.keys.lock().len(), MAX_REFUSED);
+        assert_eq!(refused.inner.lock().keys.len(), MAX_REFUSED);
         // Once those are over, new ones take their place.
         refused.insert(
             KeyHash(u64::MAX),
@@ -267,6 +328,6 @@ mod tests {
             1,
             refused.epoch(),
         );
-        assert_eq!(refused.keys.lock().len(), 1);
+        assert_eq!(refused.inner.lock().keys.len(), 1);
     }
 }
